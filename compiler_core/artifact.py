@@ -1,0 +1,217 @@
+"""Artifacts: a manifest (plan + kernel metadata, pure data) tying together content-addressed blobs.
+
+Note: the plan is data, not Python. A client runs it with a small interpreter: extern steps name
+aten ops (resolved like graph nodes), kernel steps name kernels whose code lives in blobs whose
+sha256 the client checks before loading anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from compiler_core.errors import ArtifactError
+from compiler_core.wire import Arg, IntArg, Name, NodeRef, Target, TensorSpec
+
+MANIFEST_VERSION = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BlobRef(_Model):
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+
+
+KernelArg = Annotated[Union[NodeRef, IntArg], Field(discriminator="kind")]
+
+
+class KernelStep(_Model):
+    """Launch kernel `kernel` over `grid` with buffers / ints as positional arguments."""
+
+    kind: Literal["kernel"] = "kernel"
+    kernel: str
+    args: list[KernelArg]
+    grid: list[int] = Field(min_length=1, max_length=3)
+
+
+class ExternStep(_Model):
+    """Call an aten op (or getitem) on buffers; its result is bound to `out`."""
+
+    kind: Literal["extern"] = "extern"
+    op: str
+    args: list[Arg]
+    kwargs: dict[str, Arg] = Field(default_factory=dict)
+    out: Name
+
+
+class AllocStep(_Model):
+    """Allocate an uninitialised buffer (torch.empty_strided) for a kernel to write."""
+
+    kind: Literal["alloc"] = "alloc"
+    out: Name
+    spec: TensorSpec
+
+
+class FreeStep(_Model):
+    """Drop the plan's references to buffers whose last use has passed."""
+
+    kind: Literal["free"] = "free"
+    names: list[Name]
+
+
+Step = Annotated[Union[KernelStep, ExternStep, AllocStep, FreeStep], Field(discriminator="kind")]
+
+
+class Plan(_Model):
+    inputs: list[Name]
+    steps: list[Step]
+    outputs: list[Arg]
+
+
+class KernelInfo(_Model):
+    """One generated kernel: the @triton.jit function `name` in source blob `source`."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    source: BlobRef
+    num_warps: int = 4
+    num_stages: int = 1
+    constexprs: dict[str, int] = Field(default_factory=dict)
+    # Per target arch ("sm_90"): the cubin blob and its launch metadata (filled by the build step).
+    binaries: dict[str, BlobRef] = Field(default_factory=dict)
+    metadata: dict[str, int | str] = Field(default_factory=dict)
+
+
+class CompileStats(_Model):
+    nodes: int = 0
+    nodes_lowered: int = 0
+    nodes_extern: int = 0
+    extern_ops: list[str] = Field(default_factory=list)
+    kernels: int = 0
+    ops_fused: int = 0
+    intermediate_bytes_avoided: int = 0
+    compile_s: float = 0.0
+
+
+class Versions(_Model):
+    compiler_core: str
+    torch: str
+    triton: str
+
+
+class ArtifactManifest(_Model):
+    schema_version: Literal[1] = MANIFEST_VERSION
+    key: str
+    versions: Versions
+    target: Target
+    tuned: bool = False
+    plan: Plan
+    kernels: list[KernelInfo] = Field(default_factory=list)
+    stats: CompileStats = Field(default_factory=CompileStats)
+
+    def blob_refs(self) -> list[BlobRef]:
+        refs = [k.source for k in self.kernels]
+        refs += [b for k in self.kernels for b in k.binaries.values()]
+        return refs
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class Artifact:
+    """A manifest and the blobs it references, keyed by sha256 hex digest."""
+
+    manifest: ArtifactManifest
+    blobs: dict[str, bytes] = field(default_factory=dict)
+
+    def verify(self) -> None:
+        """Raise ArtifactError unless every referenced blob is present with the right digest."""
+        for ref in self.manifest.blob_refs():
+            data = self.blobs.get(ref.digest)
+            if data is None:
+                raise ArtifactError(f"blob {ref.digest[:12]} is missing")
+            if len(data) != ref.size or digest(data) != ref.digest:
+                raise ArtifactError(f"blob {ref.digest[:12]} does not match its digest")
+
+    def manifest_json(self) -> bytes:
+        return self.manifest.model_dump_json().encode()
+
+
+def add_blob(blobs: dict[str, bytes], data: bytes) -> BlobRef:
+    d = digest(data)
+    blobs[d] = data
+    return BlobRef(digest=d, size=len(data))
+
+
+# ---------------------------------------------------------------- on-disk form
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that readers see the old file or the new one, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def save_artifact(root: Path, artifact: Artifact) -> None:
+    """Store under `root`: blobs first (content-addressed), the manifest last."""
+    artifact.verify()
+    for d, data in artifact.blobs.items():
+        p = root / "blobs" / d[:2] / d
+        if not p.exists():
+            atomic_write(p, data)
+    atomic_write(root / "manifests" / f"{artifact.manifest.key}.json", artifact.manifest_json())
+
+
+def load_artifact(root: Path, key: str) -> Artifact | None:
+    """The artifact stored under `root` for `key`, verified; None when absent or broken."""
+    mpath = root / "manifests" / f"{key}.json"
+    try:
+        manifest = ArtifactManifest.model_validate_json(mpath.read_bytes())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return None
+    blobs: dict[str, bytes] = {}
+    for ref in manifest.blob_refs():
+        try:
+            blobs[ref.digest] = (root / "blobs" / ref.digest[:2] / ref.digest).read_bytes()
+        except FileNotFoundError:
+            return None
+    art = Artifact(manifest, blobs)
+    try:
+        art.verify()
+    except ArtifactError:
+        return None
+    return art
+
+
+def manifest_from_json(data: bytes | str) -> ArtifactManifest:
+    try:
+        return ArtifactManifest.model_validate_json(data)
+    except ValueError as e:
+        raise ArtifactError(f"malformed manifest: {e}") from None
+
+
+def canonical_json(obj: object) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()

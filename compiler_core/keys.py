@@ -1,0 +1,61 @@
+"""Cache keys: sha256 over canonical forms, identical for the same graph from any process or rank."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import compiler_core
+from compiler_core.wire import CompileRequest, GraphSpec
+
+
+def canonical_graph(graph: GraphSpec) -> dict[str, Any]:
+    """The graph with names replaced by their position (p0.., n0..), as plain JSON data.
+
+    Node names are whatever the tracer chose (`add_1`, `mul_3`); two processes may pick
+    different ones for the same computation, so they never enter a key.
+    """
+    rename = {p.name: f"p{i}" for i, p in enumerate(graph.placeholders)}
+    rename.update({n.name: f"n{i}" for i, n in enumerate(graph.nodes)})
+
+    def arg(a: Any) -> Any:
+        d = a.model_dump()
+        return _renamed(d, rename)
+
+    return {
+        "placeholders": [p.spec.model_dump() for p in graph.placeholders],
+        "nodes": [
+            {"target": n.target, "args": [arg(a) for a in n.args],
+             "kwargs": {k: arg(v) for k, v in sorted(n.kwargs.items())}}
+            for n in graph.nodes
+        ],
+        "outputs": [arg(a) for a in graph.outputs],
+    }
+
+
+def _renamed(d: Any, rename: dict[str, str]) -> Any:
+    if isinstance(d, dict):
+        if d.get("kind") == "node":
+            return {"kind": "node", "name": rename[d["name"]]}
+        return {k: _renamed(v, rename) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_renamed(v, rename) for v in d]
+    return d
+
+
+def compile_key(request: CompileRequest) -> str:
+    """The key of the artifact that compiling `request` produces.
+
+    Covers the canonical graph, input specs, compile options (mode, target, runtime torch and
+    triton major.minor) and the compiler_core version. Not the priority, nor anything of the
+    calling process (device index, data pointers, object ids).
+    """
+    payload = {
+        "schema": request.schema_version,
+        "graph": canonical_graph(request.graph),
+        "options": request.options.model_dump(),
+        "compiler_core": compiler_core.__version__,
+    }
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()

@@ -1,0 +1,101 @@
+"""Wire format: round trips, target resolution, and rejection of malformed specs."""
+
+import pytest
+from pydantic import ValidationError
+
+from compiler_core.errors import InvalidGraph
+from compiler_core.graph import rebuild_graph
+from compiler_core.keys import compile_key
+from compiler_core.wire import (
+    CompileRequest, FloatArg, GraphSpec, IntArg, ListArg, Node, NodeRef, Placeholder, TensorSpec,
+    resolve_target,
+)
+
+
+def spec(sizes=(4, 8), dtype="float32"):
+    strides, acc = [], 1
+    for s in reversed(sizes):
+        strides.insert(0, acc)
+        acc *= s
+    return TensorSpec(dtype=dtype, sizes=list(sizes), strides=strides)
+
+
+def sin_graph(name="y"):
+    return GraphSpec(
+        placeholders=[Placeholder(name="x", spec=spec())],
+        nodes=[Node(name=name, target="aten.sin.default", args=[NodeRef(name="x")]),
+               Node(name="z", target="aten.mul.Scalar",
+                    args=[NodeRef(name=name), FloatArg(value="inf")])],
+        outputs=[NodeRef(name="z")],
+    )
+
+
+def test_round_trip_json():
+    req = CompileRequest(graph=sin_graph())
+    again = CompileRequest.model_validate_json(req.model_dump_json())
+    assert again == req
+    assert again.graph.nodes[1].args[1].to_python() == float("inf")
+
+
+def test_key_ignores_node_names_but_not_ops():
+    a = compile_key(CompileRequest(graph=sin_graph("y")))
+    b = compile_key(CompileRequest(graph=sin_graph("renamed")))
+    assert a == b
+    g = sin_graph()
+    cos = g.model_copy(update={"nodes": [g.nodes[0].model_copy(update={"target": "aten.cos.default"}),
+                                         g.nodes[1]]})
+    assert compile_key(CompileRequest(graph=cos)) != a
+
+
+@pytest.mark.parametrize("target", [
+    "builtins.eval", "os.system", "aten.__class__.default", "aten.sin", "aten.no_such_op.default",
+    "aten.sin.no_such_overload", "prims.sin.default; import os", "torch.ops.aten.sin.default",
+])
+def test_resolve_rejects(target):
+    with pytest.raises(InvalidGraph):
+        resolve_target(target, node="n")
+
+
+def test_resolve_accepts_aten_and_prims():
+    import torch
+    assert resolve_target("aten.add.Tensor") is torch.ops.aten.add.Tensor
+    assert resolve_target("prims.convert_element_type.default") is torch.ops.prims.convert_element_type.default
+
+
+@pytest.mark.parametrize("bad", [
+    {"placeholders": [], "nodes": [{"name": "a", "target": "aten.sin.default",
+                                    "args": [{"kind": "node", "name": "missing"}]}], "outputs": []},
+    {"placeholders": [{"name": "x", "spec": {"dtype": "float99", "sizes": [1], "strides": [1]}}],
+     "nodes": [], "outputs": []},
+    {"placeholders": [{"name": "x", "spec": {"dtype": "float32", "sizes": [1, 2], "strides": [1]}}],
+     "nodes": [], "outputs": []},
+    {"placeholders": [{"name": "x", "spec": {"dtype": "float32", "sizes": [-1], "strides": [1]}}],
+     "nodes": [], "outputs": []},
+    {"placeholders": [], "nodes": [], "outputs": [{"kind": "pickle", "value": "gASV"}]},
+    {"placeholders": [], "nodes": [], "outputs": [], "schema_version": 99},
+])
+def test_malformed_specs_fail_validation(bad):
+    with pytest.raises(ValidationError):
+        GraphSpec.model_validate(bad)
+
+
+def test_rebuild_rederives_shapes_and_rejects_mismatch():
+    gm = rebuild_graph(sin_graph())
+    vals = [n.meta["val"] for n in gm.graph.nodes if n.op == "call_function"]
+    assert [tuple(v.shape) for v in vals] == [(4, 8), (4, 8)]
+    bad = GraphSpec(
+        placeholders=[Placeholder(name="a", spec=spec((4, 8))), Placeholder(name="b", spec=spec((3, 8)))],
+        nodes=[Node(name="s", target="aten.add.Tensor", args=[NodeRef(name="a"), NodeRef(name="b")])],
+        outputs=[NodeRef(name="s")],
+    )
+    with pytest.raises(InvalidGraph) as e:
+        rebuild_graph(bad)
+    assert e.value.node == "s" and e.value.op == "aten.add.Tensor"
+    wrong_arg = GraphSpec(
+        placeholders=[Placeholder(name="a", spec=spec())],
+        nodes=[Node(name="s", target="aten.sum.dim_IntList",
+                    args=[NodeRef(name="a"), ListArg(items=[IntArg(value=7)])])],
+        outputs=[NodeRef(name="s")],
+    )
+    with pytest.raises(InvalidGraph):
+        rebuild_graph(wrong_arg)
