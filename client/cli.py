@@ -1,0 +1,128 @@
+"""The `fxcc` command: serve, worker, demo, status, doctor."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from service.server import serve_main
+
+    serve_main(args.host, args.port)
+    return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from worker.main import worker_main
+
+    worker_main(concurrency=args.concurrency, device=args.device)
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from client.demo import main as demo_main
+
+    return demo_main(args)
+
+
+def _status(args: argparse.Namespace) -> int:
+    import httpx
+
+    from client.settings import ClientSettings
+
+    settings = ClientSettings.from_env()
+    url = args.url or settings.url
+    if not url:
+        print("fxcc status: no service URL (set FXCC_URL or pass --url)", file=sys.stderr)
+        return 2
+    headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
+    try:
+        r = httpx.get(f"{url.rstrip('/')}/v1/jobs/{args.job}", headers=headers, timeout=10)
+    except httpx.HTTPError as e:
+        print(f"fxcc status: service {url} unreachable: {e}", file=sys.stderr)
+        return 1
+    if r.status_code != 200:
+        print(f"fxcc status: {r.status_code} {r.text[:300]}", file=sys.stderr)
+        return 1
+    job = r.json()
+    if args.json:
+        print(json.dumps(job, indent=2))
+    else:
+        err = job.get("error") or {}
+        print(f"{job['id']}  {job['state']}  key={job['key'][:12]}  worker={job.get('worker') or '-'}"
+              + (f"  error={err.get('error')}: {err.get('message')}" if err else ""))
+    return 0 if job["state"] != "failed" else 1
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    import importlib.metadata
+    import platform
+
+    import compiler_core
+
+    info: dict[str, object] = {"python": platform.python_version(),
+                               "compiler_core": compiler_core.__version__}
+    for dist in ("torch", "triton"):
+        try:
+            info[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            info[dist] = None
+    import torch
+
+    info["cuda"] = torch.cuda.is_available()
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        info["gpu"] = f"{torch.cuda.get_device_name()} (sm_{major}{minor})"
+    from client.settings import ClientSettings
+
+    s = ClientSettings.from_env()
+    info["service"] = s.url or "none (compiles in-process)"
+    info["cache_dir"] = str(s.cache_dir)
+    print(json.dumps(info, indent=2) if args.json else
+          "\n".join(f"{k:14} {v}" for k, v in info.items()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fxcc", description="fxcc: compiler-as-a-service for PyTorch 2")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the HTTP service (embedded store + worker without FXCC_REDIS_URL)")
+    s.add_argument("--host", default=None, help="bind address (default FXCC_HOST or 127.0.0.1)")
+    s.add_argument("--port", type=int, default=None, help="port (default FXCC_PORT or 8470)")
+    s.set_defaults(fn=_serve)
+
+    w = sub.add_parser("worker", help="run a compile worker on the Redis queue (needs FXCC_REDIS_URL)")
+    w.add_argument("--concurrency", type=int, default=1, help="jobs compiled at once")
+    w.add_argument("--device", default="auto", help="GPU to autotune on: auto, cpu, or an index")
+    w.set_defaults(fn=_worker)
+
+    d = sub.add_parser("demo", help="compile the seed examples through a local service and print a table")
+    d.add_argument("--workdir", default=None, help="where the demo keeps its service data and caches")
+    d.set_defaults(fn=_demo)
+
+    st = sub.add_parser("status", help="show a compile job")
+    st.add_argument("job")
+    st.add_argument("--url", default=None)
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(fn=_status)
+
+    doc = sub.add_parser("doctor", help="versions, GPU, service and cache settings")
+    doc.add_argument("--json", action="store_true")
+    doc.set_defaults(fn=_doctor)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose or args.command in ("serve", "worker")
+                        else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return int(args.fn(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

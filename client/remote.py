@@ -1,0 +1,117 @@
+"""HTTP client for the fxcc service: fetch artifacts by key, submit compiles, wait on jobs."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from typing import Any
+
+import httpx
+
+from compiler_core.artifact import Artifact, manifest_from_json
+from compiler_core.errors import ArtifactError, FxccError
+from compiler_core.wire import CompileRequest
+
+log = logging.getLogger("fxcc.remote")
+
+
+class ServiceError(FxccError):
+    """The service could not be reached or answered with an error."""
+
+
+class CompileFailed(FxccError):
+    """The service ran the compile and it failed (the job's error is in the message)."""
+
+
+class RemoteService:
+    def __init__(self, url: str, token: str | None = None, timeout_s: float = 30.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url
+        self.http = httpx.Client(base_url=url, headers=headers, timeout=timeout_s)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            return self.http.request(method, path, **kw)
+        except httpx.HTTPError as e:
+            raise ServiceError(f"service {self.url} unreachable: {type(e).__name__}: {e}") from None
+
+    def get_artifact(self, key: str) -> Artifact | None:
+        """The artifact for `key` from the shared cache, verified; None when it is not there."""
+        r = self._request("GET", f"/v1/artifacts/{key}")
+        if r.status_code == 404:
+            return None
+        _check(r)
+        body = r.json()
+        blobs = {d: base64.b64decode(b) for d, b in body.get("blobs", {}).items()}
+        art = Artifact(manifest_from_json(_json_bytes(body["manifest"])), blobs)
+        if art.manifest.key != key:
+            raise ArtifactError(f"service returned artifact {art.manifest.key[:12]} for key {key[:12]}")
+        art.verify()
+        return art
+
+    def submit(self, request: CompileRequest) -> dict[str, Any]:
+        """POST the compile; the service answers done (cached) or queued with a job id."""
+        r = self._request("POST", "/v1/compile", content=request.model_dump_json(),
+                          headers={"Content-Type": "application/json"})
+        _check(r)
+        return r.json()
+
+    def wait(self, job_id: str, timeout_s: float) -> dict[str, Any]:
+        """Long-poll a job until it is done or failed, or raise ServiceError after timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ServiceError(f"compile job {job_id} not finished after {timeout_s:.0f} s")
+            wait = max(1, min(30, int(left)))
+            r = self._request("GET", f"/v1/jobs/{job_id}", params={"wait": wait},
+                              timeout=wait + self.http.timeout.read)
+            _check(r)
+            job = r.json()
+            if job["state"] in ("done", "failed", "cancelled"):
+                return job
+
+    def compile(self, request: CompileRequest, key: str, timeout_s: float) -> tuple[Artifact, str]:
+        """The artifact for `request`: from the shared cache, or compiled by the service's workers.
+
+        Returns the artifact and where it came from ("remote-hit" or "remote-compiled").
+        """
+        art = self.get_artifact(key)
+        if art is not None:
+            return art, "remote-hit"
+        answer = self.submit(request)
+        if answer.get("key") != key:
+            raise ServiceError(f"service computed key {str(answer.get('key'))[:12]}, client {key[:12]}: "
+                               "versions of compiler_core, torch or triton differ")
+        source = "remote-hit"
+        if answer["status"] != "done":
+            job = self.wait(answer["job_id"], timeout_s)
+            if job["state"] != "done":
+                err = job.get("error") or {}
+                raise CompileFailed(f"compile job {job['id']} {job['state']}: "
+                                    f"{err.get('error')}: {err.get('message')}",
+                                    op=err.get("op"), node=err.get("node"))
+            source = "remote-compiled"
+        art = self.get_artifact(key)
+        if art is None:
+            raise ServiceError(f"job for {key[:12]} finished but its artifact is missing")
+        return art, source
+
+
+def _json_bytes(obj: Any) -> bytes:
+    import json
+
+    return json.dumps(obj).encode()
+
+
+def _check(r: httpx.Response) -> None:
+    if r.status_code >= 400:
+        try:
+            detail = r.json()
+        except ValueError:
+            detail = r.text[:300]
+        raise ServiceError(f"service answered {r.status_code}: {detail}")

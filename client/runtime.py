@@ -1,0 +1,158 @@
+"""Runs an artifact's plan: extern aten calls and Triton kernels, over the caller's tensors.
+
+Note: the plan is data. Extern steps resolve their op exactly as the worker resolves graph
+nodes (aten/prims overloads only). Kernel code is loaded only from blobs whose sha256 matches
+the manifest (Artifact.verify runs before anything is loaded).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from compiler_core.artifact import (
+    AllocStep,
+    Artifact,
+    ExternStep,
+    FreeStep,
+    KernelInfo,
+    KernelStep,
+    atomic_write,
+)
+from compiler_core.errors import ArtifactError
+from compiler_core.graph import decode_arg
+from compiler_core.wire import IntArg, NodeRef, resolve_target, torch_dtype
+
+log = logging.getLogger("fxcc.runtime")
+
+_module_lock = threading.Lock()
+_modules: dict[str, Any] = {}
+
+
+def kernel_dir() -> Path:
+    """Where verified kernel sources are written so that triton.jit can read them back."""
+    root = os.environ.get("FXCC_CACHE_DIR") or os.path.join(Path.home(), ".cache", "fxcc")
+    return Path(root) / "kernels"
+
+
+def load_kernel(info: KernelInfo, source: bytes, interpret: bool = False) -> Any:
+    """The @triton.jit function `info.name` from a verified source blob (cached per digest).
+
+    triton.jit needs the function's source file (it reads it with inspect), so the blob is
+    written to a file named by its digest and imported from there.
+    """
+    digest = info.source.digest
+    key = f"{digest}:{info.name}"
+    with _module_lock:
+        mod = _modules.get(digest)
+        if mod is None:
+            path = kernel_dir() / f"fxcc_{digest[:32]}.py"
+            if not path.exists() or path.read_bytes() != source:
+                atomic_write(path, source)
+            spec = importlib.util.spec_from_file_location(f"fxcc_kernels_{digest[:32]}", path)
+            if spec is None or spec.loader is None:
+                raise ArtifactError(f"cannot load kernel module {path}")
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = mod
+            spec.loader.exec_module(mod)
+            _modules[digest] = mod
+    fn = getattr(mod, info.name, None)
+    if fn is None:
+        raise ArtifactError(f"kernel {info.name} is not in its source blob", node=key)
+    if interpret:
+        # Triton's CPU interpreter, whatever TRITON_INTERPRET said when the module was imported.
+        from triton.runtime.interpreter import InterpretedFunction
+
+        if not isinstance(fn, InterpretedFunction):
+            fn = InterpretedFunction(fn.fn)
+    return fn
+
+
+class PlanRunner:
+    """A callable over input tensors that runs one artifact's plan and returns its outputs."""
+
+    def __init__(self, artifact: Artifact) -> None:
+        artifact.verify()
+        self.manifest = artifact.manifest
+        plan = self.manifest.plan
+        self.inputs = plan.inputs
+        infos = {k.name: k for k in self.manifest.kernels}
+        interpret = self.manifest.target.kind == "interpret"
+        self._steps: list[Callable[[dict[str, Any]], None]] = []
+        for step in plan.steps:
+            if isinstance(step, ExternStep):
+                self._steps.append(self._extern(step))
+            elif isinstance(step, KernelStep):
+                info = infos.get(step.kernel)
+                if info is None:
+                    raise ArtifactError(f"plan launches unknown kernel {step.kernel}")
+                fn = load_kernel(info, artifact.blobs[info.source.digest], interpret)
+                self._steps.append(self._kernel(step, info, fn))
+            elif isinstance(step, AllocStep):
+                self._steps.append(self._alloc(step))
+            elif isinstance(step, FreeStep):
+                self._steps.append(self._free(step))
+        self._outputs = plan.outputs
+
+    @staticmethod
+    def _extern(step: ExternStep) -> Callable[[dict[str, Any]], None]:
+        op = resolve_target(step.op, node=step.out)
+        args, kwargs, out = step.args, step.kwargs, step.out
+
+        def run(env: dict[str, Any]) -> None:
+            env[out] = op(*(decode_arg(a, env) for a in args),
+                          **{k: decode_arg(v, env) for k, v in kwargs.items()})
+        return run
+
+    @staticmethod
+    def _kernel(step: KernelStep, info: KernelInfo, fn: Any) -> Callable[[dict[str, Any]], None]:
+        grid = tuple(step.grid)
+        names = [(a.name if isinstance(a, NodeRef) else None, a.value if isinstance(a, IntArg) else None)
+                 for a in step.args]
+        launch_kw = dict(info.constexprs, num_warps=info.num_warps, num_stages=info.num_stages)
+
+        def run(env: dict[str, Any]) -> None:
+            fn[grid](*(env[n] if n is not None else v for n, v in names), **launch_kw)
+        return run
+
+    @staticmethod
+    def _alloc(step: AllocStep) -> Callable[[dict[str, Any]], None]:
+        spec = step.spec
+        dtype = torch_dtype(spec.dtype)
+
+        def run(env: dict[str, Any]) -> None:
+            env[step.out] = torch.empty_strided(spec.sizes, spec.strides, dtype=dtype,
+                                                device=env["__device__"])
+        return run
+
+    @staticmethod
+    def _free(step: FreeStep) -> Callable[[dict[str, Any]], None]:
+        names = step.names
+
+        def run(env: dict[str, Any]) -> None:
+            for n in names:
+                env.pop(n, None)
+        return run
+
+    def __call__(self, args: list[Any]) -> tuple[Any, ...]:
+        if len(args) != len(self.inputs):
+            raise ArtifactError(f"plan takes {len(self.inputs)} inputs, got {len(args)}")
+        env: dict[str, Any] = dict(zip(self.inputs, args))
+        env["__device__"] = next((a.device for a in args if isinstance(a, torch.Tensor)),
+                                 torch.device("cpu"))
+        for run in self._steps:
+            run(env)
+        return tuple(decode_arg(a, env) for a in self._outputs)
+
+
+def load_plan(artifact: Artifact) -> PlanRunner:
+    """Verify `artifact` and prepare its plan to run (kernels loaded once, here)."""
+    return PlanRunner(artifact)

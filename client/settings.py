@@ -1,0 +1,70 @@
+"""Client settings: environment variables (FXCC_*) overridden by torch.compile(options={...})."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Literal
+
+Fallback = Literal["eager", "error"]
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """Everything the client reads from its environment, in one typed place.
+
+    url: the compile service (FXCC_URL); None compiles in-process (the embedded default).
+    token: bearer token for the service (FXCC_TOKEN); never logged.
+    cache_dir: local artifact cache (FXCC_CACHE_DIR, default ~/.cache/fxcc).
+    mode: compile mode sent to the service (FXCC_MODE: default | max-autotune).
+    fallback: what to do when fxcc cannot serve a graph (FXCC_FALLBACK: eager | error).
+    compile_timeout_s: how long to wait for a remote compile before falling back.
+    """
+
+    url: str | None = None
+    token: str | None = None
+    cache_dir: Path = Path.home() / ".cache" / "fxcc"
+    mode: Literal["default", "max-autotune"] = "default"
+    fallback: Fallback = "eager"
+    compile_timeout_s: float = 600.0
+    request_timeout_s: float = 30.0
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> ClientSettings:
+        env = dict(os.environ) if env is None else env
+        s = cls()
+        values: dict[str, Any] = {}
+        if env.get("FXCC_URL"):
+            values["url"] = env["FXCC_URL"].rstrip("/")
+        if env.get("FXCC_TOKEN"):
+            values["token"] = env["FXCC_TOKEN"]
+        if env.get("FXCC_CACHE_DIR"):
+            values["cache_dir"] = Path(env["FXCC_CACHE_DIR"])
+        if env.get("FXCC_MODE"):
+            values["mode"] = env["FXCC_MODE"]
+        if env.get("FXCC_FALLBACK"):
+            values["fallback"] = env["FXCC_FALLBACK"]
+        if env.get("FXCC_COMPILE_TIMEOUT_S"):
+            values["compile_timeout_s"] = float(env["FXCC_COMPILE_TIMEOUT_S"])
+        return replace(s, **values).validated()
+
+    def with_options(self, options: dict[str, Any] | None) -> ClientSettings:
+        """These settings overridden by torch.compile(..., options={...})."""
+        if not options:
+            return self
+        known = {f.name for f in fields(self)}
+        unknown = set(options) - known
+        if unknown:
+            raise ValueError(f"unknown fxcc options {sorted(unknown)}; known: {sorted(known)}")
+        values = dict(options)
+        if "cache_dir" in values:
+            values["cache_dir"] = Path(values["cache_dir"])
+        return replace(self, **values).validated()
+
+    def validated(self) -> ClientSettings:
+        if self.mode not in ("default", "max-autotune"):
+            raise ValueError(f"FXCC_MODE must be default or max-autotune, not {self.mode!r}")
+        if self.fallback not in ("eager", "error"):
+            raise ValueError(f"FXCC_FALLBACK must be eager or error, not {self.fallback!r}")
+        return self

@@ -1,0 +1,83 @@
+"""The Dynamo backend in-process (no FXCC_URL): results match eager, fallbacks never crash."""
+
+import warnings
+
+import pytest
+import torch
+
+from client import backend
+from client.examples import seed_workloads
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    for k in ("FXCC_URL", "FXCC_TOKEN", "FXCC_MODE", "FXCC_FALLBACK"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("FXCC_CACHE_DIR", str(tmp_path / "cache"))
+    torch._dynamo.reset()
+    backend.clear_events()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("index", [0, 1, 2], ids=["cos_sin", "bias_gelu_ln", "transformer_block"])
+def test_seed_workloads_match_eager(index):
+    w = seed_workloads("cpu", small=True)[index]
+    with torch.no_grad():
+        expected = w.fn(*w.inputs)
+        got = torch.compile(w.fn, backend="fxcc")(*w.inputs)
+    torch.testing.assert_close(got, expected)
+    assert got.stride() == expected.stride() and got.dtype == expected.dtype
+    evs = backend.events()
+    assert evs and all(e.source == "compiled-in-process" for e in evs)
+
+
+def test_second_compile_hits_local_cache():
+    f = seed_workloads("cpu", small=True)[0]
+    with torch.no_grad():
+        torch.compile(f.fn, backend="fxcc")(*f.inputs)
+        torch._dynamo.reset()
+        got = torch.compile(f.fn, backend="fxcc")(*f.inputs)
+    torch.testing.assert_close(got, f.fn(*f.inputs))
+    assert [e.source for e in backend.events()] == ["compiled-in-process", "local-hit"]
+
+
+def test_training_forward_and_backward_match_eager():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    ref.load_state_dict(model.state_dict())
+    x = torch.randn(8, 16)
+    compiled = torch.compile(model, backend="fxcc")
+    compiled(x).square().sum().backward()
+    ref(x).square().sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert len([e for e in backend.events() if e.source != "fallback"]) == 2  # forward and backward
+
+
+def test_unreachable_service_falls_back_to_eager_and_warns_once(monkeypatch):
+    monkeypatch.setenv("FXCC_URL", "http://127.0.0.1:9")  # nothing listens on the discard port
+    x = torch.randn(64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(3):
+            torch._dynamo.reset()
+            got = torch.compile(lambda t, i=i: torch.cos(torch.sin(t)) + i, backend="fxcc")(x)
+            torch.testing.assert_close(got, torch.cos(torch.sin(x)) + i)
+    fxcc_warnings = [w for w in caught if "fxcc" in str(w.message)]
+    assert len(fxcc_warnings) == 1, [str(w.message) for w in fxcc_warnings]
+    assert "unreachable" in str(fxcc_warnings[0].message)
+    assert {e.source for e in backend.events()} == {"fallback"}
+
+
+def test_fallback_error_mode_raises(monkeypatch):
+    monkeypatch.setenv("FXCC_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("FXCC_FALLBACK", "error")
+    with pytest.raises(Exception, match="unreachable"):
+        torch.compile(lambda t: t.sin(), backend="fxcc")(torch.randn(4))
+
+
+def test_bad_option_is_a_clear_error():
+    with pytest.raises(Exception, match="unknown fxcc options"):
+        torch.compile(lambda t: t.sin(), backend="fxcc", options={"nonsense": 1})(torch.randn(4))
