@@ -1,0 +1,116 @@
+"""Exception → HTTP mapping in one place: bad input is a 4xx naming what is wrong, never a 500."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from compiler_core.errors import FxccError
+
+log = logging.getLogger("fxcc.service")
+
+RETRY_AFTER_S = 5
+
+
+def error_body(error: str, message: str, **extra: Any) -> dict[str, Any]:
+    """The error shape every 4xx/5xx uses, the same as FxccError.to_dict()."""
+    return {"error": error, "message": message, "op": None, "node": None, **extra}
+
+
+def install_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(FxccError, _fxcc_error)
+    app.add_exception_handler(redis.ConnectionError, _store_unavailable)
+    app.add_exception_handler(redis.TimeoutError, _store_unavailable)
+
+
+_STATUS_NAMES = {400: "BadRequest", 404: "NotFound", 405: "MethodNotAllowed", 413: "RequestTooLarge"}
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    name = _STATUS_NAMES.get(exc.status_code, "HTTPError")
+    return JSONResponse(status_code=exc.status_code, headers=exc.headers,
+                        content=error_body(name, str(exc.detail), detail=exc.detail))
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    # Only loc and msg travel back: pydantic's `input` would echo (possibly huge) client data.
+    details = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()[:20]]
+    first = details[0] if details else {"loc": [], "msg": "invalid request"}
+    where = ".".join(str(p) for p in first["loc"]) or "request"
+    return JSONResponse(status_code=422, content=error_body(
+        "ValidationError", f"{where}: {first['msg']}", detail=details))
+
+
+async def _fxcc_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, FxccError)
+    if exc.http_status >= 500:
+        log.error("%s %s failed: %s", request.method, request.url.path, exc)
+    return JSONResponse(status_code=exc.http_status, content=exc.to_dict())
+
+
+async def _store_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    log.warning("store unavailable during %s %s: %s", request.method, request.url.path, exc)
+    return JSONResponse(status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)},
+                        content=error_body("StoreUnavailable", f"Redis is unreachable: {type(exc).__name__}"))
+
+
+class BodySizeLimit:
+    """ASGI middleware: 413 for a request body over `max_bytes`, declared or streamed.
+
+    Note: the body is buffered (up to the limit) and replayed, so a chunked upload without
+    Content-Length cannot slip past the check.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._reject(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._reject(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = JSONResponse(status_code=413, content=error_body(
+            "RequestTooLarge", f"request body exceeds {self.max_bytes} bytes"))
+        await response(scope, receive, send)

@@ -1,0 +1,47 @@
+"""Every Redis key and stream name fxcc uses, in one place (as rq/arq keep theirs)."""
+
+from __future__ import annotations
+
+BLOB = "blob:{digest}"  # raw bytes of one content-addressed blob
+MANIFEST = "manifest:{key}"  # ArtifactManifest JSON; written last, after every blob it names
+JOB = "job:{job_id}"  # hash: state, timestamps, worker, attempt, request JSON, error, stats
+INFLIGHT = "inflight:{key}"  # single flight: compile key -> id of the job compiling it (SET NX)
+STREAM_INTERACTIVE = "jobs:interactive"  # read before precompile: a user is waiting on these
+STREAM_PRECOMPILE = "jobs:precompile"
+WORKER = "worker:{worker_id}"  # heartbeat: JSON info, expires unless renewed
+CACHE_COUNTERS = "stats:cache"  # hash of counters: hits, misses, puts
+
+GROUP = "workers"  # the one consumer group every worker reads the job streams through
+STREAM_FIELD = "job_id"  # a stream entry carries only the job id; the request lives in the hash
+
+
+class RedisKeys:
+    """The templates above, rendered under one prefix."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.interactive = prefix + STREAM_INTERACTIVE
+        self.precompile = prefix + STREAM_PRECOMPILE
+        self.cache_counters = prefix + CACHE_COUNTERS
+
+    def blob(self, digest: str) -> str:
+        return self.prefix + BLOB.format(digest=digest)
+
+    def manifest(self, key: str) -> str:
+        return self.prefix + MANIFEST.format(key=key)
+
+    def job(self, job_id: str) -> str:
+        return self.prefix + JOB.format(job_id=job_id)
+
+    def inflight(self, key: str) -> str:
+        return self.prefix + INFLIGHT.format(key=key)
+
+    def worker(self, worker_id: str) -> str:
+        return self.prefix + WORKER.format(worker_id=worker_id)
+
+    def stream(self, priority: str) -> str:
+        return self.interactive if priority == "interactive" else self.precompile
+
+    def streams(self) -> tuple[str, str]:
+        """The job streams in the order workers read them."""
+        return (self.interactive, self.precompile)

@@ -1,0 +1,128 @@
+"""The HTTP API on a real Redis: single flight, a job's life through process_job, failures, counters."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from fastapi.testclient import TestClient
+
+from compiler_core.keys import compile_key
+from compiler_core.wire import CompileRequest
+from service.app import create_app
+from service.redis_store import RedisStore
+from service.settings import ServiceSettings
+from worker.process import process_job
+
+
+@pytest.fixture
+def client(redis_settings: ServiceSettings) -> Iterator[TestClient]:
+    with TestClient(create_app(redis_settings)) as c:
+        yield c
+
+
+def store_of(client: TestClient) -> RedisStore:
+    return client.app.state.store
+
+
+def post(client: TestClient, req: CompileRequest):
+    return client.post("/v1/compile", content=req.model_dump_json(), headers={"Content-Type": "application/json"})
+
+
+def run_queued_jobs(store: RedisStore) -> list[str]:
+    """What one worker would do right now: claim, process and ack every queued job."""
+    done = []
+    while claims := store.claim("test-worker", block_ms=10):
+        for c in claims:
+            process_job(store, c.job_id, worker="test-worker")
+            store.ack(c)
+            done.append(c.job_id)
+    return done
+
+
+def test_two_identical_posts_share_one_job(client: TestClient, make_unary: Callable[..., CompileRequest]) -> None:
+    a = post(client, make_unary())
+    b = post(client, make_unary())
+    assert a.status_code == b.status_code == 202
+    assert a.json()["job_id"] == b.json()["job_id"]
+    assert a.json() == {"status": "queued", "key": compile_key(make_unary()), "job_id": a.json()["job_id"]}
+
+
+def test_sixteen_concurrent_posts_make_one_job(client: TestClient,
+                                               make_unary: Callable[..., CompileRequest]) -> None:
+    req = make_unary("aten.cos.default", sizes=(3, 5))
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda _: post(client, req), range(16)))
+    assert {r.status_code for r in answers} == {202}
+    assert len({r.json()["job_id"] for r in answers}) == 1
+    store = store_of(client)
+    assert store.r.xlen(store.k.interactive) == 1
+
+
+def test_job_lifecycle(client: TestClient, make_unary: Callable[..., CompileRequest]) -> None:
+    req = make_unary()
+    queued = post(client, req).json()
+    job = client.get(f"/v1/jobs/{queued['job_id']}").json()
+    assert job["state"] == "queued" and job["attempt"] == 0 and job["started_at"] is None
+    assert client.get(f"/v1/jobs/{queued['job_id']}", params={"wait": 0.2}).json()["state"] == "queued"
+
+    assert run_queued_jobs(store_of(client)) == [queued["job_id"]]
+
+    job = client.get(f"/v1/jobs/{queued['job_id']}", params={"wait": 5}).json()
+    assert set(job) == {"id", "key", "state", "priority", "created_at", "started_at", "finished_at",
+                        "worker", "attempt", "error", "stats"}
+    assert job["state"] == "done" and job["worker"] == "test-worker" and job["attempt"] == 1
+    assert job["key"] == queued["key"] and job["priority"] == "interactive" and job["error"] is None
+    assert job["created_at"] <= job["started_at"] <= job["finished_at"]
+    assert job["stats"]["nodes"] == 1 and "kernels" in job["stats"]
+
+    art = client.get(f"/v1/artifacts/{queued['key']}").json()
+    assert art["manifest"]["key"] == queued["key"] and isinstance(art["blobs"], dict)
+    assert client.get(f"/v1/artifacts/{queued['key']}", params={"blobs": 0}).json() == {"manifest": art["manifest"]}
+
+    again = post(client, req)
+    assert again.status_code == 200
+    assert again.json() == {"status": "done", "key": queued["key"], "manifest": art["manifest"]}
+    assert store_of(client).counters() == {"misses": 1, "hits": 1, "puts": 1}
+
+
+def test_failed_compile_is_recorded(client: TestClient, make_sum: Callable[[int], CompileRequest]) -> None:
+    # The service rejects this spec; queue it behind the service's back to check that the worker
+    # re-validates and records the failure rather than trusting what reached the queue.
+    store = store_of(client)
+    bad = make_sum(7)
+    key = compile_key(bad)
+    job_id = store.submit(key, bad.model_dump_json(), "interactive").job_id
+    run_queued_jobs(store)
+    job = client.get(f"/v1/jobs/{job_id}", params={"wait": 5}).json()
+    assert job["state"] == "failed" and job["stats"] is None and job["finished_at"] is not None
+    assert job["error"]["error"] == "InvalidGraph"
+    assert job["error"]["node"] == "total" and job["error"]["op"] == "aten.sum.dim_IntList"
+    # The single-flight entry is gone, so a retry gets a fresh job.
+    retry = store.submit(key, bad.model_dump_json(), "interactive")
+    assert retry.created and retry.job_id != job_id
+
+
+def test_corrupt_request_in_queue_fails_cleanly(client: TestClient,
+                                               make_unary: Callable[..., CompileRequest]) -> None:
+    store = store_of(client)
+    req = make_unary()
+    payload = json.loads(req.model_dump_json())
+    payload["graph"]["nodes"][0]["target"] = {"__reduce__": "os.system"}
+    job_id = store.submit(compile_key(req), json.dumps(payload), "interactive").job_id
+    run_queued_jobs(store)
+    job = client.get(f"/v1/jobs/{job_id}").json()
+    assert job["state"] == "failed" and "invalid request" in job["error"]["message"]
+
+
+def test_precompile_priority_is_recorded(client: TestClient, make_unary: Callable[..., CompileRequest]) -> None:
+    queued = post(client, make_unary(priority="precompile")).json()
+    assert client.get(f"/v1/jobs/{queued['job_id']}").json()["priority"] == "precompile"
+    store = store_of(client)
+    assert store.r.xlen(store.k.precompile) == 1
+
+
+def test_healthz_redis(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"ok": True, "store": "redis"}

@@ -1,0 +1,105 @@
+"""Both stores: artifact round trip, single flight, job states and queue priority."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from compiler_core.artifact import Artifact, KernelInfo, add_blob
+from compiler_core.compile import compile_request
+from compiler_core.keys import compile_key
+from compiler_core.wire import CompileRequest
+from service.embedded_store import EmbeddedStore
+from service.settings import ServiceSettings
+from service.store import JobError, JobState, Store
+
+
+@pytest.fixture(params=["redis", "embedded"])
+def store(request: pytest.FixtureRequest, embedded_settings: ServiceSettings) -> Iterator[Store]:
+    if request.param == "redis":
+        yield request.getfixturevalue("redis_store")
+    else:
+        yield EmbeddedStore(embedded_settings.data_dir)
+
+
+def artifact_with_blobs(req: CompileRequest) -> Artifact:
+    """A real compiled artifact, plus two kernel blobs so that blob handling is exercised."""
+    art = compile_request(req)
+    blobs: dict[str, bytes] = {}
+    kernels = [KernelInfo(name=f"k{i}", source=add_blob(blobs, f"kernel {i}\n".encode() * 100))
+               for i in range(2)]
+    return Artifact(art.manifest.model_copy(update={"kernels": kernels}), blobs)
+
+
+def test_artifact_round_trip(store: Store, make_unary: Callable[..., CompileRequest]) -> None:
+    art = artifact_with_blobs(make_unary())
+    key = art.manifest.key
+    assert store.get_artifact(key) is None and store.get_manifest(key) is None
+    store.put_artifact(art)
+    got = store.get_artifact(key)
+    assert got is not None
+    assert got.manifest == art.manifest and got.blobs == art.blobs
+    assert store.get_manifest(key) == art.manifest
+    assert store.counters().get("puts") == 1
+
+
+def test_untuned_never_replaces_tuned(store: Store, make_unary: Callable[..., CompileRequest]) -> None:
+    art = artifact_with_blobs(make_unary())
+    tuned = Artifact(art.manifest.model_copy(update={"tuned": True}), art.blobs)
+    store.put_artifact(tuned)
+    store.put_artifact(art)
+    got = store.get_manifest(art.manifest.key)
+    assert got is not None and got.tuned
+
+
+def test_single_flight(store: Store, make_unary: Callable[..., CompileRequest]) -> None:
+    req = make_unary()
+    key = compile_key(req)
+    first = store.submit(key, req.model_dump_json(), "interactive")
+    second = store.submit(key, req.model_dump_json(), "interactive")
+    assert first.created and not second.created
+    assert first.job_id == second.job_id and first.manifest is None
+    job = store.get_job(first.job_id)
+    assert job is not None and job.state is JobState.QUEUED and job.key == key and job.attempt == 0
+    assert store.get_request(first.job_id) == req.model_dump_json()
+
+    # A failed job frees the key: the next identical request gets a new job.
+    store.mark_failed(first.job_id, JobError(error="BuildError", message="boom", op="aten.sin.default"))
+    third = store.submit(key, req.model_dump_json(), "interactive")
+    assert third.created and third.job_id != first.job_id
+
+    # Once the artifact exists, submitting answers with its manifest and queues nothing.
+    store.put_artifact(compile_request(req))
+    cached = store.submit(key, req.model_dump_json(), "interactive")
+    assert cached.manifest is not None and cached.manifest.key == key and cached.job_id is None
+
+
+def test_job_lifecycle_records(store: Store, make_unary: Callable[..., CompileRequest]) -> None:
+    req = make_unary()
+    job_id = store.submit(compile_key(req), req.model_dump_json(), "precompile").job_id
+    assert job_id is not None
+    job = store.mark_compiling(job_id, "w1")
+    assert job is not None
+    assert (job.state, job.worker, job.attempt, job.priority) == (JobState.COMPILING, "w1", 1, "precompile")
+    assert job.started_at is not None and job.started_at >= job.created_at
+    store.mark_done(job_id, {"kernels": 0, "nodes": 1})
+    job = store.get_job(job_id)
+    assert job is not None and job.state is JobState.DONE and job.stats == {"kernels": 0, "nodes": 1}
+    assert job.finished_at is not None and job.error is None
+    assert store.get_job("0" * 32) is None
+    assert store.mark_compiling("0" * 32, "w1") is None
+
+
+def test_interactive_is_claimed_first(store: Store, make_unary: Callable[..., CompileRequest]) -> None:
+    pre = make_unary("aten.cos.default", priority="precompile")
+    inter = make_unary("aten.sin.default", priority="interactive")
+    pre_id = store.submit(compile_key(pre), pre.model_dump_json(), "precompile").job_id
+    inter_id = store.submit(compile_key(inter), inter.model_dump_json(), "interactive").job_id
+    first = store.claim("c1", block_ms=100)
+    second = store.claim("c1", block_ms=100)
+    assert [c.job_id for c in first] == [inter_id]
+    assert [c.job_id for c in second] == [pre_id]
+    for c in first + second:
+        store.ack(c)
+    assert store.claim("c1", block_ms=50) == []

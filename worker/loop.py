@@ -1,0 +1,63 @@
+"""The worker loop shared by `fxcc worker` and the service's embedded worker: claim, process, ack."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from service.store import Claim, Store
+from worker.process import process_job
+
+log = logging.getLogger("fxcc.worker")
+
+
+class Consumer:
+    """One thread that claims and runs jobs until `stop` is set; it finishes the job in hand first."""
+
+    def __init__(self, store: Store, name: str, stop: threading.Event, *, block_ms: int = 1000,
+                 max_attempts: int = 3) -> None:
+        self.store = store
+        self.name = name
+        self.stop = stop
+        self.block_ms = block_ms
+        self.max_attempts = max_attempts
+        self.current: list[Claim] = []  # read by the heartbeat thread; replaced, never mutated
+        self.jobs_done = 0
+        self.thread = threading.Thread(target=self.run, name=f"fxcc-{name}", daemon=True)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                claims = self.store.claim(self.name, self.block_ms)
+            except Exception:  # a store outage must not kill the worker
+                log.exception("%s: claiming failed; retrying", self.name)
+                self.stop.wait(1.0)
+                continue
+            self.current = claims
+            for claim in claims:
+                self.handle(claim)
+            self.current = []
+
+    def handle(self, claim: Claim) -> None:
+        try:
+            process_job(self.store, claim.job_id, worker=self.name, max_attempts=self.max_attempts)
+            self.store.ack(claim)
+            self.jobs_done += 1
+        except Exception:  # unacked, the job is reclaimed after claim_idle_ms
+            log.exception("%s: job %s could not be recorded", self.name, claim.job_id)
+
+
+def heartbeat_loop(store: Store, worker: str, consumers: list[Consumer], stop: threading.Event,
+                   interval_s: float, info: dict[str, Any]) -> None:
+    """Renew the worker's heartbeat and its claims every `interval_s` until `stop` is set."""
+    while True:
+        try:
+            claims = [c for cons in consumers for c in cons.current]
+            busy = {"jobs": [c.job_id for c in claims],
+                    "jobs_done": sum(cons.jobs_done for cons in consumers)}
+            store.heartbeat(worker, {**info, **busy}, claims)
+        except Exception:
+            log.warning("%s: heartbeat failed", worker, exc_info=True)
+        if stop.wait(interval_s):
+            return
