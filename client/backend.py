@@ -15,6 +15,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,11 +38,13 @@ class CompileEvent:
     """What happened to one graph: where its artifact came from and what it holds."""
 
     key: str
-    source: str  # local-hit | remote-hit | remote-compiled | compiled-in-process | fallback
+    # local-hit | remote-hit | remote-compiled | compiled-in-process | fallback | precompile-*
+    source: str
     seconds: float
     stats: CompileStats | None = None
     error: str | None = None
     graph_nodes: int = 0
+    job_id: str | None = None
 
 
 @dataclass
@@ -63,6 +66,13 @@ def events() -> list[CompileEvent]:
 def clear_events() -> None:
     with _log.lock:
         _log.events.clear()
+
+
+def reset() -> None:
+    """Forget recorded events and which causes were already warned about."""
+    with _log.lock:
+        _log.events.clear()
+        _log.warned.clear()
 
 
 def _record(event: CompileEvent) -> None:
@@ -103,23 +113,23 @@ class GraphCompiler:
             request = CompileRequest(
                 graph=capture.spec,
                 options=CompileOptions(mode=self.settings.mode, target=target_for(example_inputs)),
+                priority="precompile" if self.settings.precompile else "interactive",
             )
             key = compile_key(request)
-            artifact, source = self.fetch(request, key)
-            runner = load_plan(artifact)
+            art = self.cache.get(key)
+            if art is not None:
+                return self._ready(art, "local-hit", capture, eager, t0)
+            if self.settings.precompile:
+                return self._precompile(request, key, eager, t0)
+            if not self.settings.blocking:
+                return self._background(request, key, capture, eager, t0)
+            art, source = self.fetch(request, key)
+            return self._ready(art, source, capture, eager, t0)
         except Exception as e:  # noqa: BLE001 - the user's program must keep running
-            return self._fallback(gm, eager, e, t0)
-        _record(CompileEvent(key=key, source=source, seconds=time.perf_counter() - t0,
-                             stats=artifact.manifest.stats, graph_nodes=len(capture.spec.nodes)))
-        log.info("fxcc: graph %s from %s (%d kernels)", key[:12], source,
-                 artifact.manifest.stats.kernels)
-        return _guarded(runner, capture.constants, eager, key)
+            return self._fallback(gm, example_inputs, eager, e, t0)
 
     def fetch(self, request: CompileRequest, key: str) -> tuple[Artifact, str]:
-        """The artifact for `key`: local cache, then the service (or an in-process compile)."""
-        art = self.cache.get(key)
-        if art is not None:
-            return art, "local-hit"
+        """The artifact for `key` from the service (or an in-process compile), stored locally."""
         if self.settings.url:
             from client.remote import RemoteService
 
@@ -136,14 +146,94 @@ class GraphCompiler:
         self.cache.put(art)
         return art, source
 
-    def _fallback(self, gm: fx.GraphModule, eager: Callable, e: Exception, t0: float) -> Callable:
+    def _ready(self, art: Artifact, source: str, capture: Any, eager: Callable, t0: float) -> Callable:
+        runner = load_plan(art)
+        key = art.manifest.key
+        _record(CompileEvent(key=key, source=source, seconds=time.perf_counter() - t0,
+                             stats=art.manifest.stats, graph_nodes=len(capture.spec.nodes)))
+        log.info("fxcc: graph %s from %s (%d kernels)", key[:12], source, art.manifest.stats.kernels)
+        return _guarded(runner, capture.constants, eager, key)
+
+    def _precompile(self, request: CompileRequest, key: str, eager: Callable, t0: float) -> Callable:
+        """Submit without waiting (or, with no service, compile now into the local cache)."""
+        if self.settings.url:
+            from client.remote import RemoteService
+
+            remote = RemoteService(self.settings.url, self.settings.token,
+                                   self.settings.request_timeout_s)
+            try:
+                answer = remote.submit(request)
+            finally:
+                remote.close()
+            source = "precompile-cached" if answer["status"] == "done" else "precompile-submitted"
+            job = answer.get("job_id")
+        else:
+            self.fetch(request, key)
+            source, job = "precompile-compiled", None
+        _record(CompileEvent(key=key, source=source, seconds=time.perf_counter() - t0,
+                             graph_nodes=len(request.graph.nodes), job_id=job))
+        return eager
+
+    def _background(self, request: CompileRequest, key: str, capture: Any, eager: Callable,
+                    t0: float) -> Callable:
+        """Run eagerly while the compile is in flight; switch to the artifact once it arrives."""
+        future = _executor().submit(self.fetch, request, key)
+        state: dict[str, Callable] = {}
+
+        def run(args: list[Any]) -> Any:
+            fn = state.get("fn")
+            if fn is None:
+                if not future.done():
+                    return eager(args)
+                try:
+                    art, source = future.result()
+                    fn = self._ready(art, source, capture, eager, t0)
+                except Exception as e:  # noqa: BLE001
+                    warn_once(_cause(e), f"running a graph eagerly: {_cause_text(e)}")
+                    fn = eager
+                state["fn"] = fn
+            return fn(args)
+        run._boxed_call = True  # type: ignore[attr-defined]
+        return run
+
+    def _fallback(self, gm: fx.GraphModule, example_inputs: list[Any], eager: Callable,
+                  e: Exception, t0: float) -> Callable:
         if self.settings.fallback == "error":
             raise e
-        cause = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        warn_once(type(e).__name__ + (str(e)[:60]), f"running a graph eagerly: {cause}")
+        fn, how = eager, "eagerly"
+        if self.settings.fallback == "inductor":
+            try:
+                from torch._inductor.compile_fx import compile_fx_inner
+
+                fn, how = compile_fx_inner(gm, example_inputs), "with Inductor"
+            except Exception as inductor_error:  # noqa: BLE001
+                log.warning("fxcc: Inductor fallback failed too (%s); running eagerly",
+                            _cause_text(inductor_error))
+        warn_once(f"{how}:{_cause(e)}", f"running a graph {how}: {_cause_text(e)}")
         _record(CompileEvent(key="", source="fallback", seconds=time.perf_counter() - t0,
-                             error=cause, graph_nodes=sum(1 for _ in gm.graph.nodes)))
-        return eager
+                             error=_cause_text(e), graph_nodes=sum(1 for _ in gm.graph.nodes)))
+        return fn
+
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    with _log.lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fxcc-compile")
+        return _pool
+
+
+def _cause(e: Exception) -> str:
+    """What counts as 'the same cause' for warn-once: the error class and its first words."""
+    return f"{type(e).__name__}:{str(e)[:40]}"
+
+
+def _cause_text(e: Exception) -> str:
+    first = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {first}"
 
 
 def _boxed(gm: fx.GraphModule) -> Callable[[list[Any]], Any]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-Fallback = Literal["eager", "error"]
+Fallback = Literal["eager", "inductor", "error"]
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,9 @@ class ClientSettings:
     token: bearer token for the service (FXCC_TOKEN); never logged.
     cache_dir: local artifact cache (FXCC_CACHE_DIR, default ~/.cache/fxcc).
     mode: compile mode sent to the service (FXCC_MODE: default | max-autotune).
-    fallback: what to do when fxcc cannot serve a graph (FXCC_FALLBACK: eager | error).
+    fallback: what to do when fxcc cannot serve a graph (FXCC_FALLBACK: eager | inductor | error).
+    blocking: wait for a compile (FXCC_BLOCKING=1, default); 0 runs eagerly until it arrives.
+    precompile: submit compiles at precompile priority and never wait (FXCC_PRECOMPILE=1).
     compile_timeout_s: how long to wait for a remote compile before falling back.
     """
 
@@ -27,6 +29,8 @@ class ClientSettings:
     cache_dir: Path = Path.home() / ".cache" / "fxcc"
     mode: Literal["default", "max-autotune"] = "default"
     fallback: Fallback = "eager"
+    blocking: bool = True
+    precompile: bool = False
     compile_timeout_s: float = 600.0
     request_timeout_s: float = 30.0
 
@@ -45,6 +49,10 @@ class ClientSettings:
             values["mode"] = env["FXCC_MODE"]
         if env.get("FXCC_FALLBACK"):
             values["fallback"] = env["FXCC_FALLBACK"]
+        for name in ("blocking", "precompile"):
+            raw = env.get(f"FXCC_{name.upper()}")
+            if raw:
+                values[name] = _flag(f"FXCC_{name.upper()}", raw)
         if env.get("FXCC_COMPILE_TIMEOUT_S"):
             values["compile_timeout_s"] = float(env["FXCC_COMPILE_TIMEOUT_S"])
         return replace(s, **values).validated()
@@ -65,6 +73,15 @@ class ClientSettings:
     def validated(self) -> ClientSettings:
         if self.mode not in ("default", "max-autotune"):
             raise ValueError(f"FXCC_MODE must be default or max-autotune, not {self.mode!r}")
-        if self.fallback not in ("eager", "error"):
-            raise ValueError(f"FXCC_FALLBACK must be eager or error, not {self.fallback!r}")
+        if self.fallback not in ("eager", "inductor", "error"):
+            raise ValueError(f"FXCC_FALLBACK must be eager, inductor or error, not {self.fallback!r}")
         return self
+
+
+def _flag(name: str, raw: str) -> bool:
+    v = raw.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be 0 or 1, not {raw!r}")

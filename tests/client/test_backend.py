@@ -15,7 +15,7 @@ def _isolated(tmp_path, monkeypatch):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("FXCC_CACHE_DIR", str(tmp_path / "cache"))
     torch._dynamo.reset()
-    backend.clear_events()
+    backend.reset()
     yield
     torch._dynamo.reset()
 
@@ -81,3 +81,46 @@ def test_fallback_error_mode_raises(monkeypatch):
 def test_bad_option_is_a_clear_error():
     with pytest.raises(Exception, match="unknown fxcc options"):
         torch.compile(lambda t: t.sin(), backend="fxcc", options={"nonsense": 1})(torch.randn(4))
+
+
+def test_non_blocking_runs_eagerly_then_switches(monkeypatch):
+    monkeypatch.setenv("FXCC_BLOCKING", "0")
+    x = torch.randn(256)
+    f = torch.compile(lambda t: torch.cos(torch.sin(t)) * 2, backend="fxcc")
+    expected = torch.cos(torch.sin(x)) * 2
+    for _ in range(600):  # the compile finishes in the background; every call is right meanwhile
+        torch.testing.assert_close(f(x), expected)
+        if any(e.source == "compiled-in-process" for e in backend.events()):
+            break
+        import time
+        time.sleep(0.05)
+    assert [e.source for e in backend.events()] == ["compiled-in-process"]
+    torch.testing.assert_close(f(x), expected)
+
+
+def test_precompile_fills_the_cache_without_running_compiled(monkeypatch):
+    monkeypatch.setenv("FXCC_PRECOMPILE", "1")
+    x = torch.randn(32)
+    torch.testing.assert_close(torch.compile(lambda t: t.sin() + 1, backend="fxcc")(x), x.sin() + 1)
+    assert [e.source for e in backend.events()] == ["precompile-compiled"]
+    monkeypatch.delenv("FXCC_PRECOMPILE")
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(lambda t: t.sin() + 1, backend="fxcc")(x), x.sin() + 1)
+    assert backend.events()[-1].source == "local-hit"
+
+
+def test_inductor_fallback(monkeypatch):
+    monkeypatch.setenv("FXCC_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("FXCC_FALLBACK", "inductor")
+    x = torch.randn(64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = torch.compile(lambda t: t.sin() * 3, backend="fxcc")(x)
+    torch.testing.assert_close(got, x.sin() * 3)
+    assert any("with Inductor" in str(w.message) for w in caught), [str(w.message) for w in caught]
+
+
+def test_bad_env_setting_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("FXCC_BLOCKING", "maybe")
+    with pytest.raises(Exception, match="FXCC_BLOCKING must be 0 or 1"):
+        torch.compile(lambda t: t.sin(), backend="fxcc")(torch.randn(4))
