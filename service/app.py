@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service.handlers import BodySizeLimit, install_handlers
-from service.routes import artifacts, compile, health, jobs
+from service.routes import artifacts, compile, health, jobs, status
 from service.settings import ServiceSettings
 from service.store import Store
 
@@ -25,7 +25,7 @@ def build_store(settings: ServiceSettings) -> Store:
         return RedisStore(settings)
     from service.embedded_store import EmbeddedStore
 
-    return EmbeddedStore(settings.data_dir)
+    return EmbeddedStore(settings.data_dir, job_ttl_s=settings.job_ttl_s)
 
 
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
@@ -50,7 +50,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app = FastAPI(title="fxcc", version="1", lifespan=lifespan)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     install_handlers(app)
-    for router in (compile.router, jobs.router, artifacts.router, health.router):
+    for router in (compile.router, jobs.router, artifacts.router, status.router, health.router):
         app.include_router(router)
     return app
 

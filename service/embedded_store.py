@@ -23,7 +23,7 @@ class EmbeddedStore:
 
     mode = "embedded"
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, job_ttl_s: float = 7 * 86_400) -> None:
         self.root = Path(data_dir)
         self.root.mkdir(parents=True, exist_ok=True)
         self._cond = threading.Condition()
@@ -32,6 +32,8 @@ class EmbeddedStore:
         self._inflight: dict[str, str] = {}
         self._queues: dict[str, deque[str]] = {p: deque() for p in _PRIORITIES}
         self._counters: Counter[str] = Counter()
+        self._job_ttl_s = job_ttl_s
+        self._running: dict[str, int] = {p: 0 for p in _PRIORITIES}
 
     def ping(self) -> None:
         if not self.root.is_dir():
@@ -78,6 +80,8 @@ class EmbeddedStore:
             if existing is not None and not self._jobs[existing].finished:
                 return Submitted(job_id=existing)
             job_id = uuid.uuid4().hex
+            if len(self._jobs) % 1024 == 1023:
+                self._forget_old_jobs()
             self._jobs[job_id] = JobRecord(id=job_id, key=key, state=JobState.QUEUED,
                                            priority=priority, created_at=now_s())
             self._requests[job_id] = request_json
@@ -94,9 +98,18 @@ class EmbeddedStore:
         with self._cond:
             return self._requests.get(job_id)
 
+    def _forget_old_jobs(self) -> None:
+        """Drop finished jobs older than job_ttl_s (what EXPIRE does for Redis job hashes)."""
+        horizon = time.time() - self._job_ttl_s
+        for job_id in [j.id for j in self._jobs.values() if j.finished and (j.finished_at or 0) < horizon]:
+            del self._jobs[job_id]
+
     def mark_compiling(self, job_id: str, worker: str) -> JobRecord | None:
-        return self._update(job_id, state=JobState.COMPILING, started_at=now_s(), worker=worker,
-                            attempt=self._jobs[job_id].attempt + 1 if job_id in self._jobs else 1)
+        with self._cond:
+            job = self._jobs.get(job_id)
+            attempt = job.attempt + 1 if job is not None else 1
+            return self._update(job_id, state=JobState.COMPILING, started_at=now_s(), worker=worker,
+                                attempt=attempt)
 
     def mark_done(self, job_id: str, stats: dict[str, Any]) -> None:
         self._update(job_id, state=JobState.DONE, finished_at=now_s(), stats=stats, error=None)
@@ -105,7 +118,7 @@ class EmbeddedStore:
         self._update(job_id, state=JobState.FAILED, finished_at=now_s(), error=error, stats=None)
 
     def _update(self, job_id: str, **fields: Any) -> JobRecord | None:
-        with self._cond:
+        with self._cond:  # re-entrant: a Condition wraps an RLock
             job = self._jobs.get(job_id)
             if job is None:
                 return None
@@ -125,6 +138,7 @@ class EmbeddedStore:
             while True:
                 for p in _PRIORITIES:
                     if self._queues[p]:
+                        self._running[p] += 1
                         return [Claim(job_id=self._queues[p].popleft(), stream=p, consumer=consumer)]
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -132,7 +146,15 @@ class EmbeddedStore:
                 self._cond.wait(left)
 
     def ack(self, claim: Claim) -> None:
-        """Nothing to do: an in-memory queue hands each job out once."""
+        with self._cond:
+            self._running[claim.stream] -= 1
+
+    def queue_depths(self) -> dict[str, dict[str, int]]:
+        with self._cond:
+            return {p: {"waiting": len(self._queues[p]), "running": self._running[p]} for p in _PRIORITIES}
+
+    def workers(self) -> list[dict[str, Any]]:
+        return [{"id": "embedded", "device": "cpu", "in_process": True}]
 
     def heartbeat(self, worker: str, info: dict[str, Any], claims: list[Claim]) -> None:
         """Nothing to do: embedded workers live and die with the service process."""

@@ -225,7 +225,26 @@ class RedisStore:
         return Claim(job_id=job_id.decode(), stream=stream, entry_id=entry_id, consumer=consumer)
 
     def ack(self, claim: Claim) -> None:
-        self.r.xack(claim.stream, GROUP, claim.entry_id)
+        # One group reads the streams, so an acknowledged entry is dead weight: delete it, and
+        # a stream's length stays the number of jobs waiting or running.
+        pipe = self.r.pipeline(transaction=False)
+        pipe.xack(claim.stream, GROUP, claim.entry_id)
+        pipe.xdel(claim.stream, claim.entry_id)
+        pipe.execute()
+
+    def queue_depths(self) -> dict[str, dict[str, int]]:
+        self._ensure_groups()
+        out = {}
+        for priority in ("interactive", "precompile"):
+            stream = self.k.stream(priority)
+            running = self.r.xpending(stream, GROUP)["pending"]
+            out[priority] = {"waiting": max(self.r.xlen(stream) - running, 0), "running": running}
+        return out
+
+    def workers(self) -> list[dict[str, Any]]:
+        names = sorted(self.r.scan_iter(match=self.k.worker("*"), count=1000))
+        values = self.r.mget(names) if names else []
+        return [json.loads(v) for v in values if v is not None]
 
     def forget_worker(self, worker: str) -> None:
         self.r.delete(self.k.worker(worker))

@@ -118,6 +118,15 @@ class Store(Protocol):
 
     def heartbeat(self, worker: str, info: dict[str, Any], claims: list[Claim]) -> None: ...
 
+    # ---- status
+    def queue_depths(self) -> dict[str, dict[str, int]]:
+        """Per priority: jobs waiting for a worker and jobs a worker holds."""
+        ...
+
+    def workers(self) -> list[dict[str, Any]]:
+        """The info of every worker whose heartbeat is current."""
+        ...
+
 
 def now_s() -> float:
     return round(time.time(), 6)

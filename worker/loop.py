@@ -6,6 +6,8 @@ import logging
 import threading
 from typing import Any
 
+import redis
+
 from service.store import Claim, Store
 from worker.process import process_job
 
@@ -27,13 +29,21 @@ class Consumer:
         self.thread = threading.Thread(target=self.run, name=f"fxcc-{name}", daemon=True)
 
     def run(self) -> None:
+        backoff_s = 0.5
         while not self.stop.is_set():
             try:
                 claims = self.store.claim(self.name, self.block_ms)
-            except Exception:  # a store outage must not kill the worker
+            except redis.RedisError as e:  # an outage must not kill the worker: wait it out
+                backoff_s = min(backoff_s * 2, 10.0)
+                log.warning("%s: store unavailable (%s: %s); retrying in %.0f s", self.name,
+                            type(e).__name__, e, backoff_s)
+                self.stop.wait(backoff_s)
+                continue
+            except Exception:
                 log.exception("%s: claiming failed; retrying", self.name)
                 self.stop.wait(1.0)
                 continue
+            backoff_s = 0.5
             self.current = claims
             for claim in claims:
                 self.handle(claim)
@@ -57,6 +67,8 @@ def heartbeat_loop(store: Store, worker: str, consumers: list[Consumer], stop: t
             busy = {"jobs": [c.job_id for c in claims],
                     "jobs_done": sum(cons.jobs_done for cons in consumers)}
             store.heartbeat(worker, {**info, **busy}, claims)
+        except redis.RedisError as e:
+            log.warning("%s: heartbeat failed: %s: %s", worker, type(e).__name__, e)
         except Exception:
             log.warning("%s: heartbeat failed", worker, exc_info=True)
         if stop.wait(interval_s):

@@ -11,6 +11,8 @@ import threading
 import time
 from types import FrameType
 
+from pydantic import ValidationError
+
 from service.settings import ServiceSettings, redacted_url
 
 log = logging.getLogger("fxcc.worker")
@@ -21,7 +23,11 @@ DEVICES = ("auto", "cpu", "cuda")
 def worker_main(concurrency: int = 1, device: str = "auto") -> None:
     """Run `concurrency` consumers against FXCC_REDIS_URL. Exits 2 on bad configuration, 0 on a signal."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = ServiceSettings()
+    try:
+        settings = ServiceSettings()
+    except ValidationError as e:
+        log.error("bad FXCC_* settings: %s", "; ".join(f"{err['loc'][0]}: {err['msg']}" for err in e.errors()))
+        sys.exit(2)
     if not settings.redis_url:
         log.error("fxcc worker needs a Redis to take jobs from: set FXCC_REDIS_URL (e.g. redis://host:6379/0)")
         sys.exit(2)
@@ -30,11 +36,20 @@ def worker_main(concurrency: int = 1, device: str = "auto") -> None:
                   DEVICES, device, concurrency)
         sys.exit(2)
 
+    import redis
+
     from service.redis_store import RedisStore
     from worker.loop import Consumer, heartbeat_loop
 
     store = RedisStore(settings)
-    store.ping()
+    try:
+        store.ping()
+    except (redis.AuthenticationError, redis.exceptions.AuthorizationError) as e:
+        log.error("Redis at %s refused fxcc worker's credentials: %s", redacted_url(settings.redis_url), e)
+        sys.exit(2)
+    except redis.RedisError as e:
+        # Not fatal: in a cluster Redis may come up after the workers; the loop keeps retrying.
+        log.warning("Redis at %s is unreachable for now (%s); retrying", redacted_url(settings.redis_url), e)
     worker_id = f"{socket.gethostname()}-{os.getpid()}"
     stop = threading.Event()
     install_signal_handlers(stop)
@@ -50,7 +65,10 @@ def worker_main(concurrency: int = 1, device: str = "auto") -> None:
     heartbeat_loop(store, worker_id, consumers, stop, settings.heartbeat_s, info)
     for c in consumers:
         c.thread.join()
-    store.forget_worker(worker_id)
+    try:
+        store.forget_worker(worker_id)  # else its heartbeat key lingers until the TTL runs out
+    except redis.RedisError:
+        pass
     store.close()
     log.info("worker %s: stopped after %d jobs", worker_id, sum(c.jobs_done for c in consumers))
 

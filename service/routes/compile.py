@@ -8,6 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from compiler_core.artifact import ArtifactManifest
 from compiler_core.graph import rebuild_graph
 from compiler_core.keys import compile_key
 from compiler_core.wire import CompileRequest, resolve_target
@@ -38,15 +39,18 @@ def post_compile(request: CompileRequest, store: StoreDep) -> JSONResponse:
     # The service computes the key itself: a client's key is never trusted.
     key = compile_key(request)
     manifest = store.get_manifest(key)
-    if manifest is None:
-        store.count("misses")
-        rebuild_graph(request.graph)  # shapes must fit together before a worker spends time on it
-        submitted = store.submit(key, request.model_dump_json(), request.priority)
-        manifest = submitted.manifest
-    else:
-        store.count("hits")
     if manifest is not None:
-        done = CompileDone(key=key, manifest=manifest.model_dump(mode="json"))
-        return JSONResponse(status_code=200, content=done.model_dump(mode="json"))
+        store.count("hits")
+        return done(key, manifest)
+    store.count("misses")
+    rebuild_graph(request.graph)  # shapes must fit together before a worker spends time on it
+    submitted = store.submit(key, request.model_dump_json(), request.priority)
+    if submitted.manifest is not None:  # a worker finished it between our look-up and submit
+        return done(key, submitted.manifest)
     assert submitted.job_id is not None
     return JSONResponse(status_code=202, content=CompileQueued(key=key, job_id=submitted.job_id).model_dump())
+
+
+def done(key: str, manifest: ArtifactManifest) -> JSONResponse:
+    body = CompileDone(key=key, manifest=manifest.model_dump(mode="json"))
+    return JSONResponse(status_code=200, content=body.model_dump(mode="json"))

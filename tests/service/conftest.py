@@ -1,19 +1,12 @@
-"""Shared fixtures: a real Redis (FXCC_TEST_REDIS_URL or a redis-server we start), per-test key prefixes,
-settings for both store modes, and tiny compile requests built with the wire models."""
+"""Service/worker fixtures: settings for both store modes, a RedisStore under the test's own prefix, and
+tiny compile requests built with the wire models. `redis_url` and `redis_prefix` come from tests/conftest.py."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from compiler_core.wire import (
     CompileRequest,
@@ -26,58 +19,6 @@ from compiler_core.wire import (
     TensorSpec,
 )
 from service.settings import ServiceSettings
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real Redis: FXCC_TEST_REDIS_URL if set, else a private redis-server on a free port."""
-    url = os.environ.get("FXCC_TEST_REDIS_URL")
-    if url:
-        yield url
-        return
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.fail("these tests need a real Redis: set FXCC_TEST_REDIS_URL or put redis-server on PATH "
-                    "(Debian: apt-get install redis-server)", pytrace=False)
-    port = _free_port()
-    workdir = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"redis-server on port {port} did not start", pytrace=False)
-            time.sleep(0.02)
-    client.close()
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
-
-
-@pytest.fixture
-def redis_prefix(redis_url: str) -> Iterator[str]:
-    """A key prefix of this test's own; afterwards every key under it (and only those) is deleted."""
-    prefix = f"fxcc-test:{uuid.uuid4().hex}:"
-    yield prefix
-    client = redis.Redis.from_url(redis_url)
-    keys = list(client.scan_iter(match=prefix + "*", count=1000))
-    if keys:
-        client.delete(*keys)
-    client.close()
 
 
 @pytest.fixture

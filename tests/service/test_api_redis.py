@@ -126,3 +126,23 @@ def test_precompile_priority_is_recorded(client: TestClient, make_unary: Callabl
 
 def test_healthz_redis(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"ok": True, "store": "redis"}
+
+
+def test_status_shows_queue_workers_and_cache(client: TestClient,
+                                              make_unary: Callable[..., CompileRequest]) -> None:
+    store = store_of(client)
+    post(client, make_unary())
+    post(client, make_unary("aten.cos.default", priority="precompile"))
+    store.heartbeat("w-1", {"id": "w-1", "device": "cpu"}, [])
+    status = client.get("/v1/status").json()
+    assert status["store"] == "redis"
+    assert status["queue"] == {"interactive": {"waiting": 1, "running": 0},
+                               "precompile": {"waiting": 1, "running": 0}}
+    assert status["workers"] == [{"id": "w-1", "device": "cpu"}]
+    [claim] = store.claim("w-1", block_ms=10)
+    assert client.get("/v1/status").json()["queue"]["interactive"] == {"waiting": 0, "running": 1}
+    process_job(store, claim.job_id, worker="w-1")
+    store.ack(claim)
+    status = client.get("/v1/status").json()
+    assert status["queue"]["interactive"] == {"waiting": 0, "running": 0}
+    assert status["cache"] == {"misses": 2, "puts": 1}

@@ -37,6 +37,15 @@ def test_without_redis_url_exits_2() -> None:
     assert "FXCC_REDIS_URL" in proc.stderr
 
 
+def test_bad_configuration_exits_2(redis_url: str) -> None:
+    with_password = redis_url.replace("redis://", "redis://:wrong@")  # the test Redis has none
+    for env in (worker_env(redis_url=with_password), worker_env(redis_url=redis_url, heartbeat_s="-1")):
+        proc = subprocess.run([sys.executable, "-m", "worker"], check=False, cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert "wrong" not in proc.stderr  # the password never reaches the log
+
+
 def test_worker_process_compiles_jobs_posted_over_http(redis_settings: ServiceSettings, tmp_path: Path,
                                                        make_unary: Callable[..., CompileRequest]) -> None:
     env = worker_env(redis_url=redis_settings.redis_url, redis_prefix=redis_settings.redis_prefix,
