@@ -262,9 +262,22 @@ def _guarded(runner: Callable, constants: list[torch.Tensor], eager: Callable, k
     return run
 
 
+# Ops kept whole (extern aten calls) instead of decomposed: attention runs faster as one library
+# call, and torch 2.13's core-aten decomposition of causal SDPA gives wrong gradients under
+# AOTAutograd (tests/models shows it).
+KEEP_WHOLE = ("scaled_dot_product", "_flash_attention", "_efficient_attention")
+
+
+def decomposition_table() -> dict[Any, Callable]:
+    """Core-aten decompositions, minus the ops fxcc keeps whole."""
+    from torch._decomp import core_aten_decompositions
+
+    return {op: fn for op, fn in core_aten_decompositions().items()
+            if not any(k in str(op) for k in KEEP_WHOLE)}
+
+
 def fxcc_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable:
     """The `fxcc` backend for torch.compile (registered as a torch_dynamo_backends entry point)."""
-    from torch._decomp import core_aten_decompositions
     from torch._dynamo.backends.common import aot_autograd
 
     try:
@@ -273,6 +286,6 @@ def fxcc_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -
         raise ValueError(f"fxcc: {e}") from None
     compiler = GraphCompiler(settings)
     backend = aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
-                           decompositions=core_aten_decompositions(),
+                           decompositions=decomposition_table(),
                            keep_inference_input_mutations=True)
     return backend(gm, example_inputs)

@@ -59,9 +59,9 @@ class SampleResult:
 
 def compile_and_run(fn, tensors: list[torch.Tensor]):
     """fxcc's result of `fn(*tensors)`, plus the artifact's (lowered, extern) node counts."""
-    from torch._decomp import core_aten_decompositions
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    from client.backend import decomposition_table
     from client.capture import capture_graph
     from client.runtime import load_plan
     from compiler_core.compile import compile_request
@@ -70,7 +70,7 @@ def compile_and_run(fn, tensors: list[torch.Tensor]):
     def flat_fn(*xs):
         return pytree.tree_leaves(fn(*xs))
 
-    gm = make_fx(flat_fn, decomposition_table=core_aten_decompositions())(*tensors)
+    gm = make_fx(flat_fn, decomposition_table=decomposition_table())(*tensors)
     cap = capture_graph(gm, tensors)
     art = compile_request(CompileRequest(graph=cap.spec))
     out = load_plan(art)(list(tensors) + cap.constants)

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sweep import CI_OPS, render, summarize, sweep  # noqa: E402
+from sweep import CI_OPS, render, summarize, sweep
 
 
 def test_ci_subset_has_no_failures(capsys):
