@@ -86,6 +86,8 @@ class PlanRunner:
         self.inputs = plan.inputs
         infos = {k.name: k for k in self.manifest.kernels}
         interpret = self.manifest.target.kind == "interpret"
+        arch = cuda_arch_key() if self.manifest.target.kind == "cuda" else None
+        cubins: dict[str, Any] = {}
         self._steps: list[Callable[[dict[str, Any]], None]] = []
         for step in plan.steps:
             if isinstance(step, ExternStep):
@@ -94,8 +96,11 @@ class PlanRunner:
                 info = infos.get(step.kernel)
                 if info is None:
                     raise ArtifactError(f"plan launches unknown kernel {step.kernel}")
-                fn = load_kernel(info, artifact.blobs[info.source.digest], interpret)
-                self._steps.append(self._kernel(step, info, fn))
+                run = _cubin_step(step, info, artifact, arch, cubins) if arch else None
+                if run is None:
+                    fn = load_kernel(info, artifact.blobs[info.source.digest], interpret)
+                    run = self._kernel(step, info, fn)
+                self._steps.append(run)
             elif isinstance(step, AllocStep):
                 self._steps.append(self._alloc(step))
             elif isinstance(step, FreeStep):
@@ -151,6 +156,59 @@ class PlanRunner:
         for run in self._steps:
             run(env)
         return tuple(decode_arg(a, env) for a in self._outputs)
+
+
+# ---------------------------------------------------------------- CUDA: prebuilt cubins
+
+
+def cuda_arch_key() -> str | None:
+    """The binaries key of the current CUDA device ("sm_90"), or None without a usable GPU."""
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+def _cubin_step(step: KernelStep, info: KernelInfo, artifact: Artifact, arch: str,
+                cubins: dict[str, Any]) -> Callable[[dict[str, Any]], None] | None:
+    """A step that launches the kernel's cubin for `arch`; None when there is none to use.
+
+    When a launch-time guard fails (an unaligned pointer), that launch and the ones after it
+    that fail too run the kernel from source through Triton's JIT, loaded on first need.
+    """
+    ref = info.binaries.get(arch)
+    if ref is None:
+        return None
+    args: list[str | int] = [a.name if isinstance(a, NodeRef) else a.value for a in step.args]
+    try:
+        from client.cuda_loader import CubinKernel, LaunchMeta, StepLauncher
+
+        kernel = cubins.get(info.name)
+        if kernel is None:
+            meta = LaunchMeta.from_metadata(info.metadata, arch)
+            kernel = cubins[info.name] = CubinKernel(artifact.blobs[ref.digest], meta)
+        launcher = StepLauncher(kernel, step.grid, args)
+    except (ImportError, ArtifactError) as e:
+        log.warning("fxcc: kernel %s runs from source, not its %s cubin: %s", info.name, arch, e)
+        return None
+    if not launcher.static_guards_hold(args):
+        return None
+    source = artifact.blobs[info.source.digest]
+    buffers = launcher.buffers
+    jit: list[Callable[[dict[str, Any]], None]] = []
+
+    def run(env: dict[str, Any]) -> None:
+        device = env["__device__"]
+        if device.type == "cuda" and launcher([env[n] for n in buffers], device.index):
+            return
+        if not jit:
+            from client.cuda_loader import record_fallback
+
+            record_fallback()
+            log.info("fxcc: a launch guard of %s failed; running it from source", info.name)
+            jit.append(PlanRunner._kernel(step, info, load_kernel(info, source)))
+        jit[0](env)
+    return run
 
 
 def load_plan(artifact: Artifact) -> PlanRunner:
