@@ -7,8 +7,9 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
+from service.deps import require_token
 from service.handlers import BodySizeLimit, install_handlers
 from service.routes import artifacts, compile, health, jobs, status
 from service.settings import ServiceSettings
@@ -50,8 +51,9 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app = FastAPI(title="fxcc", version="1", lifespan=lifespan)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     install_handlers(app)
-    for router in (compile.router, jobs.router, artifacts.router, status.router, health.router):
-        app.include_router(router)
+    for router in (compile.router, jobs.router, artifacts.router, status.router):
+        app.include_router(router, dependencies=[Depends(require_token)])
+    app.include_router(health.router)
     return app
 
 

@@ -32,7 +32,7 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(redis.TimeoutError, _store_unavailable)
 
 
-_STATUS_NAMES = {400: "BadRequest", 404: "NotFound", 405: "MethodNotAllowed", 413: "RequestTooLarge"}
+_STATUS_NAMES = {400: "BadRequest", 401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed", 413: "RequestTooLarge"}
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -19,6 +19,9 @@ class ServiceSettings(BaseSettings):
     # Every Redis key lives under this prefix, so several deployments (or tests) share one Redis.
     redis_prefix: str = "fxcc:"
     data_dir: Path = Field(default_factory=lambda: Path("~/.cache/fxcc/service").expanduser())
+    # When set, every /v1 request must carry `Authorization: Bearer <token>` (FXCC_TOKEN, the
+    # variable the client reads too). /healthz stays open for load balancers.
+    token: SecretStr | None = None
     host: str = "127.0.0.1"
     port: int = Field(default=8470, ge=0, le=65535)
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 
 from compiler_core.wire import CompileRequest
 from service.app import create_app
@@ -127,3 +128,19 @@ def test_redis_down_is_503(tmp_path, make_unary: Callable[..., CompileRequest]) 
         r = post(c, make_unary())
         assert r.status_code == 503 and r.headers["Retry-After"]
         assert c.get("/v1/jobs/" + "0" * 32).status_code == 503
+
+
+def test_bearer_token_when_configured(embedded_settings: ServiceSettings,
+                                      make_unary: Callable[..., CompileRequest]) -> None:
+    settings = embedded_settings.model_copy(update={"token": SecretStr("s3cret")})
+    with TestClient(create_app(settings)) as c:
+        assert c.get("/healthz").status_code == 200  # open for load balancers
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret"}):
+            r = c.get("/v1/jobs/" + "0" * 32, headers=headers)
+            assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer"
+            assert "s3cret" not in r.text
+        ok = {"Authorization": "Bearer s3cret"}
+        assert c.get("/v1/jobs/" + "0" * 32, headers=ok).status_code == 404
+        r = c.post("/v1/compile", content=make_unary().model_dump_json(),
+                   headers={**ok, "Content-Type": "application/json"})
+        assert r.status_code == 202
