@@ -28,6 +28,29 @@ def _demo(args: argparse.Namespace) -> int:
     return demo_main(args)
 
 
+def _precompile(args: argparse.Namespace) -> int:
+    """Run a user's script with the backend in precompile mode: submit compiles, never wait."""
+    import os
+    import runpy
+
+    from client import backend
+
+    os.environ["FXCC_PRECOMPILE"] = "1"
+    sys.argv = [args.script, *args.args]
+    try:
+        runpy.run_path(args.script, run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            print(f"fxcc precompile: {args.script} exited with {e.code}", file=sys.stderr)
+            return int(e.code) if isinstance(e.code, int) else 1
+    evs = [e for e in backend.events() if e.source.startswith("precompile") or e.source == "local-hit"]
+    for e in evs:
+        print(f"{e.key[:16]}  {e.source:22} {e.job_id or '-'}")
+    failed = [e for e in backend.events() if e.source == "fallback"]
+    print(f"fxcc precompile: {len(evs)} graph(s) submitted or already cached, {len(failed)} not capturable")
+    return 0
+
+
 def _status(args: argparse.Namespace) -> int:
     import httpx
 
@@ -104,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="compile the seed examples through a local service and print a table")
     d.add_argument("--workdir", default=None, help="where the demo keeps its service data and caches")
     d.set_defaults(fn=_demo)
+
+    pc = sub.add_parser("precompile", help="run a script with fxcc submitting compiles without waiting, "
+                        "so a cluster's cache is warm before a job starts")
+    pc.add_argument("script")
+    pc.add_argument("args", nargs=argparse.REMAINDER)
+    pc.set_defaults(fn=_precompile)
 
     st = sub.add_parser("status", help="show a compile job")
     st.add_argument("job")
