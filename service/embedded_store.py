@@ -76,9 +76,9 @@ class EmbeddedStore:
         if manifest is not None:
             return Submitted(manifest=manifest)
         with self._cond:
-            existing = self._inflight.get(key)
-            if existing is not None and not self._jobs[existing].finished:
-                return Submitted(job_id=existing)
+            existing = self._jobs.get(self._inflight.get(key, ""))
+            if existing is not None and not existing.finished:
+                return Submitted(job_id=existing.id)
             job_id = uuid.uuid4().hex
             if len(self._jobs) % 1024 == 1023:
                 self._forget_old_jobs()

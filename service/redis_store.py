@@ -185,6 +185,16 @@ class RedisStore:
         self._groups_ready = True
 
     def claim(self, consumer: str, block_ms: int) -> list[Claim]:
+        try:
+            return self._claim(consumer, block_ms)
+        except redis.ResponseError as e:
+            if "NOGROUP" not in str(e):
+                raise
+            # The streams were deleted under us (FLUSHDB, an operator): make them again.
+            self._groups_ready = False
+            return self._claim(consumer, block_ms)
+
+    def _claim(self, consumer: str, block_ms: int) -> list[Claim]:
         self._ensure_groups()
         claims = self._reclaim_stuck(consumer)
         if claims:

@@ -125,3 +125,12 @@ def test_counters(redis_store: RedisStore) -> None:
     redis_store.count("hits")
     redis_store.count("misses")
     assert redis_store.counters() == {"hits": 2, "misses": 1}
+
+
+def test_claim_survives_deleted_streams(redis_store: RedisStore, make_unary: Callable[..., CompileRequest]) -> None:
+    assert redis_store.claim("c", block_ms=10) == []
+    redis_store.r.delete(*redis_store.k.streams())  # as FLUSHDB or an operator would
+    assert redis_store.claim("c", block_ms=10) == []
+    req = make_unary()
+    job_id = redis_store.submit(compile_key(req), req.model_dump_json(), "interactive").job_id
+    assert [c.job_id for c in redis_store.claim("c", block_ms=10)] == [job_id]
