@@ -1,0 +1,81 @@
+"""deploy/ agrees with the code: env names are settings, ports and probe paths are served, the KEDA
+trigger watches the stream and group the workers use, commands are real CLI subcommands."""
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from client.cli import build_parser
+from service import keys
+from service.app import create_app
+from service.settings import ServiceSettings
+
+DEPLOY = Path(__file__).parents[2] / "deploy"
+SETTINGS_ENV = {f"FXCC_{name.upper()}" for name in ServiceSettings.model_fields}
+
+
+def docs():
+    out = []
+    for path in [DEPLOY / "docker-compose.yml", *sorted((DEPLOY / "k8s").glob("*.yaml"))]:
+        out += [(path.name, d) for d in yaml.safe_load_all(path.read_text()) if d]
+    return out
+
+
+def walk(obj):
+    yield obj
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from walk(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from walk(v)
+
+
+def routes():
+    return set(create_app(ServiceSettings()).openapi()["paths"])
+
+
+def test_every_env_name_is_a_setting():
+    names = set()
+    for _, d in docs():
+        for node in walk(d):
+            if isinstance(node, dict):
+                env = node.get("environment") or node.get("data") or node.get("stringData") or {}
+                if isinstance(env, dict):
+                    names |= {k for k in env if k.startswith("FXCC_")}
+    assert names, "no FXCC_ settings found in the manifests"
+    assert names <= SETTINGS_ENV, sorted(names - SETTINGS_ENV)
+
+
+def test_ports_and_probe_paths_match_the_service():
+    port = ServiceSettings().port
+    served = routes()
+    probes = []
+    for name, d in docs():
+        for node in walk(d):
+            if isinstance(node, dict) and "httpGet" in node:
+                probes.append(node["httpGet"]["path"])
+            if isinstance(node, dict) and "containerPort" in node:
+                assert node["containerPort"] == port, name
+    assert probes and set(probes) <= served, (probes, served)
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    assert compose["services"]["api"]["ports"] == [f"{port}:{port}"]
+    assert compose["services"]["api"]["environment"]["FXCC_PORT"] == str(port)
+
+
+def test_keda_watches_the_worker_stream():
+    (keda,) = [d for _, d in docs() if d.get("kind") == "ScaledObject"]
+    meta = keda["spec"]["triggers"][0]["metadata"]
+    assert meta["stream"] == ServiceSettings().redis_prefix + keys.STREAM_INTERACTIVE
+    assert meta["consumerGroup"] == keys.GROUP
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile.api", "Dockerfile.worker"])
+def test_images_run_real_subcommands(dockerfile):
+    text = (DEPLOY / dockerfile).read_text()
+    assert "torch==2.13.0" in text  # pinned, never a surprise CUDA build
+    (cmd,) = re.findall(r'^CMD \["fxcc", "(\w+)"', text, re.MULTILINE)
+    subcommands = build_parser()._subparsers._group_actions[0].choices
+    assert cmd in subcommands
