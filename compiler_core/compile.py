@@ -1,30 +1,77 @@
-"""The compile pipeline: request → rebuilt graph → plan (kernels + extern calls) → artifact."""
+"""The compile pipeline: request → rebuilt graph → loop IR → fused kernels → Triton source → plan → artifact."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import time
+from collections.abc import Sequence
 
 import compiler_core
 from compiler_core.artifact import (
-    Artifact, ArtifactManifest, CompileStats, ExternStep, FreeStep, Plan, Versions,
+    Artifact,
+    ArtifactManifest,
+    CompileStats,
+    ExternStep,
+    FreeStep,
+    KernelInfo,
+    Plan,
+    Versions,
+    add_blob,
 )
+from compiler_core.codegen.triton import RenderedKernel, render_kernel
 from compiler_core.graph import rebuild_graph
 from compiler_core.keys import compile_key
-from compiler_core.wire import CompileRequest, GraphSpec, NodeRef, _refs
+from compiler_core.lowering import ExternCall, GraphLowering, lower_graph
+from compiler_core.plan import build_plan
+from compiler_core.scheduler import Kernel, schedule
+from compiler_core.wire import CompileRequest, GraphSpec, _refs
 
 
 def compile_request(request: CompileRequest) -> Artifact:
     """Compile one graph for its target. Raises FxccError subclasses on bad input."""
     t0 = time.perf_counter()
     key = compile_key(request)
-    rebuild_graph(request.graph)  # validates the spec and re-derives shapes
-    plan, stats = extern_plan(request.graph)
+    target = request.options.target.kind
+    gm = rebuild_graph(request.graph)
+    lowered = lower_graph(gm, request.graph, target)
+    items = schedule(lowered)
+    rendered = render_kernels(lowered, items, target)
+    plan = build_plan(lowered, items, rendered)
+    blobs: dict[str, bytes] = {}
+    kernels = kernel_infos(rendered.values(), blobs)
+    stats = compile_stats(request.graph, lowered, items, kernels)
     stats = stats.model_copy(update={"compile_s": round(time.perf_counter() - t0, 4)})
-    manifest = ArtifactManifest(
-        key=key, versions=local_versions(), target=request.options.target, plan=plan, stats=stats,
+    manifest = ArtifactManifest(key=key, versions=local_versions(), target=request.options.target,
+                                plan=plan, kernels=kernels, stats=stats)
+    return Artifact(manifest, blobs)
+
+
+def render_kernels(g: GraphLowering, items: Sequence[Kernel | ExternCall], target: str) -> dict[int, RenderedKernel]:
+    """Triton source for every kernel of the schedule, keyed by its position."""
+    return {i: render_kernel(item, g.buffers, target) for i, item in enumerate(items) if isinstance(item, Kernel)}
+
+
+def kernel_infos(rendered: Sequence[RenderedKernel] | object, blobs: dict[str, bytes]) -> list[KernelInfo]:
+    """One KernelInfo per distinct kernel, its source stored as a content-addressed blob."""
+    infos: dict[str, KernelInfo] = {}
+    for rk in rendered:  # type: ignore[union-attr]
+        if rk.name not in infos:
+            ref = add_blob(blobs, rk.source.encode())
+            infos[rk.name] = KernelInfo(name=rk.name, source=ref, num_warps=rk.num_warps,
+                                        constexprs=rk.constexprs)
+    return list(infos.values())
+
+
+def compile_stats(graph: GraphSpec, g: GraphLowering, items: Sequence[Kernel | ExternCall],
+                  kernels: list[KernelInfo]) -> CompileStats:
+    launches = [i for i in items if isinstance(i, Kernel)]
+    unstored = [n.buffer for k in launches for n in k.nodes if n.name not in k.stored]
+    return CompileStats(
+        nodes=len(graph.nodes), nodes_lowered=g.nodes_lowered,
+        nodes_extern=len(graph.nodes) - g.nodes_lowered, extern_ops=sorted(set(g.extern_ops)),
+        kernels=len(launches), ops_fused=max(0, g.nodes_lowered - len(launches)),
+        intermediate_bytes_avoided=g.bytes_not_materialized(unstored),
     )
-    return Artifact(manifest, {})
 
 
 def extern_plan(graph: GraphSpec) -> tuple[Plan, CompileStats]:

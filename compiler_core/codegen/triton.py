@@ -1,0 +1,346 @@
+"""Triton source for a scheduled kernel: an ops handler that emits text, and the kernel templates around it.
+
+Note: source text is a pure function of the kernel (names by position, kernel name from a hash of
+the body), so the same graph always yields byte-identical source and the same blob digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+
+from compiler_core.errors import CodegenError
+from compiler_core.ir.nodes import ComputedBuffer, Reduction
+from compiler_core.ir.ops import OpsHandler, compute_dtype, result_dtype, use_handler
+from compiler_core.scheduler import Coords, Kernel, kernel_index, node_coords, run_body, store_index
+from compiler_core.sizevars import RINDEX, XINDEX, Expr, render_index
+
+TL_DTYPES = {
+    torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
+    torch.bfloat16: "tl.bfloat16", torch.int8: "tl.int8", torch.int16: "tl.int16",
+    torch.int32: "tl.int32", torch.int64: "tl.int64", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
+}
+
+# Unary math spelled per target. The interpreter has no libdevice, so it gets tl.* forms.
+CUDA_UNARY = {
+    name: f"libdevice.{name}({{}})" for name in (
+        "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "exp", "exp2", "expm1",
+        "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "erf", "floor", "ceil", "trunc")
+} | {"round": "libdevice.nearbyint({})", "sigmoid": "tl.sigmoid({})"}
+INTERPRET_UNARY = {
+    "sin": "tl.sin({})", "cos": "tl.cos({})", "exp": "tl.exp({})", "exp2": "tl.exp2({})",
+    "log": "tl.log({})", "log2": "tl.log2({})", "sqrt": "tl.sqrt({})", "rsqrt": "tl.rsqrt({})",
+    "erf": "tl.erf({})", "floor": "tl.floor({})", "ceil": "tl.ceil({})", "sigmoid": "tl.sigmoid({})",
+    "tanh": "(1.0 - 2.0 / (tl.exp(2.0 * {0}) + 1.0))",
+    "trunc": "tl.where({0} < 0, tl.ceil({0}), tl.floor({0}))",
+}
+COMMON_UNARY = {
+    "abs": "tl.abs({})", "neg": "-{}", "bitwise_not": "~{}", "logical_not": "({} == 0)",
+    "reciprocal": "(1.0 / {})", "isnan": "({0} != {0})",
+}
+BINARY = {
+    "add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "truediv": "({} / {})",
+    "eq": "({} == {})", "ne": "({} != {})", "lt": "({} < {})", "le": "({} <= {})",
+    "gt": "({} > {})", "ge": "({} >= {})", "logical_and": "({} & {})", "logical_or": "({} | {})",
+    "logical_xor": "({} ^ {})", "bitwise_and": "({} & {})", "bitwise_or": "({} | {})",
+    "bitwise_xor": "({} ^ {})",
+    # NaN-propagating, as torch.maximum/minimum are.
+    "maximum": "tl.where(({0} > {1}) | ({0} != {0}), {0}, {1})",
+    "minimum": "tl.where(({0} < {1}) | ({0} != {0}), {0}, {1})",
+}
+CUDA_BINARY = {"pow": "libdevice.pow({}, {})"}
+
+
+def unary_table(target: str) -> dict[str, str]:
+    return COMMON_UNARY | (CUDA_UNARY if target == "cuda" else INTERPRET_UNARY)
+
+
+def binary_table(target: str) -> dict[str, str]:
+    return BINARY | (CUDA_BINARY if target == "cuda" else {})
+
+
+def supports(op: str, target: str) -> bool:
+    """Whether the renderer for `target` spells `op` exactly (lowerings extern the rest)."""
+    return op in unary_table(target) or op in binary_table(target)
+
+
+REDUCE_IDENTITY = {"sum": 0, "prod": 1, "max": "-inf", "min": "inf"}
+COMBINE = {
+    "sum": "({0} + {1})", "prod": "({0} * {1})",
+    "max": "tl.where(({0} > {1}) | ({0} != {0}), {0}, {1})",
+    "min": "tl.where(({0} < {1}) | ({0} != {0}), {0}, {1})",
+}
+HELPERS = """
+@triton.jit
+def _fxcc_sum(a, b):
+    return a + b
+
+
+@triton.jit
+def _fxcc_prod(a, b):
+    return a * b
+
+
+@triton.jit
+def _fxcc_max(a, b):
+    return tl.where((a > b) | (a != a), a, b)
+
+
+@triton.jit
+def _fxcc_min(a, b):
+    return tl.where((a < b) | (a != a), a, b)
+"""
+
+
+@dataclass(frozen=True)
+class TVal:
+    """A Triton value in generated code: its variable (or expression) and dtype."""
+
+    text: str
+    dtype: torch.dtype
+
+
+def cast(text: str, dtype: torch.dtype) -> str:
+    """`text` converted to `dtype` (float downcasts round to nearest even on GPUs; Triton's CPU
+    interpreter truncates fp32 → bf16, so interpreted bf16 results can differ by one ulp)."""
+    return f"{text}.to({TL_DTYPES[dtype]})"
+
+
+def literal(value: bool | float, dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "1" if value else "0"
+    if dtype.is_floating_point:
+        v = float(value)
+        return repr(v) if math.isfinite(v) else f'float("{v}")'
+    return str(int(value))
+
+
+@dataclass
+class TritonHandler(OpsHandler):
+    """Emits one line per distinct op into `lines` (common subexpressions reuse a variable)."""
+
+    target: str
+    kernel: Kernel
+    args: dict[str, str]
+    registers: dict[str, TVal] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+    cse: dict[str, TVal] = field(default_factory=dict)
+    counter: int = 0
+
+    def emit(self, text: str, dtype: torch.dtype) -> TVal:
+        key = f"{text}:{dtype}"
+        hit = self.cse.get(key)
+        if hit is not None:
+            return hit
+        var = TVal(f"tmp{self.counter}", dtype)
+        self.counter += 1
+        self.lines.append(f"{var.text} = {text}")
+        self.cse[key] = var
+        return var
+
+    def mask_for(self, expr: Expr) -> str | None:
+        parts = []
+        if expr.has(XINDEX):
+            parts.append("xmask")
+        if expr.has(RINDEX):
+            parts.append("rmask")
+        return " & ".join(parts) or None
+
+    def load(self, name: str, index: Expr) -> TVal:
+        if name in self.registers:
+            return self.registers[name]
+        index = kernel_index(index, self.kernel)
+        mask = self.mask_for(index)
+        buf_dtype = self.buffer_dtypes[name]
+        text = f"tl.load({self.args[name]} + ({render_index(index)})" + (f", {mask})" if mask else ")")
+        comp = compute_dtype(buf_dtype)
+        if comp != buf_dtype:
+            text += f".to({TL_DTYPES[comp]})"
+        return self.emit(text, comp)
+
+    def constant(self, value: bool | float, dtype: torch.dtype) -> TVal:
+        return self.emit(f"tl.full([1], {literal(value, dtype)}, {TL_DTYPES[dtype]})", dtype)
+
+    def index_expr(self, expr: Expr, dtype: torch.dtype) -> TVal:
+        return self.emit(f"({render_index(kernel_index(expr, self.kernel))}).to({TL_DTYPES[dtype]})", dtype)
+
+    def to_dtype(self, x: TVal, dtype: torch.dtype) -> TVal:
+        if x.dtype == dtype:
+            return x
+        if dtype == torch.bool:
+            return self.emit(f"({x.text} != 0)", dtype)
+        if x.dtype == torch.bfloat16 or not x.dtype.is_floating_point:
+            return self.emit(cast(x.text, dtype), dtype)
+        if dtype == torch.bfloat16 and x.dtype != torch.float32:
+            x = self.emit(cast(x.text, torch.float32), torch.float32)
+        return self.emit(cast(x.text, dtype), dtype)
+
+    def unary(self, op: str, x: TVal) -> TVal:
+        template = unary_table(self.target).get(op)
+        if template is None:
+            raise CodegenError(f"no {self.target} spelling for {op}", op=op)
+        return self.emit(template.format(x.text), result_dtype(op, x.dtype))
+
+    def binary(self, op: str, a: TVal, b: TVal) -> TVal:
+        template = binary_table(self.target).get(op)
+        if template is None:
+            raise CodegenError(f"no {self.target} spelling for {op}", op=op)
+        return self.emit(template.format(a.text, b.text), result_dtype(op, a.dtype, b.dtype))
+
+    def where(self, cond: TVal, a: TVal, b: TVal) -> TVal:
+        return self.emit(f"tl.where({cond.text}, {a.text}, {b.text})", a.dtype)
+
+    buffer_dtypes: dict[str, torch.dtype] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RenderedKernel:
+    """Source text plus everything a KernelStep and KernelInfo need."""
+
+    name: str
+    source: str
+    args: list[str]
+    xnumel: int
+    rnumel: int
+    grid: list[int]
+    constexprs: dict[str, int]
+    num_warps: int
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def launch_config(kernel: Kernel) -> tuple[dict[str, int], int]:
+    """(constexprs, num_warps) for a kernel; fixed heuristics until the autotuner picks them."""
+    if kernel.rnumel == 1:
+        xblock = min(1024, max(16, next_pow2(kernel.xnumel)))
+        return {"XBLOCK": xblock}, 4 if xblock >= 512 else 2
+    if kernel.looped:
+        return {"XBLOCK": 1, "RBLOCK": 2048}, 8
+    rblock = next_pow2(kernel.rnumel)
+    xblock = max(1, min(64, 2048 // rblock, next_pow2(kernel.xnumel)))
+    elems = xblock * rblock
+    return {"XBLOCK": xblock, "RBLOCK": rblock}, 8 if elems >= 4096 else 4 if elems >= 1024 else 2
+
+
+def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str) -> RenderedKernel:
+    """The Triton source of one kernel, with its argument order and launch configuration."""
+    own = kernel.names()
+    loads: list[str] = []
+    for node in kernel.nodes:
+        from compiler_core.ir.nodes import body_reads
+        for name, _ in body_reads(node).loads:
+            if name not in own and name not in loads:
+                loads.append(name)
+    stores = [n.name for n in kernel.nodes if n.name in kernel.stored]
+    args = {name: f"in_ptr{i}" for i, name in enumerate(loads)}
+    args |= {name: f"out_ptr{i}" for i, name in enumerate(stores)}
+    h = TritonHandler(target, kernel, args)
+    h.buffer_dtypes = {name: buffers[name].dtype for name in loads}
+    reduction = kernel.rnumel > 1
+    body: list[str] = []
+    with use_handler(h):
+        for node in kernel.nodes:
+            coords = node_coords(node, kernel.xnumel, kernel.rnumel)
+            if coords is None:
+                raise CodegenError(f"{node.name} does not fit its kernel")
+            if kernel.looped:
+                value = _looped_reduction(h, node, coords)
+            else:
+                value = run_body(node, coords)
+                if isinstance(node.data, Reduction):
+                    value = _reduce(h, node.data.reduction_type, value)
+            h.registers[node.name] = value
+            if node.name in kernel.stored:
+                index = store_index(node, coords, kernel)
+                mask = "xmask & rmask" if (coords.full and not node.is_reduction() and reduction) else "xmask"
+                out = value.text
+                if value.dtype != node.buffer.dtype:
+                    if node.buffer.dtype == torch.bfloat16 and value.dtype != torch.float32:
+                        out = cast(out, torch.float32)
+                    out = cast(out, node.buffer.dtype)
+                h.lines.append(f"tl.store({args[node.name]} + ({render_index(index)}), {out}, {mask})")
+    body = h.lines
+    constexprs, num_warps = launch_config(kernel)
+    params = [*args.values(), "xnumel"] + (["rnumel"] if reduction else [])
+    params += [f"{k}: tl.constexpr" for k in constexprs]
+    wide = _needs_int64(kernel, buffers, loads + stores)
+    pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
+    if reduction:
+        head = [f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]", "xmask = xindex < xnumel"]
+        if not kernel.looped:
+            head += ["rindex = tl.arange(0, RBLOCK)[None, :]", "rmask = rindex < rnumel"]
+    else:
+        head = [f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)", "xmask = xindex < xnumel"]
+    kind = "red" if reduction else "pw"
+    text = "\n".join(f"    {line}" for line in head + body)
+    digest = hashlib.sha256(f"{params}\n{text}".encode()).hexdigest()[:16]
+    name = f"fxcc_{kind}_{digest}"
+    imports = "import triton\nimport triton.language as tl\n"
+    if target == "cuda":
+        imports += "from triton.language.extra import libdevice\n"
+    source = (f"{imports}\n{HELPERS}\n\n@triton.jit\ndef {name}({', '.join(params)}):\n{text}\n")
+    xblock = constexprs["XBLOCK"]
+    return RenderedKernel(name, source, loads + stores, kernel.xnumel, kernel.rnumel,
+                          [-(-kernel.xnumel // xblock)], constexprs, num_warps)
+
+
+def _reduce(h: TritonHandler, rtype: str, value: TVal) -> TVal:
+    masked = h.emit(f"tl.where(xmask & rmask, {value.text}, {_identity(rtype, value.dtype)})", value.dtype)
+    if rtype == "sum":
+        return h.emit(f"tl.sum({masked.text}, 1)[:, None]", value.dtype)
+    return h.emit(f"tl.reduce({masked.text}, 1, _fxcc_{rtype})[:, None]", value.dtype)
+
+
+def _identity(rtype: str, dtype: torch.dtype) -> str:
+    if dtype.is_floating_point:
+        ident = REDUCE_IDENTITY[rtype]
+        return f'float("{ident}")' if isinstance(ident, str) else f"{float(ident)!r}"
+    if rtype in ("sum", "prod"):
+        return str(REDUCE_IDENTITY[rtype])
+    info = torch.iinfo(dtype)
+    return str(info.min if rtype == "max" else info.max)
+
+
+def _looped_reduction(h: TritonHandler, node: ComputedBuffer, coords: Coords) -> TVal:
+    """A reduction over a row too long for registers: accumulate RBLOCK at a time, then reduce."""
+    assert isinstance(node.data, Reduction)
+    rtype = node.data.reduction_type
+    outer = h.lines
+    h.lines = []
+    saved = dict(h.cse)
+    value = run_body(node, coords)
+    inner = h.lines
+    h.lines, h.cse = outer, saved
+    acc = f"acc{h.counter}"
+    h.counter += 1
+    ident = _identity(rtype, value.dtype)
+    outer.append(f"{acc} = tl.full([XBLOCK, RBLOCK], {ident}, {TL_DTYPES[value.dtype]})")
+    outer.append("for roffset in range(0, rnumel, RBLOCK):")
+    loop = ["rindex = roffset + tl.arange(0, RBLOCK)[None, :]", "rmask = rindex < rnumel", *inner,
+            f"{acc} = tl.where(xmask & rmask, {COMBINE[rtype].format(acc, value.text)}, {acc})"]
+    outer.extend(f"    {line}" for line in loop)
+    if rtype == "sum":
+        return h.emit(f"tl.sum({acc}, 1)[:, None]", value.dtype)
+    return h.emit(f"tl.reduce({acc}, 1, _fxcc_{rtype})[:, None]", value.dtype)
+
+
+def _needs_int64(kernel: Kernel, buffers: dict[str, Any], names: list[str]) -> bool:
+    limit = 2**31 - 1
+    if kernel.xnumel * kernel.rnumel + 4096 >= limit:
+        return True
+    for name in names:
+        b = buffers[name]
+        span = b.storage_offset + sum((s - 1) * st for s, st in zip(b.sizes, b.strides)) + 1
+        if span >= limit:
+            return True
+    return False
+
+
+__all__ = ["RenderedKernel", "render_kernel", "sympy"]

@@ -1,0 +1,1 @@
+"""Loop IR: ops vocabulary and handlers, buffers, Pointwise/Reduction nodes, tensor values."""

@@ -1,0 +1,143 @@
+"""Loop IR: buffers with layouts, Pointwise/Reduction bodies, and the tensor values lowerings pass around.
+
+Note: a value is either a `StridedView` of a buffer (views are index remappings, never copies)
+or a `Lazy` computation (a loader not yet written anywhere). Loaders always return values in
+`compute_dtype(dtype)` (fp32 for fp16/bf16); the cast to the stored dtype happens on store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import sympy
+import torch
+
+from compiler_core.ir.ops import CountingHandler, ops, use_handler
+from compiler_core.sizevars import Expr, linear_index, numel
+
+Loader = Callable[[Sequence[Expr]], Any]
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """Storage the plan names: a graph input, an extern call's result, or a kernel's output."""
+
+    name: str
+    dtype: torch.dtype
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+    kind: Literal["input", "extern", "computed"]
+    storage_offset: int = 0  # of the tensor itself (inputs, extern results); views add to it
+
+    def index(self, index: Sequence[Expr]) -> Expr:
+        return linear_index(index, self.strides)
+
+
+@dataclass(frozen=True)
+class Pointwise:
+    """out[index] = inner_fn(index) over `ranges`."""
+
+    dtype: torch.dtype
+    ranges: tuple[int, ...]
+    inner_fn: Loader
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """out[index] = reduce_{rindex} inner_fn(index, rindex), reducing over trailing `reduction_ranges`."""
+
+    dtype: torch.dtype
+    ranges: tuple[int, ...]
+    reduction_ranges: tuple[int, ...]
+    reduction_type: str
+    inner_fn: Callable[[Sequence[Expr], Sequence[Expr]], Any]
+
+
+@dataclass(frozen=True)
+class ComputedBuffer:
+    """A buffer whose contents a kernel computes."""
+
+    buffer: Buffer
+    data: Pointwise | Reduction
+
+    @property
+    def name(self) -> str:
+        return self.buffer.name
+
+    def is_reduction(self) -> bool:
+        return isinstance(self.data, Reduction)
+
+    def numels(self) -> tuple[int, int]:
+        """(output elements, elements reduced per output); 1 for pointwise."""
+        if isinstance(self.data, Reduction):
+            return numel(self.data.ranges), numel(self.data.reduction_ranges)
+        return numel(self.data.ranges), 1
+
+
+@dataclass(frozen=True)
+class StridedView:
+    """A view of a buffer: element `index` lives at `offset + sum(index * strides)` of its storage."""
+
+    buffer: Buffer
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.buffer.dtype
+
+    def is_whole_buffer(self) -> bool:
+        b = self.buffer
+        return self.sizes == b.sizes and self.strides == b.strides and self.offset == 0
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """A computation not yet written to memory; `loader(index)` computes one element."""
+
+    dtype: torch.dtype
+    sizes: tuple[int, ...]
+    loader: Loader
+
+
+TensorValue = StridedView | Lazy
+
+
+def make_loader(value: TensorValue) -> Loader:
+    if isinstance(value, Lazy):
+        return value.loader
+    name, strides, offset = value.buffer.name, value.strides, value.offset
+
+    def load(index: Sequence[Expr]) -> Any:
+        return ops.load(name, linear_index(index, strides, offset))
+    return load
+
+
+def index_vars(prefix: str, sizes: Sequence[int]) -> list[sympy.Symbol]:
+    return [sympy.Symbol(f"{prefix}{i}", integer=True, nonnegative=True) for i in range(len(sizes))]
+
+
+def count_ops(value: TensorValue) -> CountingHandler:
+    """The ops and loads one element of `value` costs."""
+    counter = CountingHandler()
+    if isinstance(value, Lazy):
+        with use_handler(counter):
+            value.loader(index_vars("i", value.sizes))
+    else:
+        counter.loads.append((value.buffer.name, sympy.Integer(0)))
+    return counter
+
+
+def body_reads(node: ComputedBuffer) -> CountingHandler:
+    """The loads (buffer, index over the node's own index symbols) of a computed buffer's body."""
+    counter = CountingHandler()
+    data = node.data
+    with use_handler(counter):
+        if isinstance(data, Reduction):
+            data.inner_fn(index_vars("i", data.ranges), index_vars("r", data.reduction_ranges))
+        else:
+            data.inner_fn(index_vars("i", data.ranges))
+    return counter

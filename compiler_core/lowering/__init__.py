@@ -1,0 +1,299 @@
+"""aten FX graph → loop IR: the lowering registry and `lower_graph`, which falls back to extern calls.
+
+Note: lowerings run with the graph being lowered and the FX node being lowered in ContextVars
+(`current_graph()`, `current_node()`), so concurrent compiles never share state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import operator
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+
+from compiler_core.errors import LoweringError, UnsupportedOp
+from compiler_core.ir.nodes import (
+    Buffer,
+    ComputedBuffer,
+    Lazy,
+    Pointwise,
+    Reduction,
+    StridedView,
+    TensorValue,
+    count_ops,
+    make_loader,
+)
+from compiler_core.sizevars import contiguous_strides, dense_strides_like
+from compiler_core.wire import Arg, GraphSpec, IntArg, ListArg, NodeRef, target_name
+
+log = logging.getLogger("fxcc.lowering")
+
+LOWERINGS: dict[Any, Callable[..., Any]] = {}
+
+# A lazy value read by several consumers is recomputed in each, unless its body is this big.
+REALIZE_OPS_SHARED = 24
+REALIZE_OPS_ALWAYS = 96
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+def register_lowering(*targets: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register `fn` as the lowering of each aten/prims overload in `targets`."""
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for t in targets:
+            LOWERINGS[t] = fn
+        return fn
+    return wrap
+
+
+@dataclass(frozen=True)
+class ExternCall:
+    """An aten op (or getitem) the client runs; `out` names its result."""
+
+    out: str
+    op: str
+    args: list[Arg]
+    kwargs: dict[str, Arg] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ExternTuple:
+    """The tuple an extern call returned; items become buffers through getitem calls."""
+
+    name: str
+    vals: tuple[Any, ...]
+
+
+@dataclass
+class GraphLowering:
+    """The loop IR of one graph: a program of computed buffers and extern calls, in order."""
+
+    spec: GraphSpec
+    target: str = "interpret"
+    inputs: list[str] = field(default_factory=list)
+    program: list[ComputedBuffer | ExternCall] = field(default_factory=list)
+    outputs: list[Arg] = field(default_factory=list)
+    buffers: dict[str, Buffer] = field(default_factory=dict)
+    nodes_lowered: int = 0
+    extern_ops: list[str] = field(default_factory=list)
+    lazy_values: list[Lazy] = field(default_factory=list)
+    _realized: set[int] = field(default_factory=set)
+    _taken: set[str] = field(default_factory=set)
+    _counter: int = 0
+
+    def new_name(self, stem: str = "buf") -> str:
+        while True:
+            name = f"{stem}{self._counter}"
+            self._counter += 1
+            if name not in self._taken:
+                self._taken.add(name)
+                return name
+
+    def add_buffer(self, buf: Buffer) -> StridedView:
+        self.buffers[buf.name] = buf
+        return StridedView(buf, buf.sizes, buf.strides, 0)
+
+    def add_computed(self, data: Pointwise | Reduction, strides: tuple[int, ...] | None = None) -> StridedView:
+        sizes = data.ranges
+        buf = Buffer(self.new_name(), data.dtype, sizes, strides or contiguous_strides(sizes), "computed")
+        self.program.append(ComputedBuffer(buf, data))
+        return self.add_buffer(buf)
+
+    def realize(self, value: TensorValue, strides: tuple[int, ...] | None = None) -> StridedView:
+        """`value` written to memory (a no-op for values already there)."""
+        if isinstance(value, StridedView):
+            return value
+        self._realized.add(id(value))
+        return self.add_computed(Pointwise(value.dtype, value.sizes, value.loader), strides)
+
+    def extern_ref(self, value: TensorValue, like: torch.Tensor | None = None) -> NodeRef:
+        """A plan name holding `value` with exactly the layout of `like` (eager's layout) if given."""
+        if isinstance(value, Lazy):
+            strides = None
+            if like is not None:
+                strides = dense_strides_like(tuple(like.shape), tuple(like.stride()))
+            value = self.realize(value, strides)
+        if value.is_whole_buffer() and value.buffer.storage_offset == 0:
+            return NodeRef(name=value.buffer.name)
+        name = self.new_name("view")
+        b = value.buffer
+        self.program.append(ExternCall(name, "aten.as_strided.default", [
+            NodeRef(name=b.name), _ints(value.sizes), _ints(value.strides),
+            IntArg(value=b.storage_offset + value.offset)]))
+        return NodeRef(name=name)
+
+
+    def bytes_not_materialized(self, unstored: list[Buffer]) -> int:
+        """Bytes of intermediates that no kernel wrote: values inlined into readers, or held in registers."""
+        lazy = sum(_nbytes(v.sizes, v.dtype) for v in self.lazy_values if id(v) not in self._realized)
+        return lazy + sum(_nbytes(b.sizes, b.dtype) for b in unstored)
+
+
+def _nbytes(sizes: tuple[int, ...], dtype: torch.dtype) -> int:
+    n = 1
+    for s in sizes:
+        n *= s
+    return n * dtype.itemsize
+
+
+def _ints(xs: tuple[int, ...]) -> ListArg:
+    return ListArg(items=[IntArg(value=int(x)) for x in xs])
+
+
+_graph: ContextVar[GraphLowering | None] = ContextVar("fxcc_graph", default=None)
+_node: ContextVar[fx.Node | None] = ContextVar("fxcc_node", default=None)
+
+
+def current_graph() -> GraphLowering:
+    g = _graph.get()
+    if g is None:
+        raise RuntimeError("no graph is being lowered")
+    return g
+
+
+def current_node() -> fx.Node:
+    n = _node.get()
+    if n is None:
+        raise RuntimeError("no node is being lowered")
+    return n
+
+
+def node_val() -> Any:
+    """The FakeTensor (or tuple) the node being lowered produces: the ground truth of its meta."""
+    return current_node().meta["val"]
+
+
+@contextlib.contextmanager
+def _lowering(graph: GraphLowering, node: fx.Node | None) -> Iterator[None]:
+    t1, t2 = _graph.set(graph), _node.set(node)
+    try:
+        yield
+    finally:
+        _node.reset(t2)
+        _graph.reset(t1)
+
+
+def lower_graph(gm: fx.GraphModule, spec: GraphSpec, target: str = "interpret") -> GraphLowering:
+    """Lower every node of `gm` (rebuilt from `spec`) to loop IR, or to an extern call."""
+    _load_lowerings()
+    g = GraphLowering(spec, target)
+    g._taken = {p.name for p in spec.placeholders} | {n.name for n in spec.nodes}
+    env: dict[fx.Node, Any] = {}
+    placeholders = iter(spec.placeholders)
+    wire_nodes = iter(spec.nodes)
+    with _lowering(g, None):
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                p = next(placeholders)
+                val = node.meta["val"]
+                g.inputs.append(p.name)
+                env[node] = g.add_buffer(Buffer(p.name, val.dtype, tuple(val.shape), tuple(val.stride()),
+                                                "input", p.spec.storage_offset))
+            elif node.op == "call_function":
+                wire = next(wire_nodes)
+                env[node] = _lower_node(g, node, wire, env)
+            elif node.op == "output":
+                g.outputs = [_output(g, a, w, env) for a, w in zip(node.args[0], spec.outputs)]
+    return g
+
+
+def _lower_node(g: GraphLowering, node: fx.Node, wire: Any, env: dict[fx.Node, Any]) -> Any:
+    if node.target is operator.getitem:
+        src, i = env[node.args[0]], node.args[1]
+        if isinstance(src, ExternTuple):
+            g.program.append(ExternCall(wire.name, "getitem", [NodeRef(name=src.name), IntArg(value=i)]))
+            return _extern_result(g, wire.name, src.vals[i])
+        return src[i]
+    fn = LOWERINGS.get(node.target)
+    if fn is not None:
+        args = fx.node.map_arg(node.args, lambda n: env[n])
+        kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n])
+        try:
+            with _lowering(g, node):
+                out = fn(*args, **kwargs)
+            _check(node, out)
+            g.nodes_lowered += 1
+            return _maybe_realize(g, node, out)
+        except UnsupportedOp as e:
+            log.debug("extern %s: %s", node.target, e)
+    return _extern(g, node, wire, env)
+
+
+def _check(node: fx.Node, out: Any) -> None:
+    """A lowering must reproduce eager's sizes and dtype exactly."""
+    val = node.meta["val"]
+    outs, vals = (out, val) if isinstance(val, (tuple, list)) else ((out,), (val,))
+    for o, v in zip(outs, vals):
+        if isinstance(v, torch.Tensor) and (tuple(o.sizes) != tuple(v.shape) or o.dtype != v.dtype):
+            raise LoweringError(f"lowering gave {o.dtype}{list(o.sizes)}, eager gives "
+                                f"{v.dtype}{list(v.shape)}", op=str(node.target), node=node.name)
+
+
+def _maybe_realize(g: GraphLowering, node: fx.Node, out: Any) -> Any:
+    if not isinstance(out, Lazy):
+        return out
+    g.lazy_values.append(out)
+    cost = count_ops(out).ops
+    if cost > REALIZE_OPS_ALWAYS or (cost > REALIZE_OPS_SHARED and len(node.users) > 1):
+        return g.realize(out)
+    return out
+
+
+def _extern(g: GraphLowering, node: fx.Node, wire: Any, env: dict[fx.Node, Any]) -> Any:
+    """Run `node` as its aten op on the client, with its tensor inputs in eager's layouts."""
+    refs: dict[str, Arg] = {}
+    for arg_node in node.all_input_nodes:
+        refs[arg_node.name] = g.extern_ref(env[arg_node], arg_node.meta.get("val"))
+    by_wire_name = {n.name: refs[n.name] for n in node.all_input_nodes}
+
+    def swap(a: Arg) -> Arg:
+        if isinstance(a, NodeRef):
+            return by_wire_name.get(a.name, a)
+        if isinstance(a, ListArg):
+            return ListArg(items=[swap(x) for x in a.items])
+        return a
+
+    g.program.append(ExternCall(wire.name, wire.target, [swap(a) for a in wire.args],
+                                {k: swap(v) for k, v in wire.kwargs.items()}))
+    g.extern_ops.append(target_name(node.target))
+    val = node.meta["val"]
+    if isinstance(val, (tuple, list)):
+        return ExternTuple(wire.name, tuple(val))
+    return _extern_result(g, wire.name, val)
+
+
+def _extern_result(g: GraphLowering, name: str, val: Any) -> Any:
+    if not isinstance(val, torch.Tensor):
+        return val
+    return g.add_buffer(Buffer(name, val.dtype, tuple(val.shape), tuple(val.stride()), "extern",
+                               int(val.storage_offset())))
+
+
+def _output(g: GraphLowering, a: Any, wire: Arg, env: dict[fx.Node, Any]) -> Arg:
+    """A graph output as a plan name, in eager's layout (a copy only where the layouts differ)."""
+    if not isinstance(a, fx.Node):
+        return wire
+    value, val = env[a], a.meta["val"]
+    if not isinstance(val, torch.Tensor):
+        return wire
+    want = dense_strides_like(tuple(val.shape), tuple(val.stride()))
+    if isinstance(value, StridedView) and want is not None and not _same_layout(value, val):
+        value = Lazy(value.dtype, value.sizes, make_loader(value))
+    if isinstance(value, Lazy):
+        return NodeRef(name=g.realize(value, want).buffer.name)
+    return g.extern_ref(value, val)
+
+
+def _same_layout(value: StridedView, val: torch.Tensor) -> bool:
+    return all(sz == 1 or a == b for sz, a, b in zip(value.sizes, value.strides, val.stride()))
+
+
+def _load_lowerings() -> None:
+    from compiler_core.lowering import pointwise, reduction, views  # noqa: F401 - they register

@@ -1,0 +1,313 @@
+"""Pointwise lowerings: unary math, binary arithmetic with broadcasting and scalars, comparisons, where, casts."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from compiler_core.errors import UnsupportedOp
+from compiler_core.ir.nodes import Lazy, TensorValue
+from compiler_core.ir.ops import compute_dtype, ops
+from compiler_core.lowering import aten, node_val, prims, register_lowering
+from compiler_core.lowering.common import Kind, check_dtypes, is_tensor, operand, pointwise, require
+
+_FLOAT_UNARY = {
+    aten.sin: "sin", aten.cos: "cos", aten.tan: "tan", aten.exp: "exp", aten.exp2: "exp2",
+    aten.expm1: "expm1", aten.log: "log", aten.log2: "log2", aten.log10: "log10", aten.log1p: "log1p",
+    aten.sqrt: "sqrt", aten.rsqrt: "rsqrt", aten.tanh: "tanh", aten.sigmoid: "sigmoid",
+    aten.erf: "erf", aten.reciprocal: "reciprocal", aten.asin: "asin", aten.acos: "acos",
+    aten.atan: "atan", aten.sinh: "sinh", aten.cosh: "cosh",
+}
+_ROUNDING = {aten.floor: "floor", aten.ceil: "ceil", aten.trunc: "trunc", aten.round: "round"}
+
+
+def _float_unary(name: str) -> Any:
+    def lower(x: TensorValue) -> Lazy:
+        require(name)
+        return pointwise(lambda a: ops.unary_op(name, a), x, kind=Kind.INT_TO_FLOAT)
+    return lower
+
+
+for _packet, _name in _FLOAT_UNARY.items():
+    register_lowering(_packet.default)(_float_unary(_name))
+
+
+def _rounding(name: str) -> Any:
+    def lower(x: TensorValue) -> Lazy:
+        if not x.dtype.is_floating_point:
+            return pointwise(lambda a: a, x)  # floor/ceil/trunc/round of an integer is itself
+        require(name)
+        return pointwise(lambda a: ops.unary_op(name, a), x)
+    return lower
+
+
+for _packet, _name in _ROUNDING.items():
+    register_lowering(_packet.default)(_rounding(_name))
+
+
+@register_lowering(aten.abs.default)
+def _abs(x: TensorValue) -> Lazy:
+    if x.dtype == torch.bool:
+        return pointwise(lambda a: a, x)
+    return pointwise(ops.abs, x)
+
+
+@register_lowering(aten.neg.default)
+def _neg(x: TensorValue) -> Lazy:
+    return pointwise(ops.neg, x)
+
+
+@register_lowering(aten.relu.default)
+def _relu(x: TensorValue) -> Lazy:
+    if x.dtype == torch.bool:
+        raise UnsupportedOp("relu of bool")
+    return pointwise(lambda a: ops.maximum(a, ops.constant(0, compute_dtype(x.dtype))), x)
+
+
+@register_lowering(aten.gelu.default)
+def _gelu(x: TensorValue, approximate: str = "none") -> Lazy:
+    if not x.dtype.is_floating_point:
+        raise UnsupportedOp("gelu of integers")
+    dt = compute_dtype(x.dtype)
+
+    def c(v: float) -> Any:
+        return ops.constant(v, dt)
+
+    def exact(a: Any) -> Any:
+        cdf = ops.mul(c(0.5), ops.add(c(1.0), ops.erf(ops.mul(a, c(math.sqrt(0.5))))))
+        return ops.mul(a, cdf)
+
+    def tanh(a: Any) -> Any:
+        inner = ops.mul(c(math.sqrt(2.0 / math.pi)), ops.add(a, ops.mul(c(0.044715), ops.mul(a, ops.mul(a, a)))))
+        return ops.mul(ops.mul(c(0.5), a), ops.add(c(1.0), ops.tanh(inner)))
+
+    require("erf" if approximate == "none" else "tanh")
+    if approximate not in ("none", "tanh"):
+        raise UnsupportedOp(f"gelu approximate={approximate}")
+    return pointwise(exact if approximate == "none" else tanh, x)
+
+
+def _alpha(fn: Any, alpha: Any, dtype: torch.dtype) -> Any:
+    if alpha == 1:
+        return fn
+    return lambda a, b: fn(a, ops.mul(b, ops.constant(alpha, dtype)))
+
+
+@register_lowering(aten.add.Tensor, aten.add.Scalar)
+def _add(a: Any, b: Any, alpha: Any = 1) -> Lazy:
+    comp = _comp(a, b)
+    return pointwise(_alpha(ops.add, alpha, comp), a, b)
+
+
+@register_lowering(aten.sub.Tensor, aten.sub.Scalar)
+def _sub(a: Any, b: Any, alpha: Any = 1) -> Lazy:
+    comp = _comp(a, b)
+    return pointwise(_alpha(ops.sub, alpha, comp), a, b)
+
+
+@register_lowering(aten.rsub.Scalar, aten.rsub.Tensor)
+def _rsub(a: Any, b: Any, alpha: Any = 1) -> Lazy:
+    comp = _comp(a, b)
+    return pointwise(_alpha(lambda x, y: ops.sub(y, x), alpha, comp), a, b)
+
+
+def _comp(*args: Any) -> torch.dtype:
+    from compiler_core.lowering.common import promote
+    return promote(args, Kind.DEFAULT)[0]
+
+
+@register_lowering(aten.mul.Tensor, aten.mul.Scalar)
+def _mul(a: Any, b: Any) -> Lazy:
+    return pointwise(ops.mul, a, b)
+
+
+@register_lowering(aten.div.Tensor, aten.div.Scalar)
+def _div(a: Any, b: Any) -> Lazy:
+    return pointwise(ops.truediv, a, b, kind=Kind.INT_TO_FLOAT)
+
+
+@register_lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def _div_mode(a: Any, b: Any, *, rounding_mode: str | None = None) -> Lazy:
+    if rounding_mode is None:
+        return _div(a, b)
+    if rounding_mode != "trunc" or not node_val().dtype.is_floating_point:
+        raise UnsupportedOp(f"div rounding_mode={rounding_mode} for {node_val().dtype}")
+    require("trunc")
+    return pointwise(lambda x, y: ops.trunc(ops.truediv(x, y)), a, b)
+
+
+@register_lowering(aten.maximum.default)
+def _maximum(a: Any, b: Any) -> Lazy:
+    return pointwise(ops.maximum, a, b)
+
+
+@register_lowering(aten.minimum.default)
+def _minimum(a: Any, b: Any) -> Lazy:
+    return pointwise(ops.minimum, a, b)
+
+
+@register_lowering(aten.clamp.default)
+def _clamp(x: TensorValue, min: Any = None, max: Any = None) -> Lazy:
+    if is_tensor(min) or is_tensor(max) or not node_val().dtype.is_floating_point:
+        raise UnsupportedOp("clamp with tensor bounds or integer input")
+
+    def fn(a: Any, *bounds: Any) -> Any:
+        it = iter(bounds)
+        if min is not None:
+            a = ops.maximum(a, next(it))
+        if max is not None:
+            a = ops.minimum(a, next(it))
+        return a
+    return pointwise(fn, x, *[v for v in (min, max) if v is not None])
+
+
+@register_lowering(aten.pow.Tensor_Scalar)
+def _pow_scalar(x: TensorValue, exponent: Any) -> Lazy:
+    if not node_val().dtype.is_floating_point or isinstance(exponent, bool):
+        raise UnsupportedOp("integer pow")
+    dt = compute_dtype(node_val().dtype)
+    special = {
+        2: lambda a: ops.mul(a, a), 3: lambda a: ops.mul(ops.mul(a, a), a), 1: lambda a: a,
+        0.5: ops.sqrt, -0.5: ops.rsqrt, -1: ops.reciprocal,
+        -2: lambda a: ops.reciprocal(ops.mul(a, a)),
+    }
+    if exponent == 0:
+        return pointwise(lambda a, e: ops.constant(1.0, dt), x, exponent, kind=Kind.BOOL_TO_LONG)
+    fn = special.get(exponent)
+    if fn is not None:
+        return pointwise(lambda a, e: fn(a), x, exponent, kind=Kind.BOOL_TO_LONG)
+    require("pow")
+    return pointwise(ops.pow, x, exponent, kind=Kind.BOOL_TO_LONG)
+
+
+@register_lowering(aten.pow.Tensor_Tensor, aten.pow.Scalar)
+def _pow(a: Any, b: Any) -> Lazy:
+    if not node_val().dtype.is_floating_point:
+        raise UnsupportedOp("integer pow")
+    require("pow")
+    return pointwise(ops.pow, a, b, kind=Kind.BOOL_TO_LONG)
+
+
+def _compare(op: str) -> Any:
+    def lower(a: Any, b: Any) -> Lazy:
+        return pointwise(lambda x, y: ops.binary_op(op, x, y), a, b, kind=Kind.ALWAYS_BOOL,
+                         compute=_comp(a, b))
+    return lower
+
+
+for _op in ("eq", "ne", "lt", "le", "gt", "ge"):
+    _packet = getattr(aten, _op)
+    register_lowering(_packet.Tensor, _packet.Scalar)(_compare(_op))
+
+
+def _logical(op: str) -> Any:
+    def lower(a: Any, b: Any) -> Lazy:
+        return pointwise(lambda x, y: ops.binary_op(op, x, y), a, b, kind=Kind.ALWAYS_BOOL,
+                         compute=torch.bool)
+    return lower
+
+
+for _op in ("logical_and", "logical_or", "logical_xor"):
+    register_lowering(getattr(aten, _op).default)(_logical(_op))
+
+
+@register_lowering(aten.logical_not.default)
+def _logical_not(x: TensorValue) -> Lazy:
+    return pointwise(ops.logical_not, x, kind=Kind.ALWAYS_BOOL, compute=torch.bool)
+
+
+def _bitwise(op: str) -> Any:
+    def lower(a: Any, b: Any) -> Lazy:
+        if node_val().dtype.is_floating_point:
+            raise UnsupportedOp("bitwise op on floats")
+        return pointwise(lambda x, y: ops.binary_op(op, x, y), a, b)
+    return lower
+
+
+for _op in ("bitwise_and", "bitwise_or", "bitwise_xor"):
+    _packet = getattr(aten, _op)
+    register_lowering(_packet.Tensor, _packet.Scalar)(_bitwise(_op))
+
+
+@register_lowering(aten.bitwise_not.default)
+def _bitwise_not(x: TensorValue) -> Lazy:
+    if x.dtype == torch.bool:
+        return pointwise(ops.logical_not, x, kind=Kind.ALWAYS_BOOL, compute=torch.bool)
+    return pointwise(ops.bitwise_not, x)
+
+
+@register_lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def _where(cond: Any, a: Any, b: Any) -> Lazy:
+    val = node_val()
+    sizes = tuple(val.shape)
+    if not is_tensor(cond) or cond.dtype != torch.bool:
+        raise UnsupportedOp("where with a non-bool condition")
+    comp = compute_dtype(val.dtype)
+    check_dtypes(val.dtype)
+    c = operand(cond, sizes, torch.bool)
+    x, y = operand(a, sizes, comp), operand(b, sizes, comp)
+    return Lazy(val.dtype, sizes, lambda index: ops.where(c(index), x(index), y(index)))
+
+
+def _cast(x: TensorValue) -> Lazy:
+    val = node_val()
+    check_dtypes(x.dtype, val.dtype)
+    comp = compute_dtype(val.dtype)
+    sizes = tuple(val.shape)
+    load = operand(x, sizes, compute_dtype(x.dtype))
+
+    def inner(index: Any) -> Any:
+        v = ops.to_dtype(load(index), val.dtype)
+        return ops.to_dtype(v, comp)  # fp16/bf16: round, then compute on in fp32
+    return Lazy(val.dtype, sizes, inner)
+
+
+@register_lowering(prims.convert_element_type.default)
+def _convert_element_type(x: TensorValue, dtype: torch.dtype) -> Lazy:
+    return _cast(x)
+
+
+@register_lowering(aten._to_copy.default)
+def _to_copy(x: TensorValue, *, dtype: Any = None, layout: Any = None, device: Any = None,
+             pin_memory: Any = None, non_blocking: bool = False, memory_format: Any = None) -> Lazy:
+    if layout not in (None, torch.strided) or pin_memory:
+        raise UnsupportedOp("_to_copy to another layout")
+    if device is not None and torch.device(device).type != node_val().device.type:
+        raise UnsupportedOp("_to_copy to another device")
+    if memory_format not in (None, torch.preserve_format, torch.contiguous_format):
+        raise UnsupportedOp(f"_to_copy to {memory_format}")
+    return _cast(x)
+
+
+@register_lowering(aten.clone.default)
+def _clone(x: TensorValue, *, memory_format: Any = None) -> Lazy:
+    if memory_format not in (None, torch.preserve_format, torch.contiguous_format):
+        raise UnsupportedOp(f"clone to {memory_format}")
+    return _cast(x)
+
+
+@register_lowering(aten.full.default)
+def _full(size: Any, fill_value: Any, *, dtype: Any = None, layout: Any = None, device: Any = None,
+          pin_memory: Any = None) -> Lazy:
+    val = node_val()
+    check_dtypes(val.dtype)
+    if not isinstance(fill_value, (bool, int, float)):
+        raise UnsupportedOp("full with a symbolic value")
+    comp = compute_dtype(val.dtype)
+    return Lazy(val.dtype, tuple(val.shape), lambda index: ops.constant(fill_value, comp))
+
+
+
+@register_lowering(aten.scalar_tensor.default, aten.full_like.default)
+def _fill(*args: Any, **kwargs: Any) -> Lazy:
+    fill_value = args[1] if len(args) > 1 else args[0]
+    if not isinstance(fill_value, (bool, int, float)):
+        raise UnsupportedOp("fill with a non-scalar value")
+    if kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):
+        raise UnsupportedOp("fill to another memory format")
+    val = node_val()
+    check_dtypes(val.dtype)
+    comp = compute_dtype(val.dtype)
+    return Lazy(val.dtype, tuple(val.shape), lambda index: ops.constant(fill_value, comp))

@@ -1,0 +1,1 @@
+"""Reduction lowerings (filled in by a later step)."""

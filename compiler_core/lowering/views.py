@@ -1,0 +1,104 @@
+"""View lowerings: permute, transpose, expand, slice, select, squeeze/unsqueeze, view/reshape, as_strided.
+
+Views are index remappings: on a buffer they give another StridedView (no copy); where the
+result is not strided (reshape of non-contiguous data) they give a Lazy value that reads
+through FloorDiv/ModularIndexing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+
+from compiler_core.errors import UnsupportedOp
+from compiler_core.ir.nodes import StridedView, TensorValue
+from compiler_core.lowering import aten, node_val, prims, register_lowering
+from compiler_core.lowering.common import remap_view
+from compiler_core.sizevars import Expr, flatten, numel, unflatten
+
+
+def _dim(d: int, rank: int) -> int:
+    return d + rank if d < 0 else d
+
+
+@register_lowering(aten.permute.default)
+def _permute(x: TensorValue, dims: Sequence[int]) -> TensorValue:
+    dims = [_dim(d, len(x.sizes)) for d in dims]
+    inverse = [dims.index(i) for i in range(len(dims))]
+    return remap_view(x, [x.sizes[d] for d in dims], lambda idx: [idx[i] for i in inverse])
+
+
+@register_lowering(aten.transpose.int)
+def _transpose(x: TensorValue, a: int, b: int) -> TensorValue:
+    dims = list(range(len(x.sizes)))
+    if dims:
+        a, b = _dim(a, len(dims)), _dim(b, len(dims))
+        dims[a], dims[b] = dims[b], dims[a]
+    return _permute(x, dims)
+
+
+@register_lowering(aten.t.default)
+def _t(x: TensorValue) -> TensorValue:
+    return _transpose(x, 0, 1) if len(x.sizes) == 2 else x
+
+
+@register_lowering(aten.expand.default)
+def _expand(x: TensorValue, sizes: Sequence[int], *, implicit: bool = False) -> TensorValue:
+    out = tuple(int(s) for s in node_val().shape)
+    lead = len(out) - len(x.sizes)
+
+    def remap(idx: Sequence[Expr]) -> list[Expr]:
+        return [sympy.Integer(0) if own == 1 and o != 1 else i
+                for i, own, o in zip(idx[lead:], x.sizes, out[lead:])]
+    return remap_view(x, out, remap)
+
+
+@register_lowering(aten.slice.Tensor)
+def _slice(x: TensorValue, dim: int = 0, start: int | None = None, end: int | None = None,
+           step: int = 1) -> TensorValue:
+    dim = _dim(dim, len(x.sizes))
+    r = range(x.sizes[dim])[slice(start, end, step)]
+    out = list(x.sizes)
+    out[dim] = len(r)
+    first = r.start if len(r) else 0
+
+    def remap(idx: Sequence[Expr]) -> list[Expr]:
+        idx = list(idx)
+        idx[dim] = first + idx[dim] * r.step
+        return idx
+    return remap_view(x, out, remap)
+
+
+@register_lowering(aten.select.int)
+def _select(x: TensorValue, dim: int, index: int) -> TensorValue:
+    dim = _dim(dim, len(x.sizes))
+    index = index + x.sizes[dim] if index < 0 else index
+    out = [s for i, s in enumerate(x.sizes) if i != dim]
+    return remap_view(x, out, lambda idx: [*idx[:dim], sympy.Integer(index), *idx[dim:]])
+
+
+@register_lowering(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default,
+                   aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+                   prims.collapse_view.default, aten.alias.default)
+def _reshape(x: TensorValue, *args: Any) -> TensorValue:
+    out = tuple(int(s) for s in node_val().shape)
+    if numel(out) != numel(x.sizes):
+        raise UnsupportedOp("reshape changes the element count")
+    if tuple(x.sizes) == out:
+        return x
+    return remap_view(x, out, lambda idx: unflatten(flatten(idx, out), x.sizes))
+
+
+@register_lowering(aten.as_strided.default)
+def _as_strided(x: TensorValue, size: Sequence[int], stride: Sequence[int],
+                storage_offset: int | None = None) -> TensorValue:
+    # Note: as_strided addresses storage, so only storage whose layout is eager's own qualifies.
+    if not isinstance(x, StridedView) or x.buffer.kind == "computed":
+        raise UnsupportedOp("as_strided of a value fxcc laid out")
+    base = x.buffer.storage_offset + x.offset if storage_offset is None else storage_offset
+    offset = base - x.buffer.storage_offset
+    if offset < 0 or any(s < 0 for s in stride):
+        raise UnsupportedOp("as_strided before the buffer's start")
+    return StridedView(x.buffer, tuple(int(s) for s in size), tuple(int(s) for s in stride), offset)

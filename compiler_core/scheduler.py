@@ -1,0 +1,199 @@
+"""Fusion: groups computed buffers into kernels that share an iteration space, and decides what is stored.
+
+Note: a kernel iterates `xnumel` outputs (rows) × `rnumel` reduced elements. A node joins the open
+kernel when its index space maps onto the kernel's, and every value it reads from that kernel
+is the one the kernel holds in registers at the same (xindex, rindex): same index after
+simplification. Anything else starts a new kernel, so fusion never changes what is computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+
+from compiler_core.ir.nodes import ComputedBuffer, Reduction
+from compiler_core.ir.ops import CountingHandler, use_handler
+from compiler_core.lowering import ExternCall, GraphLowering
+from compiler_core.sizevars import RINDEX, XINDEX, Expr, numel, simplify_index, unflatten
+from compiler_core.wire import Arg, NodeRef, _refs
+
+# Rows up to this long are reduced in registers in one pass (and may fuse prologue/epilogue).
+PERSISTENT_RNUMEL_MAX = 4096
+
+
+@dataclass
+class Kernel:
+    """One kernel to generate: its nodes in order, iteration space, and which buffers it stores."""
+
+    xnumel: int
+    rnumel: int
+    nodes: list[ComputedBuffer] = field(default_factory=list)
+    stored: set[str] = field(default_factory=set)
+
+    @property
+    def looped(self) -> bool:
+        return self.rnumel > PERSISTENT_RNUMEL_MAX
+
+    def names(self) -> set[str]:
+        return {n.name for n in self.nodes}
+
+
+@dataclass(frozen=True)
+class Coords:
+    """A node's index (and reduction index) in kernel coordinates; `full` when it spans rindex."""
+
+    index: list[Expr]
+    rindex: list[Expr]
+    full: bool
+
+
+def node_coords(node: ComputedBuffer, xnumel: int, rnumel: int) -> Coords | None:
+    """Where `node` sits in a kernel of `xnumel` × `rnumel`, or None when it does not fit."""
+    data = node.data
+    if isinstance(data, Reduction):
+        if numel(data.ranges) != xnumel or numel(data.reduction_ranges) != rnumel:
+            return None
+        return Coords(unflatten(XINDEX, data.ranges), unflatten(RINDEX, data.reduction_ranges), True)
+    sizes = data.ranges
+    n = numel(sizes)
+    if rnumel == 1:
+        return Coords(unflatten(XINDEX, sizes), [], False) if n == xnumel else None
+    if n == xnumel:
+        return Coords(unflatten(XINDEX, sizes), [], False)
+    if n != xnumel * rnumel:
+        return None
+    for k in range(len(sizes) + 1):
+        if numel(sizes[:k]) == xnumel and numel(sizes[k:]) == rnumel:
+            return Coords(unflatten(XINDEX, sizes[:k]) + unflatten(RINDEX, sizes[k:]), [], True)
+    return None
+
+
+def kernel_index(expr: Expr, kernel: Kernel) -> Expr:
+    return simplify_index(expr, {XINDEX: kernel.xnumel, RINDEX: kernel.rnumel})
+
+
+def run_body(node: ComputedBuffer, coords: Coords) -> Any:
+    if isinstance(node.data, Reduction):
+        return node.data.inner_fn(coords.index, coords.rindex)
+    return node.data.inner_fn(coords.index)
+
+
+def store_index(node: ComputedBuffer, coords: Coords, kernel: Kernel) -> Expr:
+    return kernel_index(node.buffer.index(coords.index), kernel)
+
+
+def _reads(node: ComputedBuffer, coords: Coords) -> list[tuple[str, Expr]]:
+    rec = CountingHandler()
+    with use_handler(rec):
+        run_body(node, coords)
+    return rec.loads
+
+
+def _fits(kernel: Kernel, node: ComputedBuffer) -> bool:
+    """Can `node` join `kernel`, reading every in-kernel value from registers?"""
+    if kernel.looped or (node.is_reduction() and numel(node.data.reduction_ranges) > PERSISTENT_RNUMEL_MAX):
+        return False
+    coords = node_coords(node, kernel.xnumel, kernel.rnumel)
+    if coords is None:
+        return False
+    inside = {n.name: n for n in kernel.nodes}
+    for name, index in _reads(node, coords):
+        producer = inside.get(name)
+        if producer is None:
+            continue
+        pc = node_coords(producer, kernel.xnumel, kernel.rnumel)
+        if pc is None or kernel_index(index, kernel) != store_index(producer, pc, kernel):
+            return False
+        if pc.full and not coords.full:
+            return False
+    return True
+
+
+def _retarget(kernel: Kernel, node: ComputedBuffer) -> Kernel | None:
+    """A pointwise kernel widened to a reduction's (x, r) space, if all its nodes fit there."""
+    if kernel.rnumel != 1 or not node.is_reduction():
+        return None
+    x, r = node.numels()
+    if x * r != kernel.xnumel:
+        return None
+    wide = Kernel(x, r, list(kernel.nodes))
+    if any(node_coords(n, x, r) is None or not node_coords(n, x, r).full for n in wide.nodes):
+        return None
+    return wide if _fits(wide, node) else None
+
+
+def fuse_nodes(program: Sequence[ComputedBuffer | ExternCall]) -> list[Kernel | ExternCall]:
+    """Greedy in-order fusion. Extern calls that read nothing of the open kernel move before it."""
+    out: list[Kernel | ExternCall] = []
+    open_kernel: Kernel | None = None
+    for item in program:
+        if isinstance(item, ExternCall):
+            if open_kernel is not None and set(_refs(item.args + list(item.kwargs.values()))) & open_kernel.names():
+                out.append(open_kernel)
+                open_kernel = None
+            out.append(item)
+            continue
+        if open_kernel is not None:
+            if _fits(open_kernel, item):
+                open_kernel.nodes.append(item)
+                continue
+            wide = _retarget(open_kernel, item)
+            if wide is not None:
+                open_kernel = wide
+                open_kernel.nodes.append(item)
+                continue
+            out.append(open_kernel)
+        x, r = item.numels()
+        open_kernel = Kernel(x, r, [item])
+    if open_kernel is not None:
+        out.append(open_kernel)
+    return out
+
+
+def eliminate_dead(g: GraphLowering) -> list[ComputedBuffer | ExternCall]:
+    """The program without computed buffers and extern calls that nothing needs."""
+    needed = set(_refs(g.outputs))
+    kept: list[ComputedBuffer | ExternCall] = []
+    for item in reversed(g.program):
+        name = item.out if isinstance(item, ExternCall) else item.name
+        if name not in needed:
+            continue
+        kept.append(item)
+        if isinstance(item, ExternCall):
+            needed.update(_refs(item.args + list(item.kwargs.values())))
+        else:
+            needed.update(name for name, _ in _body_loads(item))
+    return kept[::-1]
+
+
+def _body_loads(node: ComputedBuffer) -> list[tuple[str, Expr]]:
+    from compiler_core.ir.nodes import body_reads
+    return body_reads(node).loads
+
+
+def mark_stores(schedule: list[Kernel | ExternCall], outputs: Sequence[Arg]) -> None:
+    """A kernel stores a buffer only if an output, an extern call or another kernel reads it."""
+    wanted = set(_refs(list(outputs)))
+    for item in schedule:
+        if isinstance(item, ExternCall):
+            wanted.update(_refs(item.args + list(item.kwargs.values())))
+    for k in (i for i in schedule if isinstance(i, Kernel)):
+        own = k.names()
+        for other in (i for i in schedule if isinstance(i, Kernel) and i is not k):
+            for node in other.nodes:
+                wanted.update(name for name, _ in _body_loads(node) if name in own)
+    for k in (i for i in schedule if isinstance(i, Kernel)):
+        k.stored = {n.name for n in k.nodes if n.name in wanted}
+
+
+def schedule(g: GraphLowering) -> list[Kernel | ExternCall]:
+    """Dead code out, nodes fused into kernels, stores decided."""
+    items = fuse_nodes(eliminate_dead(g))
+    mark_stores(items, g.outputs)
+    return items
+
+
+__all__ = ["Kernel", "NodeRef", "node_coords", "schedule", "sympy"]

@@ -1,0 +1,230 @@
+"""All SymPy in fxcc: index symbols, FloorDiv/ModularIndexing, layouts as index maps, simplification, rendering.
+
+Note: sizes are concrete ints here (the wire carries no symbolic shapes yet), so every query is
+exact and no guard is ever recorded. Index expressions only ever see non-negative integers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import sympy
+
+Expr = sympy.Expr
+
+XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
+RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
+
+
+class FloorDiv(sympy.Function):
+    """a // b for non-negative integer a and positive integer b."""
+
+    nargs = 2
+    is_integer = True
+    is_nonnegative = True
+
+    @classmethod
+    def eval(cls, a: Expr, b: Expr) -> Expr | None:
+        if b == 1:
+            return a
+        if a == 0:
+            return sympy.Integer(0)
+        if a.is_Integer and b.is_Integer:
+            return sympy.Integer(int(a) // int(b))
+        if isinstance(a, FloorDiv):
+            return FloorDiv(a.args[0], a.args[1] * b)
+        if isinstance(a, ModularIndexing) and _divides(a.args[2], b):
+            x, d, m = a.args
+            return ModularIndexing(x, d * b, m / b)
+        if a.is_Add:  # (k*b*y + z) // b == k*y + z // b  when every k*b*y term divides
+            whole = [t for t in a.args if _divides(t, b)]
+            if whole:
+                rest = sympy.Add(*[t for t in a.args if not _divides(t, b)])
+                return sympy.Add(*[t / b for t in whole]) + FloorDiv(rest, b)
+        if a.is_Mul and _divides(a, b):
+            return a / b
+        return None
+
+
+class ModularIndexing(sympy.Function):
+    """(a // div) % mod for non-negative integer a."""
+
+    nargs = 3
+    is_integer = True
+    is_nonnegative = True
+
+    @classmethod
+    def eval(cls, a: Expr, div: Expr, mod: Expr) -> Expr | None:
+        if mod == 1 or a == 0:
+            return sympy.Integer(0)
+        if a.is_Integer and div.is_Integer and mod.is_Integer:
+            return sympy.Integer((int(a) // int(div)) % int(mod))
+        if isinstance(a, ModularIndexing) and _divides(a.args[2], div):
+            x, d1, m1 = a.args
+            inner = m1 / div  # ((x // d1) % m1) // div == (x // (d1*div)) % inner
+            if _divides(inner, mod):
+                return ModularIndexing(x, d1 * div, mod)
+            if _divides(mod, inner):
+                return ModularIndexing(x, d1 * div, inner)
+        if isinstance(a, FloorDiv):
+            return ModularIndexing(a.args[0], a.args[1] * div, mod)
+        if a.is_Add:  # drop terms that are whole multiples of div*mod
+            keep = [t for t in a.args if not _divides(t, div * mod)]
+            if len(keep) < len(a.args):
+                return ModularIndexing(sympy.Add(*keep), div, mod)
+        return None
+
+
+def _divides(term: Expr, b: Expr) -> bool:
+    coeff, _ = term.as_coeff_Mul()
+    return bool(coeff.is_Integer and b.is_Integer and int(coeff) % int(b) == 0)
+
+
+def contiguous_strides(sizes: Sequence[int]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for s in reversed(sizes):
+        out.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(out))
+
+
+def dense_strides_like(sizes: Sequence[int], strides: Sequence[int]) -> tuple[int, ...] | None:
+    """`strides` if they describe a dense, non-overlapping layout of `sizes`, else None."""
+    dims = sorted((st, sz) for sz, st in zip(sizes, strides) if sz != 1)
+    acc = 1
+    for st, sz in dims:
+        if st != acc:
+            return None
+        acc *= sz
+    return tuple(strides)
+
+
+def linear_index(index: Sequence[Expr], strides: Sequence[int], offset: int = 0) -> Expr:
+    return sympy.Add(sympy.Integer(offset), *[i * s for i, s in zip(index, strides) if s != 0])
+
+
+def unflatten(flat: Expr, sizes: Sequence[int]) -> list[Expr]:
+    """Per-dimension indices of `flat`, a row-major position in a tensor of `sizes`."""
+    return [ModularIndexing(flat, st, sz) if sz != 1 else sympy.Integer(0)
+            for sz, st in zip(sizes, contiguous_strides(sizes))]
+
+
+def flatten(index: Sequence[Expr], sizes: Sequence[int]) -> Expr:
+    return linear_index(index, contiguous_strides(sizes))
+
+
+def numel(sizes: Sequence[int]) -> int:
+    return math.prod(sizes)
+
+
+def simplify_index(expr: Expr, bounds: dict[sympy.Symbol, int]) -> Expr:
+    """`expr` with chained ModularIndexing terms merged and range-redundant wraps removed.
+
+    `bounds[s]` is an exclusive upper bound of symbol s (only in-range values matter: others
+    are masked off).
+    """
+    expr = sympy.expand(expr)
+    for _ in range(8):
+        new = _merge_chains(expr)
+        new = new.replace(lambda e: isinstance(e, (ModularIndexing, FloorDiv)),
+                          lambda e: _drop_wrap(e, bounds))
+        new = sympy.expand(new)
+        if new == expr:
+            break
+        expr = new
+    return expr
+
+
+def _drop_wrap(e: Expr, bounds: dict[sympy.Symbol, int]) -> Expr:
+    if isinstance(e, ModularIndexing):
+        a, div, mod = e.args
+        hi = upper_bound(a, bounds)
+        if hi is not None and div.is_Integer and mod.is_Integer and hi <= int(div) * int(mod):
+            return FloorDiv(a, div)
+        return e
+    a, b = e.args
+    hi = upper_bound(a, bounds)
+    if hi is not None and b.is_Integer and hi <= int(b):
+        return sympy.Integer(0)
+    return e
+
+
+def upper_bound(e: Expr, bounds: dict[sympy.Symbol, int]) -> int | None:
+    """An exclusive upper bound of non-negative `e`, or None when unknown."""
+    if e.is_Integer:
+        return int(e) + 1
+    if isinstance(e, sympy.Symbol):
+        return bounds.get(e)
+    if isinstance(e, ModularIndexing):
+        return int(e.args[2]) if e.args[2].is_Integer else None
+    if isinstance(e, FloorDiv):
+        hi = upper_bound(e.args[0], bounds)
+        return None if hi is None else (hi - 1) // int(e.args[1]) + 1
+    if e.is_Mul:
+        coeff, rest = e.as_coeff_Mul()
+        hi = upper_bound(rest, bounds)
+        return None if hi is None or not coeff.is_Integer or coeff < 0 else (hi - 1) * int(coeff) + 1
+    if e.is_Add:
+        his = [upper_bound(t, bounds) for t in e.args]
+        return None if any(h is None for h in his) else sum(h - 1 for h in his) + 1
+    return None
+
+
+def _merge_chains(expr: Expr) -> Expr:
+    """k*MI(a, d, m1) + k*m1*MI(a, d*m1, m2)  →  k*MI(a, d, m1*m2); repeatedly, in every Add."""
+    if not expr.args:
+        return expr
+    expr = expr.func(*[_merge_chains(a) for a in expr.args])
+    if not expr.is_Add:
+        return expr
+    terms = list(expr.args)
+    changed = True
+    while changed:
+        changed = False
+        for i, t1 in enumerate(terms):
+            k1, m_1 = t1.as_coeff_Mul()
+            if not isinstance(m_1, ModularIndexing):
+                continue
+            a, d1, n1 = m_1.args
+            for j, t2 in enumerate(terms):
+                if i == j:
+                    continue
+                k2, m_2 = t2.as_coeff_Mul()
+                if (isinstance(m_2, ModularIndexing) and m_2.args[0] == a and m_2.args[1] == d1 * n1
+                        and k2 == k1 * n1):
+                    merged = k1 * ModularIndexing(a, d1, n1 * m_2.args[2])
+                    terms = [t for n, t in enumerate(terms) if n not in (i, j)] + [merged]
+                    changed = True
+                    break
+                if isinstance(m_2, FloorDiv) and m_2.args[0] == a and m_2.args[1] == d1 * n1 and k2 == k1 * n1:
+                    merged = k1 * FloorDiv(a, d1)
+                    terms = [t for n, t in enumerate(terms) if n not in (i, j)] + [merged]
+                    changed = True
+                    break
+            if changed:
+                break
+    return sympy.Add(*terms)
+
+
+def render_index(expr: Expr) -> str:
+    """Triton/Python text of an index expression (integer arithmetic only)."""
+    if expr.is_Integer:
+        return str(int(expr))
+    if isinstance(expr, sympy.Symbol):
+        return expr.name
+    if isinstance(expr, FloorDiv):
+        return f"({render_index(expr.args[0])} // {render_index(expr.args[1])})"
+    if isinstance(expr, ModularIndexing):
+        a, div, mod = expr.args
+        inner = render_index(a) if div == 1 else f"({render_index(a)} // {render_index(div)})"
+        return f"({inner} % {render_index(mod)})"
+    if expr.is_Add:
+        parts = sorted((render_index(t) for t in expr.args), key=lambda s: (s[0] == "-", len(s), s))
+        return " + ".join(parts).replace("+ -", "- ")
+    if expr.is_Mul:
+        coeff, rest = expr.as_coeff_Mul()
+        if coeff == -1:
+            return f"-{render_index(rest)}"
+        return "*".join(render_index(a) for a in expr.args)
+    raise ValueError(f"cannot render index {expr}")

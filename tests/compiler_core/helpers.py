@@ -1,0 +1,55 @@
+"""Test helpers: trace a function to aten, compile it with fxcc, run the plan, compare with eager."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._decomp import core_aten_decompositions
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from client.capture import capture_graph
+from client.runtime import load_plan
+from compiler_core.artifact import Artifact
+from compiler_core.compile import compile_request
+from compiler_core.wire import CompileRequest
+
+
+def compile_fn(fn: Callable[..., Any], *inputs: torch.Tensor, decompose: bool = True) -> Artifact:
+    """Trace `fn` to an aten graph (core-aten decompositions) and compile it."""
+    table = core_aten_decompositions() if decompose else {}
+    with torch.no_grad():
+        gm = make_fx(fn, decomposition_table=table)(*inputs)
+    cap = capture_graph(gm, list(inputs))
+    assert not cap.constants
+    return compile_request(CompileRequest(graph=cap.spec))
+
+
+def run(artifact: Artifact, *inputs: torch.Tensor) -> tuple[Any, ...]:
+    return load_plan(artifact)(list(inputs))
+
+
+def check(fn: Callable[..., Any], *inputs: torch.Tensor, atol: float | None = None,
+          rtol: float | None = None, decompose: bool = True) -> Artifact:
+    """Compile `fn`, run it, and assert that every output matches eager (values, shape, strides, dtype)."""
+    art = compile_fn(fn, *inputs, decompose=decompose)
+    got = run(art, *inputs)
+    with torch.no_grad():
+        want = fn(*inputs)
+    want = want if isinstance(want, tuple) else (want,)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=atol, rtol=rtol, equal_nan=True)
+        assert g.shape == w.shape and g.dtype == w.dtype
+        if w.numel() > 1 and not any(s == 0 for s in w.stride()):
+            assert g.stride() == w.stride(), (g.stride(), w.stride())
+    return art
+
+
+def kernel_steps(art: Artifact) -> list[Any]:
+    return [s for s in art.manifest.plan.steps if s.kind == "kernel"]
+
+
+def alloc_steps(art: Artifact) -> list[Any]:
+    return [s for s in art.manifest.plan.steps if s.kind == "alloc"]

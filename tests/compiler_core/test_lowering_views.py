@@ -1,0 +1,54 @@
+"""View lowerings vs eager: permute, transpose, expand, slice, select, squeeze/unsqueeze, reshape, as_strided."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.compiler_core.helpers import alloc_steps, check, kernel_steps
+
+torch.manual_seed(0)
+X = torch.randn(4, 6, 5)
+
+VIEWS = {
+    "permute": lambda x: x.permute(2, 0, 1).sin(),
+    "transpose": lambda x: x.transpose(0, 2) + 1,
+    "t": lambda x: x[0].t().cos(),
+    "expand": lambda x: x[:, :1, :].expand(4, 6, 5).exp(),
+    "slice_step": lambda x: x[1:4:2, ::3, 1:].sin(),
+    "slice_negative": lambda x: x[-3:, :, -2:] * 2,
+    "select": lambda x: x[:, 2, :] + x[1, :4],
+    "squeeze": lambda x: x[:, :1, :].squeeze(1).sin(),
+    "unsqueeze": lambda x: x.sum(1).unsqueeze(1) * x,
+    "view": lambda x: x.sin().view(24, 5).cos(),
+    "reshape_transposed": lambda x: x.transpose(0, 1).reshape(6, 20).sin(),
+    "flatten": lambda x: x.permute(1, 0, 2).flatten().cos(),
+    "view_of_slice": lambda x: x[:, 1:3].reshape(8, 5).exp(),
+    "as_strided": lambda x: torch.as_strided(x, (3, 3), (7, 2), 5).sin(),
+    "chain": lambda x: x.permute(1, 2, 0)[1:, :, ::2].transpose(0, 1).reshape(5, -1).sin(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VIEWS))
+def test_view(name: str) -> None:
+    check(VIEWS[name], X)
+
+
+@pytest.mark.parametrize("name", ["permute", "transpose", "slice_step", "reshape_transposed", "flatten"])
+def test_view_on_noncontiguous_input(name: str) -> None:
+    check(VIEWS[name], X.transpose(0, 2).contiguous().transpose(0, 2))
+
+
+def test_views_are_not_copies():
+    art = check(lambda x: x.t()[1:, ::2].sin(), torch.randn(8, 9))
+    assert len(kernel_steps(art)) == 1
+    assert len(alloc_steps(art)) == 1
+
+
+def test_output_that_is_a_view_of_an_input_keeps_eager_layout():
+    check(lambda x: (x.t(), x[1:].sin()), torch.randn(5, 3))
+
+
+def test_input_with_storage_offset():
+    base = torch.randn(10, 8)
+    check(lambda x: x.sin() + 1, base[2:5, 1:7])
