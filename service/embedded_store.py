@@ -78,6 +78,13 @@ class EmbeddedStore:
         with self._cond:
             existing = self._jobs.get(self._inflight.get(key, ""))
             if existing is not None and not existing.finished:
+                if (existing.state is JobState.QUEUED and priority == "interactive"
+                        and existing.priority == "precompile"):
+                    # A user now waits on a background job: move it to the front queue.
+                    self._queues["precompile"].remove(existing.id)
+                    self._queues["interactive"].append(existing.id)
+                    self._jobs[existing.id] = existing.model_copy(update={"priority": "interactive"})
+                    self._cond.notify_all()
                 return Submitted(job_id=existing.id)
             job_id = uuid.uuid4().hex
             if len(self._jobs) % 1024 == 1023:
@@ -104,10 +111,13 @@ class EmbeddedStore:
         for job_id in [j.id for j in self._jobs.values() if j.finished and (j.finished_at or 0) < horizon]:
             del self._jobs[job_id]
 
-    def mark_compiling(self, job_id: str, worker: str) -> JobRecord | None:
+    def mark_compiling(self, job_id: str, worker: str, *, takeover: bool = False) -> JobRecord | None:
         with self._cond:
             job = self._jobs.get(job_id)
-            attempt = job.attempt + 1 if job is not None else 1
+            if job is None or not (job.state is JobState.QUEUED
+                                   or (takeover and job.state is JobState.COMPILING)):
+                return None
+            attempt = job.attempt + 1
             return self._update(job_id, state=JobState.COMPILING, started_at=now_s(), worker=worker,
                                 attempt=attempt)
 

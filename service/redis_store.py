@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -23,10 +24,17 @@ _SUBMIT = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'cached', ''} end
 local existing = redis.call('GET', KEYS[2])
 if existing then
-  local state = redis.call('HGET', ARGV[2] .. existing, 'state')
+  local job = ARGV[2] .. existing
+  local state = redis.call('HGET', job, 'state')
+  if state == 'queued' and ARGV[5] == 'interactive' and redis.call('HGET', job, 'priority') == 'precompile' then
+    -- A user now waits on a background job: queue it again where workers look first.
+    redis.call('XADD', KEYS[5], '*', 'job_id', existing)
+    redis.call('HSET', job, 'priority', 'interactive')
+    return {'promoted', existing}
+  end
   if state == 'queued' or state == 'compiling' then return {'joined', existing} end
 end
-redis.call('HSET', KEYS[3], unpack(ARGV, 5))
+redis.call('HSET', KEYS[3], unpack(ARGV, 6))
 local entry = redis.call('XADD', KEYS[4], '*', 'job_id', ARGV[1])
 redis.call('HSET', KEYS[3], 'stream', KEYS[4], 'entry_id', entry)
 redis.call('EXPIRE', KEYS[3], ARGV[4])
@@ -34,8 +42,11 @@ redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
 return {'created', ARGV[1]}
 """
 
+# A fresh delivery starts only a queued job (a promoted job has two entries; the second one
+# finds it compiling or finished); a takeover of a dead worker's entry also starts a compiling one.
 _START = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'queued' and not (ARGV[3] == '1' and state == 'compiling') then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'compiling', 'started_at', ARGV[1], 'worker', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 return 1
@@ -132,8 +143,9 @@ class RedisStore:
             "created_at": repr(now_s()), "attempt": "0", "request": request_json,
         }
         flat = [x for kv in fields.items() for x in kv]
-        keys = [self.k.manifest(key), self.k.inflight(key), self.k.job(job_id), self.k.stream(priority)]
-        args = [job_id, self.k.job(""), self.settings.inflight_ttl_s * 1000, self.settings.job_ttl_s]
+        keys = [self.k.manifest(key), self.k.inflight(key), self.k.job(job_id), self.k.stream(priority),
+                self.k.interactive]
+        args = [job_id, self.k.job(""), self.settings.inflight_ttl_s * 1000, self.settings.job_ttl_s, priority]
         self._ensure_groups()
         outcome, got = self._submit(keys=keys, args=args + flat)
         if outcome == b"cached":
@@ -153,8 +165,8 @@ class RedisStore:
         data = self.r.hget(self.k.job(job_id), "request")
         return None if data is None else data.decode()
 
-    def mark_compiling(self, job_id: str, worker: str) -> JobRecord | None:
-        if not self._start(keys=[self.k.job(job_id)], args=[repr(now_s()), worker]):
+    def mark_compiling(self, job_id: str, worker: str, *, takeover: bool = False) -> JobRecord | None:
+        if not self._start(keys=[self.k.job(job_id)], args=[repr(now_s()), worker, "1" if takeover else "0"]):
             return None
         return self.get_job(job_id)
 
@@ -218,7 +230,7 @@ class RedisStore:
         for stream in self.k.streams():
             reply = self.r.xautoclaim(stream, GROUP, consumer, self.settings.claim_idle_ms,
                                       start_id="0-0", count=1)
-            claims = [c for c in (self._entry(stream, consumer, e) for e in reply[1]) if c]
+            claims = [replace(c, reclaimed=True) for c in (self._entry(stream, consumer, e) for e in reply[1]) if c]
             if claims:
                 log.warning("reclaimed job %s from a worker idle for over %d ms",
                             claims[0].job_id, self.settings.claim_idle_ms)

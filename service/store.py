@@ -61,6 +61,7 @@ class Claim:
     stream: str
     entry_id: str = ""
     consumer: str = ""
+    reclaimed: bool = False  # taken over from a worker that stopped answering
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,12 @@ class Store(Protocol):
 
     def get_request(self, job_id: str) -> str | None: ...
 
-    def mark_compiling(self, job_id: str, worker: str) -> JobRecord | None: ...
+    def mark_compiling(self, job_id: str, worker: str, *, takeover: bool = False) -> JobRecord | None:
+        """queued → compiling (attempt + 1); with `takeover` also compiling → compiling.
+
+        None when the job is unknown or not in a state this claim may start.
+        """
+        ...
 
     def mark_done(self, job_id: str, stats: dict[str, Any]) -> None: ...
 

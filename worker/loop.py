@@ -51,7 +51,8 @@ class Consumer:
 
     def handle(self, claim: Claim) -> None:
         try:
-            process_job(self.store, claim.job_id, worker=self.name, max_attempts=self.max_attempts)
+            process_job(self.store, claim.job_id, worker=self.name, max_attempts=self.max_attempts,
+                        takeover=claim.reclaimed)
             self.store.ack(claim)
             self.jobs_done += 1
         except Exception:  # unacked, the job is reclaimed after claim_idle_ms

@@ -14,10 +14,13 @@ from service.store import JobError, JobRecord, Store
 log = logging.getLogger("fxcc.worker")
 
 
-def process_job(store: Store, job_id: str, *, worker: str = "embedded", max_attempts: int = 3) -> JobRecord | None:
+def process_job(store: Store, job_id: str, *, worker: str = "embedded", max_attempts: int = 3,
+                takeover: bool = False) -> JobRecord | None:
     """Run job `job_id` and record its outcome in `store`. Never raises for a failed compile.
 
-    Returns the final job record, or None for a job the store does not know (expired).
+    `takeover` says the job was reclaimed from a worker that stopped answering, so a job left
+    "compiling" may be restarted. Returns the job record as it stands afterwards, or None for a
+    job the store does not know (expired).
     """
     job = store.get_job(job_id)
     if job is None:
@@ -30,9 +33,9 @@ def process_job(store: Store, job_id: str, *, worker: str = "embedded", max_atte
         store.mark_failed(job_id, JobError(error="TooManyAttempts", message=(
             f"job was claimed {job.attempt} times without finishing; its workers died")))
         return store.get_job(job_id)
-    job = store.mark_compiling(job_id, worker)
+    job = store.mark_compiling(job_id, worker, takeover=takeover)
     if job is None:
-        return None
+        return store.get_job(job_id)  # another worker holds it (a promoted job's second entry)
     log.info("job %s: compiling key %s (attempt %d)", job_id, job.key[:12], job.attempt)
     try:
         compile_and_store(store, job)

@@ -103,3 +103,18 @@ def test_interactive_is_claimed_first(store: Store, make_unary: Callable[..., Co
     for c in first + second:
         store.ack(c)
     assert store.claim("c1", block_ms=50) == []
+
+
+def test_interactive_request_promotes_a_queued_precompile_job(store: Store,
+                                                             make_unary: Callable[..., CompileRequest]) -> None:
+    backlog = make_unary("aten.cos.default", priority="precompile")
+    store.submit(compile_key(backlog), backlog.model_dump_json(), "precompile")
+    req = make_unary(priority="precompile")
+    key = compile_key(req)
+    job_id = store.submit(key, req.model_dump_json(), "precompile").job_id
+    assert store.submit(key, req.model_dump_json(), "interactive").job_id == job_id
+    assert store.get_job(job_id).priority == "interactive"
+    [first] = store.claim("c", block_ms=10)
+    assert first.job_id == job_id  # ahead of the older precompile job
+    assert store.mark_compiling(job_id, "c") is not None
+    assert store.mark_compiling(job_id, "other") is None  # a second delivery may not start it again

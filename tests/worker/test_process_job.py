@@ -73,10 +73,20 @@ def test_existing_artifact_is_reused(store: Store, make_unary: Callable[..., Com
 
 def test_attempts_are_capped(store: Store, make_unary: Callable[..., CompileRequest]) -> None:
     job_id = queue(store, make_unary())
-    for worker in ("dead-1", "dead-2"):  # two workers claimed it and died mid-compile
-        store.mark_compiling(job_id, worker)
-    job = process_job(store, job_id, max_attempts=2)
+    store.mark_compiling(job_id, "dead-1")  # two workers claimed it and died mid-compile
+    store.mark_compiling(job_id, "dead-2", takeover=True)
+    job = process_job(store, job_id, max_attempts=2, takeover=True)
     assert job is not None and job.state is JobState.FAILED and job.error.error == "TooManyAttempts"
+
+
+def test_a_running_job_is_left_alone_unless_taken_over(store: Store,
+                                                       make_unary: Callable[..., CompileRequest]) -> None:
+    job_id = queue(store, make_unary())
+    store.mark_compiling(job_id, "busy")
+    job = process_job(store, job_id, worker="second")  # a second delivery, not a takeover
+    assert job is not None and job.state is JobState.COMPILING and job.worker == "busy" and job.attempt == 1
+    job = process_job(store, job_id, worker="rescuer", takeover=True)
+    assert job is not None and job.state is JobState.DONE and job.worker == "rescuer" and job.attempt == 2
 
 
 def test_unknown_job(store: Store) -> None:
