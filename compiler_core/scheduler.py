@@ -94,11 +94,13 @@ def _reads(node: ComputedBuffer, coords: Coords) -> list[tuple[str, Expr]]:
 
 def _fits(kernel: Kernel, node: ComputedBuffer) -> bool:
     """Can `node` join `kernel`, reading every in-kernel value from registers?"""
-    if kernel.looped or (node.is_reduction() and numel(node.data.reduction_ranges) > PERSISTENT_RNUMEL_MAX):
+    if node.is_reduction() and numel(node.data.reduction_ranges) > PERSISTENT_RNUMEL_MAX:
         return False
     coords = node_coords(node, kernel.xnumel, kernel.rnumel)
     if coords is None:
         return False
+    if kernel.looped and (node.is_reduction() or coords.full):
+        return False  # after a looped reduction only per-row work can follow
     inside = {n.name: n for n in kernel.nodes}
     for name, index in _reads(node, coords):
         producer = inside.get(name)
@@ -107,8 +109,8 @@ def _fits(kernel: Kernel, node: ComputedBuffer) -> bool:
         pc = node_coords(producer, kernel.xnumel, kernel.rnumel)
         if pc is None or kernel_index(index, kernel) != store_index(producer, pc, kernel):
             return False
-        if pc.full and not coords.full:
-            return False
+        if pc.full and not producer.is_reduction() and not coords.full:
+            return False  # a row-wide value cannot feed a per-row node
     return True
 
 

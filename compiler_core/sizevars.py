@@ -214,11 +214,11 @@ def render_index(expr: Expr) -> str:
     if isinstance(expr, sympy.Symbol):
         return expr.name
     if isinstance(expr, FloorDiv):
-        return f"({render_index(expr.args[0])} // {render_index(expr.args[1])})"
+        return f"({_operand(expr.args[0])} // {_operand(expr.args[1])})"
     if isinstance(expr, ModularIndexing):
         a, div, mod = expr.args
-        inner = render_index(a) if div == 1 else f"({render_index(a)} // {render_index(div)})"
-        return f"({inner} % {render_index(mod)})"
+        inner = _operand(a) if div == 1 else f"({_operand(a)} // {_operand(div)})"
+        return f"({inner} % {_operand(mod)})"
     if expr.is_Add:
         parts = sorted((render_index(t) for t in expr.args), key=lambda s: (s[0] == "-", len(s), s))
         return " + ".join(parts).replace("+ -", "- ")
@@ -226,5 +226,12 @@ def render_index(expr: Expr) -> str:
         coeff, rest = expr.as_coeff_Mul()
         if coeff == -1:
             return f"-{render_index(rest)}"
-        return "*".join(render_index(a) for a in expr.args)
+        return "*".join(_operand(a) for a in expr.args)
     raise ValueError(f"cannot render index {expr}")
+
+
+def _operand(expr: Expr) -> str:
+    """`expr` rendered to sit next to *, // or %: sums and products get parentheses, since
+    `a + b // c` means `a + (b // c)` in Python and Triton."""
+    text = render_index(expr)
+    return f"({text})" if expr.is_Add or expr.is_Mul else text

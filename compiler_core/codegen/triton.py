@@ -250,7 +250,7 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str) -> Rende
             coords = node_coords(node, kernel.xnumel, kernel.rnumel)
             if coords is None:
                 raise CodegenError(f"{node.name} does not fit its kernel")
-            if kernel.looped:
+            if kernel.looped and node.is_reduction():
                 value = _looped_reduction(h, node, coords)
             else:
                 value = run_body(node, coords)
@@ -265,7 +265,10 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str) -> Rende
                     if node.buffer.dtype == torch.bfloat16 and value.dtype != torch.float32:
                         out = cast(out, torch.float32)
                     out = cast(out, node.buffer.dtype)
-                h.lines.append(f"tl.store({args[node.name]} + ({render_index(index)}), {out}, {mask})")
+                where = render_index(index)
+                if not index.has(XINDEX):
+                    where += " + 0 * xindex"  # a block of pointers, even for a single element
+                h.lines.append(f"tl.store({args[node.name]} + ({where}), {out}, {mask})")
     body = h.lines
     constexprs, num_warps = launch_config(kernel)
     params = [*args.values(), "xnumel"] + (["rnumel"] if reduction else [])

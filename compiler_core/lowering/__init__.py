@@ -210,6 +210,7 @@ def _lower_node(g: GraphLowering, node: fx.Node, wire: Any, env: dict[fx.Node, A
         if isinstance(src, ExternTuple):
             g.program.append(ExternCall(wire.name, "getitem", [NodeRef(name=src.name), IntArg(value=i)]))
             return _extern_result(g, wire.name, src.vals[i])
+        g.nodes_lowered += 1
         return src[i]
     fn = LOWERINGS.get(node.target)
     if fn is not None:

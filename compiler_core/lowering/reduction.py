@@ -1,1 +1,240 @@
-"""Reduction lowerings (filled in by a later step)."""
+"""Reduction lowerings: sum, mean, amax/amin, prod, var/var_mean (two-pass), softmax, log_softmax, layer norm.
+
+Each reduction becomes a `Reduction` buffer (accumulated in fp32 for fp16/bf16) plus Lazy
+pointwise work around it; the scheduler then fuses the prologue and epilogue into one kernel
+when the rows fit in registers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from compiler_core.errors import UnsupportedOp
+from compiler_core.ir.nodes import Lazy, Reduction, StridedView, TensorValue, make_loader
+from compiler_core.ir.ops import compute_dtype, ops
+from compiler_core.lowering import aten, current_graph, node_val, register_lowering
+from compiler_core.lowering.common import broadcast_loader, check_dtypes, require
+from compiler_core.sizevars import Expr, numel
+
+Prologue = Callable[[Any, Sequence[Expr]], Any]
+
+
+def _dims(x: TensorValue, dims: Any) -> list[int]:
+    rank = len(x.sizes)
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted({d + rank if d < 0 else d for d in dims})
+
+
+def reduce(x: TensorValue, dims: Sequence[int], keepdim: bool, rtype: str, acc: torch.dtype,
+           prologue: Prologue | None = None) -> StridedView:
+    """A Reduction buffer of `rtype` over `dims` of `x` (in dtype `acc`); `prologue(v, full_index)`
+    transforms each element first."""
+    sizes = x.sizes
+    kept = [d for d in range(len(sizes)) if d not in dims]
+    out = tuple(1 if d in dims else s for d, s in enumerate(sizes)) if keepdim else tuple(sizes[d] for d in kept)
+    rsizes = tuple(sizes[d] for d in dims)
+    if numel(out) == 0 or numel(rsizes) == 0:
+        raise UnsupportedOp("reduction of an empty tensor")
+    load = make_loader(x)
+
+    def inner(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
+        full: list[Any] = [None] * len(sizes)
+        for k, d in enumerate(kept):
+            full[d] = index[d] if keepdim else index[k]
+        for k, d in enumerate(dims):
+            full[d] = rindex[k]
+        v = ops.to_dtype(load(full), acc)
+        return prologue(v, full) if prologue else v
+    return current_graph().add_computed(Reduction(acc, out, rsizes, rtype, inner))
+
+
+def _epilogue(dtype: torch.dtype, sizes: Sequence[int], fn: Callable[..., Any], *bufs: TensorValue) -> Lazy:
+    loaders = [broadcast_loader(b, sizes) for b in bufs]
+    comp = compute_dtype(dtype)
+    return Lazy(dtype, tuple(sizes), lambda index: ops.to_dtype(fn(*[ld(index) for ld in loaders]), comp))
+
+
+def _acc_dtype(out: torch.dtype) -> torch.dtype:
+    return compute_dtype(out)
+
+
+def _simple(rtype: str) -> Callable[..., Lazy]:
+    def lower(x: TensorValue, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Lazy:
+        val = node_val()
+        check_dtypes(x.dtype, val.dtype)
+        if rtype in ("max", "min", "prod") and x.dtype == torch.bool:
+            raise UnsupportedOp(f"{rtype} of bool")
+        dims = _dims(x, dims)
+        acc = _acc_dtype(val.dtype)
+        if numel([x.sizes[d] for d in dims]) == 1:
+            load = make_loader(x)
+            sizes = tuple(val.shape)
+            squeezed = [d for d in range(len(x.sizes)) if d not in dims or keepdim]
+
+            def one(index: Sequence[Expr]) -> Any:
+                full = [0] * len(x.sizes)
+                for k, d in enumerate(squeezed):
+                    full[d] = index[k]
+                return ops.to_dtype(load(full), acc)
+            return Lazy(val.dtype, sizes, one)
+        buf = reduce(x, dims, keepdim, rtype, acc)
+        return _epilogue(val.dtype, tuple(val.shape), lambda v: v, buf)
+    return lower
+
+
+register_lowering(aten.sum.dim_IntList, aten.sum.default)(_simple("sum"))
+register_lowering(aten.amax.default)(_simple("max"))
+register_lowering(aten.amin.default)(_simple("min"))
+
+
+@register_lowering(aten.prod.dim_int, aten.prod.default)
+def _prod(x: TensorValue, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Lazy:
+    return _simple("prod")(x, dim, keepdim)
+
+
+@register_lowering(aten.mean.dim, aten.mean.default)
+def _mean(x: TensorValue, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Lazy:
+    val = node_val()
+    check_dtypes(x.dtype, val.dtype)
+    if not val.dtype.is_floating_point:
+        raise UnsupportedOp("mean of integers")
+    dims = _dims(x, dims)
+    n = numel([x.sizes[d] for d in dims])
+    acc = _acc_dtype(val.dtype)
+    buf = reduce(x, dims, keepdim, "sum", acc)
+    return _epilogue(val.dtype, tuple(val.shape), lambda s: ops.truediv(s, ops.constant(float(n), acc)), buf)
+
+
+def _two_pass(x: TensorValue, dims: list[int], keepdim: bool, acc: torch.dtype,
+              correction: float) -> tuple[StridedView, StridedView, int, float]:
+    """(sum, sum of squared deviations from the mean) buffers: a numerically safe variance."""
+    n = numel([x.sizes[d] for d in dims])
+    total = reduce(x, dims, True, "sum", acc)
+    mean_load = broadcast_loader(total, x.sizes)
+
+    def deviation(v: Any, full: Sequence[Expr]) -> Any:
+        d = ops.sub(v, ops.truediv(mean_load(full), ops.constant(float(n), acc)))
+        return ops.mul(d, d)
+    m2 = reduce(x, dims, True, "sum", acc, deviation)
+    return total, m2, n, max(0.0, n - correction)
+
+
+def _keep_or_squeeze(buf: StridedView, dims: list[int], keepdim: bool, sizes: Sequence[int]) -> TensorValue:
+    if keepdim:
+        return buf
+    kept = [d for d in range(len(buf.sizes)) if d not in dims]
+    return StridedView(buf.buffer, tuple(sizes), tuple(buf.strides[d] for d in kept), buf.offset)
+
+
+def _var_parts(x: TensorValue, dims: Any, correction: Any, keepdim: bool) -> tuple[Lazy, Lazy]:
+    val = node_val()
+    out = val[0] if isinstance(val, (tuple, list)) else val
+    check_dtypes(x.dtype, out.dtype)
+    if not out.dtype.is_floating_point:
+        raise UnsupportedOp("variance of integers")
+    dims = _dims(x, dims)
+    acc = _acc_dtype(out.dtype)
+    corr = 1.0 if correction is None else float(correction)
+    total, m2, n, denom = _two_pass(x, dims, keepdim, acc, corr)
+    sizes = tuple(out.shape)
+    total_v = _keep_or_squeeze(total, dims, keepdim, sizes)
+    m2_v = _keep_or_squeeze(m2, dims, keepdim, sizes)
+    var = _epilogue(out.dtype, sizes, lambda s: ops.truediv(s, ops.constant(denom, acc)), m2_v)
+    mean = _epilogue(out.dtype, sizes, lambda s: ops.truediv(s, ops.constant(float(n), acc)), total_v)
+    return var, mean
+
+
+@register_lowering(aten.var.correction)
+def _var(x: TensorValue, dims: Any = None, *, correction: Any = None, keepdim: bool = False) -> Lazy:
+    return _var_parts(x, dims, correction, keepdim)[0]
+
+
+@register_lowering(aten.var_mean.correction)
+def _var_mean(x: TensorValue, dims: Any = None, *, correction: Any = None,
+              keepdim: bool = False) -> tuple[Lazy, Lazy]:
+    return _var_parts(x, dims, correction, keepdim)
+
+
+def _softmax_parts(x: TensorValue, dim: int) -> tuple[torch.dtype, Any, Any, Any]:
+    val = node_val()
+    check_dtypes(x.dtype, val.dtype)
+    if not val.dtype.is_floating_point:
+        raise UnsupportedOp("softmax of integers")
+    require("exp")
+    dims = _dims(x, dim)
+    acc = compute_dtype(val.dtype)
+    if val.dtype == torch.float64 or x.dtype == torch.float64:
+        acc = torch.float64
+    peak = reduce(x, dims, True, "max", acc)
+    peak_load = broadcast_loader(peak, x.sizes)
+    denom = reduce(x, dims, True, "sum", acc, lambda v, full: ops.exp(ops.sub(v, peak_load(full))))
+    return acc, make_loader(x), peak_load, broadcast_loader(denom, x.sizes)
+
+
+@register_lowering(aten._softmax.default)
+def _softmax(x: TensorValue, dim: int, half_to_float: bool) -> Lazy:
+    acc, load, peak, denom = _softmax_parts(x, dim)
+    out = node_val().dtype
+
+    def inner(index: Sequence[Expr]) -> Any:
+        v = ops.to_dtype(load(index), acc)
+        e = ops.exp(ops.sub(v, peak(index)))
+        return ops.to_dtype(ops.truediv(e, denom(index)), compute_dtype(out))
+    return Lazy(out, x.sizes, inner)
+
+
+@register_lowering(aten._log_softmax.default)
+def _log_softmax(x: TensorValue, dim: int, half_to_float: bool) -> Lazy:
+    require("log")
+    acc, load, peak, denom = _softmax_parts(x, dim)
+    out = node_val().dtype
+
+    def inner(index: Sequence[Expr]) -> Any:
+        v = ops.to_dtype(load(index), acc)
+        return ops.to_dtype(ops.sub(ops.sub(v, peak(index)), ops.log(denom(index))), compute_dtype(out))
+    return Lazy(out, x.sizes, inner)
+
+
+@register_lowering(aten.native_layer_norm.default)
+def _layer_norm(x: TensorValue, normalized_shape: Sequence[int], weight: TensorValue | None,
+                bias: TensorValue | None, eps: float) -> tuple[Lazy, Lazy, Lazy]:
+    out_val, mean_val, rstd_val = node_val()
+    check_dtypes(x.dtype, out_val.dtype, mean_val.dtype)
+    if not x.dtype.is_floating_point:
+        raise UnsupportedOp("layer norm of integers")
+    require("rsqrt")
+    rank = len(x.sizes)
+    dims = list(range(rank - len(normalized_shape), rank))
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    total, m2, n, _ = _two_pass(x, dims, True, acc, 0.0)
+    inv_n = ops_const = 1.0 / n
+    mean_load = broadcast_loader(total, x.sizes)
+    var_load = broadcast_loader(m2, x.sizes)
+    load = make_loader(x)
+    w_load = broadcast_loader(weight, x.sizes) if weight is not None else None
+    b_load = broadcast_loader(bias, x.sizes) if bias is not None else None
+
+    def stats(s: Any, m: Any) -> tuple[Any, Any]:
+        mean = ops.mul(s, ops.constant(inv_n, acc))
+        rstd = ops.rsqrt(ops.add(ops.mul(m, ops.constant(ops_const, acc)), ops.constant(float(eps), acc)))
+        return mean, rstd
+
+    def inner(index: Sequence[Expr]) -> Any:
+        mean, rstd = stats(mean_load(index), var_load(index))
+        y = ops.mul(ops.sub(ops.to_dtype(load(index), acc), mean), rstd)
+        if w_load is not None:
+            y = ops.mul(y, ops.to_dtype(w_load(index), acc))
+        if b_load is not None:
+            y = ops.add(y, ops.to_dtype(b_load(index), acc))
+        return ops.to_dtype(y, compute_dtype(out_val.dtype))
+
+    stat_sizes = tuple(mean_val.shape)
+    mean = _epilogue(mean_val.dtype, stat_sizes, lambda s, m: stats(s, m)[0], total, m2)
+    rstd = _epilogue(rstd_val.dtype, stat_sizes, lambda s, m: stats(s, m)[1], total, m2)
+    return Lazy(out_val.dtype, x.sizes, inner), mean, rstd
