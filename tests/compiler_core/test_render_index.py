@@ -1,0 +1,53 @@
+"""render_index: the text of an index expression evaluates to the expression's value."""
+
+import itertools
+
+import sympy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from compiler_core.sizevars import FloorDiv, ModularIndexing, render_index
+
+x, y = sympy.symbols("x y", integer=True, nonnegative=True)
+
+
+def _value(expr, env):
+    """The integer value of an index expression, from its definition rather than its text."""
+    if expr.is_Integer:
+        return int(expr)
+    if isinstance(expr, sympy.Symbol):
+        return env[expr.name]
+    if isinstance(expr, FloorDiv):
+        return _value(expr.args[0], env) // _value(expr.args[1], env)
+    if isinstance(expr, ModularIndexing):
+        a, d, m = expr.args
+        return (_value(a, env) // _value(d, env)) % _value(m, env)
+    if expr.is_Add:
+        return sum(_value(a, env) for a in expr.args)
+    if expr.is_Mul:
+        out = 1
+        for a in expr.args:
+            out *= _value(a, env)
+        return out
+    raise AssertionError(expr)
+
+
+def _check(expr):
+    code = compile(render_index(expr), "<index>", "eval")
+    for xv, yv in itertools.product(range(0, 2000, 37), range(0, 50, 7)):
+        env = {"x": xv, "y": yv}
+        assert eval(code, {}, dict(env)) == _value(expr, env), (render_index(expr), env)  # noqa: S307 - our own text
+
+
+def test_sums_inside_floordiv_and_mod_keep_their_parentheses():
+    a = ModularIndexing(x, 1, 16) + 16 * FloorDiv(x, 512)
+    for expr in (FloorDiv(a, 64), ModularIndexing(a, 1, 64), 192 * FloorDiv(a, 64) + 384 * ModularIndexing(x, 16, 32),
+                 ModularIndexing(a, 4, 8), FloorDiv(x + y, 3) * 5):
+        _check(expr)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 9), st.integers(1, 64), st.integers(0, 7))
+def test_random_nested_index_expressions(c1, c2, div, off):
+    inner = c1 * ModularIndexing(x, 1, 16) + c2 * FloorDiv(x, 32) + off + y
+    _check(FloorDiv(inner, div) + ModularIndexing(inner, div, 7) * c1)
