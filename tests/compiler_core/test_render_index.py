@@ -36,7 +36,7 @@ def _check(expr):
     code = compile(render_index(expr), "<index>", "eval")
     for xv, yv in itertools.product(range(0, 2000, 37), range(0, 50, 7)):
         env = {"x": xv, "y": yv}
-        assert eval(code, {}, dict(env)) == _value(expr, env), (render_index(expr), env)  # noqa: S307 - our own text
+        assert eval(code, {}, dict(env)) == _value(expr, env), (render_index(expr), env)  # our own rendering, never received text
 
 
 def test_sums_inside_floordiv_and_mod_keep_their_parentheses():
