@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import time
 from collections.abc import Sequence
 
@@ -19,12 +20,15 @@ from compiler_core.artifact import (
     add_blob,
 )
 from compiler_core.codegen.triton import RenderedKernel, render_kernel
+from compiler_core.errors import UnsupportedOp
 from compiler_core.graph import rebuild_graph
 from compiler_core.keys import compile_key
 from compiler_core.lowering import ExternCall, GraphLowering, lower_graph
 from compiler_core.plan import build_plan
 from compiler_core.scheduler import Kernel, schedule
 from compiler_core.wire import CompileRequest, GraphSpec, _refs
+
+log = logging.getLogger("fxcc.compile")
 
 
 def compile_request(request: CompileRequest) -> Artifact:
@@ -33,13 +37,19 @@ def compile_request(request: CompileRequest) -> Artifact:
     key = compile_key(request)
     target = request.options.target.kind
     gm = rebuild_graph(request.graph)
-    lowered = lower_graph(gm, request.graph, target)
-    items = schedule(lowered)
-    rendered = render_kernels(lowered, items, target)
-    plan = build_plan(lowered, items, rendered)
     blobs: dict[str, bytes] = {}
-    kernels = kernel_infos(rendered.values(), blobs)
-    stats = compile_stats(request.graph, lowered, items, kernels)
+    try:
+        lowered = lower_graph(gm, request.graph, target)
+    except UnsupportedOp as e:
+        log.info("whole graph runs as extern calls: %s", e)
+        plan, stats = extern_plan(request.graph)
+        kernels: list[KernelInfo] = []
+    else:
+        items = schedule(lowered)
+        rendered = render_kernels(lowered, items, target)
+        plan = build_plan(lowered, items, rendered)
+        kernels = kernel_infos(rendered.values(), blobs)
+        stats = compile_stats(request.graph, lowered, items, kernels)
     stats = stats.model_copy(update={"compile_s": round(time.perf_counter() - t0, 4)})
     manifest = ArtifactManifest(key=key, versions=local_versions(), target=request.options.target,
                                 plan=plan, kernels=kernels, stats=stats)

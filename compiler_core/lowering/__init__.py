@@ -184,6 +184,10 @@ def lower_graph(gm: fx.GraphModule, spec: GraphSpec, target: str = "interpret") 
     """Lower every node of `gm` (rebuilt from `spec`) to loop IR, or to an extern call."""
     _load_lowerings()
     g = GraphLowering(spec, target)
+    mutating = [n for n in gm.graph.nodes if n.op == "call_function" and _is_mutating(n.target)]
+    if mutating:
+        # Note: deferred (lazy) reads would see the mutation; such graphs run fully as externs.
+        raise UnsupportedOp("graph mutates a tensor", op=str(mutating[0].target), node=mutating[0].name)
     g._taken = {p.name for p in spec.placeholders} | {n.name for n in spec.nodes}
     env: dict[fx.Node, Any] = {}
     placeholders = iter(spec.placeholders)
@@ -202,6 +206,11 @@ def lower_graph(gm: fx.GraphModule, spec: GraphSpec, target: str = "interpret") 
             elif node.op == "output":
                 g.outputs = [_output(g, a, w, env) for a, w in zip(node.args[0], spec.outputs)]
     return g
+
+
+def _is_mutating(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    return bool(schema is not None and schema.is_mutable)
 
 
 def _lower_node(g: GraphLowering, node: fx.Node, wire: Any, env: dict[fx.Node, Any]) -> Any:

@@ -59,13 +59,20 @@ def broadcast_loader(value: TensorValue, sizes: Sequence[int]) -> Loader:
     return load
 
 
-def operand(x: Any, sizes: Sequence[int], dtype: torch.dtype) -> Callable[[Sequence[Expr]], Any]:
-    """A loader for a tensor or Python scalar operand, converted to `dtype`."""
+def operand(x: Any, sizes: Sequence[int], dtype: torch.dtype,
+            common: torch.dtype | None = None) -> Callable[[Sequence[Expr]], Any]:
+    """A loader for a tensor or Python scalar operand, converted to `dtype`.
+
+    A scalar is first rounded to `common` (the operands' promoted dtype), as eager does before
+    computing in fp32: `x_fp16 < 0.1` compares against fp16(0.1), not fp32(0.1).
+    """
     if is_tensor(x):
         check_dtypes(x.dtype)
         load = broadcast_loader(x, sizes)
         return lambda index: ops.to_dtype(load(index), dtype)
     if isinstance(x, (bool, int, float)):
+        if common is not None and common.is_floating_point and not isinstance(x, bool):
+            x = torch.tensor(x, dtype=common).item()
         return lambda index: ops.constant(x, dtype)
     raise UnsupportedOp(f"operand of type {type(x).__name__}")
 
@@ -85,7 +92,8 @@ def pointwise(fn: Callable[..., Any], *args: Any, kind: Kind = Kind.DEFAULT,
     if res != out_dtype:
         raise UnsupportedOp(f"promotion gives {res}, eager gives {out_dtype}")
     comp = compute or comp
-    loaders = [operand(a, sizes, comp) for a in args]
+    common = promote(args, Kind.NO_OPMATH)[1] if len(args) > 1 else None
+    loaders = [operand(a, sizes, comp, common) for a in args]
     store_dtype = compute_dtype(out_dtype)
 
     def inner(index: Sequence[Expr]) -> Any:

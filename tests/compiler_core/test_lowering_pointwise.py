@@ -128,3 +128,10 @@ def test_unsupported_op_becomes_extern_and_matches():
 def test_interpret_target_externs_ops_without_exact_spelling():
     art = check(lambda a: torch.log1p(a.abs()) + 1, X)
     assert "aten.log1p.default" in art.manifest.stats.extern_ops
+
+
+def test_scalars_round_to_the_promoted_dtype_first():
+    x = torch.tensor([0.1, 0.2, -0.1, 0.0999], dtype=torch.float16)
+    check(lambda a: a < 0.1, x)
+    check(lambda a: a == 0.1, x)
+    check(lambda a: a + 0.1, x)

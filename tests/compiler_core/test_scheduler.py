@@ -58,3 +58,25 @@ def test_plan_frees_intermediates():
     freed = {n for s in art.manifest.plan.steps if s.kind == "free" for n in s.names}
     outputs = {o.name for o in art.manifest.plan.outputs}
     assert freed and not freed & outputs
+
+
+def test_graph_with_mutation_runs_as_externs():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from client.capture import capture_graph
+    from compiler_core.compile import compile_request
+    from compiler_core.wire import CompileRequest
+    from tests.compiler_core.helpers import run
+
+    def f(x):
+        y = x.sin()
+        x.add_(1)
+        return y + x
+
+    x = torch.randn(4, 4)
+    gm = make_fx(f)(x.clone())
+    art = compile_request(CompileRequest(graph=capture_graph(gm, [x]).spec))
+    assert art.manifest.stats.kernels == 0
+    want = f(x.clone())
+    (got,) = run(art, x.clone())
+    torch.testing.assert_close(got, want)
