@@ -1,0 +1,61 @@
+"""First-call latency in a fresh process: torch.compile + the first call, until its result is ready.
+
+`python -m bench.first_call --workload cos_sin --compiler inductor|fxcc [--build]`. Caches come
+from the environment (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, FXCC_CACHE_DIR), so the
+parent decides cold (empty) or warm (filled). CUDA start-up and input creation happen before
+the clock starts; imports of torch._dynamo / _inductor / fxcc happen after it (they are part of
+what a first call costs). Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+
+import torch
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--workload", required=True)
+    p.add_argument("--compiler", choices=("inductor", "fxcc"), required=True)
+    p.add_argument("--build", action="store_true", help="fxcc: build cubins in the in-process compile")
+    a = p.parse_args()
+
+    from bench.workloads import make_workload
+
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    w = make_workload(a.workload)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    importlib.import_module("torch._dynamo")  # timed apart: both compilers pay it
+
+    if a.compiler == "fxcc":
+        if a.build:
+            from bench.fxcc_build_hook import enable_cubin_build
+
+            enable_cubin_build()
+        from client.backend import fxcc_backend
+    t_imports = time.perf_counter() - t0
+    compiled = torch.compile(w.fn) if a.compiler == "inductor" else torch.compile(w.fn, backend=fxcc_backend)
+    with torch.no_grad():
+        compiled(*w.inputs)
+    torch.cuda.synchronize()
+    res: dict[str, object] = {"first_call_s": round(time.perf_counter() - t0, 3),
+                              "imports_s": round(t_imports, 3),
+                              "inductor_imported": "torch._inductor.compile_fx" in sys.modules}
+    if a.compiler == "fxcc":
+        from client import backend, cuda_loader
+
+        res["sources"] = sorted({e.source for e in backend.events()})
+        res["cubin_modules_loaded"] = cuda_loader.stats.modules_loaded
+        res["jit_fallbacks"] = cuda_loader.stats.jit_fallbacks
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()

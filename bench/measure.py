@@ -1,0 +1,157 @@
+"""Measure one workload in this process: eager vs Inductor vs fxcc runtime, memory, kernels, bandwidth.
+
+`python -m bench.measure --workload cos_sin --out result.json` (bench.run starts one per workload).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def bench_ms(fn: Callable[[], Any]) -> float:
+    """Median runtime in ms (triton.testing.do_bench: CUDA events, L2 flushed between runs)."""
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=50, rep=300, return_mode="median"))
+
+
+def peak_mb(fn: Callable[[], Any]) -> float:
+    """Memory one call takes beyond what was allocated before it (its peak, outputs included)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return round(peak / 2**20, 1)
+
+
+def copy_gbps() -> float:
+    """Device-to-device copy bandwidth (bytes read + written) on 1 GiB: the memory-bound ceiling."""
+    src = torch.randn(1 << 28, device="cuda")
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src))
+    return round(2 * src.nbytes / ms / 1e6, 1)
+
+
+def rel_error(got: Any, ref: Any) -> float:
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    ref = ref[0] if isinstance(ref, (tuple, list)) else ref
+    diff = (got.double() - ref.double()).norm()
+    return float(diff / ref.double().norm().clamp_min(1e-30))
+
+
+def artifact_bytes(cache_dir: Path, keys: list[str]) -> int:
+    from compiler_core.artifact import load_artifact
+
+    total = 0
+    for key in keys:
+        art = load_artifact(cache_dir / "artifacts", key)
+        if art is not None:
+            total += len(art.manifest_json()) + sum(len(b) for b in art.blobs.values())
+    return total
+
+
+def measure(name: str) -> dict[str, Any]:
+    from bench.fxcc_build_hook import enable_cubin_build
+    from bench.workloads import make_workload
+    from client import backend, cuda_loader
+    from client.backend import fxcc_backend
+
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    res: dict[str, Any] = {"name": name, "copy_gbps": copy_gbps()}
+    w = make_workload(name)
+    res["dtype"] = w.dtype
+    fn, inputs = w.fn, w.inputs
+    with torch.no_grad():
+        ref = fn(*inputs)
+        res["eager_ms"] = bench_ms(lambda: fn(*inputs))
+        res["eager_peak_mb"] = peak_mb(lambda: fn(*inputs))
+
+        from torch._inductor import metrics
+
+        torch._dynamo.reset()
+        metrics.reset()
+        t0 = time.perf_counter()
+        ind = torch.compile(fn)
+        out = ind(*inputs)
+        torch.cuda.synchronize()
+        res["inductor_compile_s"] = round(time.perf_counter() - t0, 2)
+        res["kernels_inductor"] = metrics.generated_kernel_count
+        res["inductor_rel_err"] = rel_error(out, ref)
+        del out
+        res["inductor_ms"] = bench_ms(lambda: ind(*inputs))
+        res["inductor_peak_mb"] = peak_mb(lambda: ind(*inputs))
+
+        torch._dynamo.reset()
+        backend.clear_events()
+        res["fxcc_builds_cubins"] = enable_cubin_build()
+        t0 = time.perf_counter()
+        fx = torch.compile(fn, backend=fxcc_backend)
+        out = fx(*inputs)
+        torch.cuda.synchronize()
+        res["fxcc_compile_s"] = round(time.perf_counter() - t0, 2)
+        evs = backend.events()
+        res["fxcc_graphs"] = len(evs)
+        res["fxcc_sources"] = sorted({e.source for e in evs})
+        res["fxcc_errors"] = sorted({e.error for e in evs if e.error})[:5]
+        res["kernels_fxcc"] = sum(e.stats.kernels for e in evs if e.stats)
+        res["fxcc_extern_nodes"] = sum(e.stats.nodes_extern for e in evs if e.stats)
+        res["fxcc_rel_err"] = rel_error(out, ref)
+        del out
+        res["fxcc_ms"] = bench_ms(lambda: fx(*inputs))
+        res["fxcc_peak_mb"] = peak_mb(lambda: fx(*inputs))
+        res["artifact_bytes"] = artifact_bytes(Path(os.environ["FXCC_CACHE_DIR"]),
+                                               [e.key for e in evs if e.key])
+        res["fxcc_cubin_modules_loaded"] = cuda_loader.stats.modules_loaded
+        res["fxcc_jit_fallbacks"] = cuda_loader.stats.jit_fallbacks
+        if name == "cos_sin":
+            res.update(handmade_cos_sin(inputs[0], ref))
+    res["fxcc_vs_inductor"] = round(res["fxcc_ms"] / res["inductor_ms"], 3)
+    if w.min_bytes:
+        for k in ("eager", "inductor", "fxcc"):
+            res[f"{k}_gbps"] = round(w.min_bytes / res[f"{k}_ms"] / 1e6, 1)
+        res["gbps"] = res["fxcc_gbps"]
+        res["fxcc_pct_of_copy"] = round(100 * res["fxcc_gbps"] / res["copy_gbps"], 1)
+    return res
+
+
+def handmade_cos_sin(x: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
+    """The hand-written fused kernel's artifact run from its cubin by the plan runner (no Dynamo):
+    what the loader delivers once the codegen fuses cos(sin(x))."""
+    from bench.handmade import cos_sin_artifact, cos_sin_request
+    from client.runtime import load_plan
+    from compiler_core.build import build_artifact
+
+    major, minor = torch.cuda.get_device_capability()
+    arch = major * 10 + minor
+    request = cos_sin_request(x.numel(), arch=arch)
+    runner = load_plan(build_artifact(cos_sin_artifact(request), request, arch))
+    out = runner([x])[0]
+    ms = bench_ms(lambda: runner([x]))
+    return {"handmade_fxcc_ms": ms, "handmade_rel_err": rel_error(out, ref),
+            "handmade_gbps": round(2 * x.nbytes / ms / 1e6, 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--workload", required=True)
+    p.add_argument("--out", required=True, type=Path)
+    a = p.parse_args()
+    res = measure(a.workload)
+    a.out.write_text(json.dumps(res, indent=1))
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()

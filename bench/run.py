@@ -1,0 +1,193 @@
+"""Run the benchmark suite: one process per workload, then fresh processes for first-call latency.
+
+    python -m bench.run --workloads fast --out bench/results/h200.json
+    python -m bench.run --workloads transformer_block,gpt2_small --no-first-call --out ...
+
+`--workloads` takes names or the groups `fast`, `models`, `all`. Results merge into `--out`
+(workloads measured before keep their numbers unless measured again); a PNG chart is written
+beside it. Timings are compared only within one run (DESIGN.md: ±30% between processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.workloads import FAST, MODELS, WORKLOADS
+
+FIELDS = ("name", "dtype", "eager_ms", "inductor_ms", "fxcc_ms", "fxcc_vs_inductor", "gbps", "copy_gbps",
+          "inductor_cold_s", "inductor_warm_s", "fxcc_cold_s", "fxcc_warm_s", "kernels_fxcc",
+          "kernels_inductor", "fxcc_peak_mb", "inductor_peak_mb", "artifact_bytes")
+NOTES = {
+    "runtime": "median of triton.testing.do_bench (ms), TF32 on, torch.no_grad, eval mode",
+    "gbps": "fewest bytes (input read + output written once) / fxcc_ms; copy_gbps: 1 GiB "
+            "device-to-device copy, bytes read + written, measured in the same process",
+    "peak_mb": "torch.cuda.max_memory_allocated during one call minus memory_allocated before it",
+    "first_call": "fresh process: torch.compile + first call until synchronized; CUDA init and "
+                  "inputs before the clock; compiler imports inside it. inductor_cold: empty "
+                  "TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR; inductor_warm: the same, filled",
+    "fxcc_first_call": "fxcc in-process (no service, FXCC_URL unset): cold = empty FXCC_CACHE_DIR and "
+                       "TRITON_CACHE_DIR, compile + cubin build in the process; warm = a new process "
+                       "with the filled FXCC_CACHE_DIR (local-hit) and an empty TRITON_CACHE_DIR. "
+                       "Not yet through a running service and worker",
+    "fxcc_build": "until compiler_core.compile calls build, bench.fxcc_build_hook adds the cubin "
+                  "build to the in-process compile",
+}
+
+
+LOG: list[Path] = []  # where every child's output is appended (--log)
+
+
+def _python(args: list[str], env: dict[str, str], timeout_s: float) -> tuple[dict[str, Any] | None, str]:
+    """Run `python -m <args>`; its last stdout line parsed as JSON, and an error text if it failed."""
+    try:
+        p = subprocess.run([sys.executable, "-m", *args], env=env, capture_output=True, text=True,
+                           timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout_s:.0f} s"
+    if LOG:
+        with LOG[0].open("a") as f:
+            f.write(f"=== python -m {' '.join(args)} (exit {p.returncode})\n{p.stdout}\n{p.stderr}\n")
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode != 0 or not lines:
+        tail = (p.stderr or p.stdout).strip().splitlines()
+        return None, f"exit {p.returncode}: {tail[-1] if tail else 'no output'}"
+    return json.loads(lines[-1]), ""
+
+
+def _env(**dirs: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("FXCC_URL", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(dirs)
+    return env
+
+
+def run_workload(name: str, first_call: bool, timeout_s: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix=f"fxcc-bench-{name}-") as tmp:
+        t = Path(tmp)
+        d = {k: str(t / k) for k in ("ind", "tri", "fx", "ind2", "tri2", "fx2", "tri3")}
+        out = t / "measure.json"
+        res, err = _python(["bench.measure", "--workload", name, "--out", str(out)],
+                           _env(TORCHINDUCTOR_CACHE_DIR=d["ind"], TRITON_CACHE_DIR=d["tri"],
+                                FXCC_CACHE_DIR=d["fx"]), timeout_s)
+        row: dict[str, Any] = res or {"name": name, "error": err}
+        print(f"[bench] {name}: measured{' (' + err + ')' if err else ''}", flush=True)
+        if not first_call:
+            return row
+        ind_env = _env(TORCHINDUCTOR_CACHE_DIR=d["ind2"], TRITON_CACHE_DIR=d["tri2"], FXCC_CACHE_DIR=d["fx2"])
+        fx_cold = _env(TORCHINDUCTOR_CACHE_DIR=d["ind2"], TRITON_CACHE_DIR=d["tri3"], FXCC_CACHE_DIR=d["fx2"])
+        runs = (("inductor_cold_s", ["--compiler", "inductor"], ind_env),
+                ("inductor_warm_s", ["--compiler", "inductor"], ind_env),
+                ("fxcc_cold_s", ["--compiler", "fxcc", "--build"], fx_cold),
+                ("fxcc_warm_s", ["--compiler", "fxcc"],
+                 {**fx_cold, "TRITON_CACHE_DIR": str(t / "tri4")}))
+        for field, args, env in runs:
+            r, err = _python(["bench.first_call", "--workload", name, *args], env, timeout_s)
+            row[field] = r["first_call_s"] if r else None
+            if r:
+                row[field.replace("_s", "_detail")] = r
+            if err:
+                row[field.replace("_s", "_error")] = err
+            print(f"[bench] {name}: {field} = {row[field]}{' (' + err + ')' if err else ''}", flush=True)
+    return row
+
+
+def select(spec: str) -> list[str]:
+    names: list[str] = []
+    for part in spec.split(","):
+        group = {"fast": FAST, "models": MODELS, "all": tuple(WORKLOADS)}.get(part.strip(), (part.strip(),))
+        for n in group:
+            if n not in WORKLOADS:
+                raise SystemExit(f"unknown workload {n!r}; known: {', '.join(WORKLOADS)}")
+            if n not in names:
+                names.append(n)
+    return names
+
+
+def device_info() -> dict[str, str]:
+    import torch
+    import triton
+
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+
+
+def merge(path: Path, rows: list[dict[str, Any]], extra: dict[str, Any]) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    by_name = {r["name"]: r for r in doc.get("workloads", [])}
+    for r in rows:
+        by_name[r["name"]] = {**{f: r.get(f) for f in FIELDS}, **r}
+    doc.update(extra)
+    doc["notes"] = NOTES
+    doc["workloads"] = [by_name[n] for n in WORKLOADS if n in by_name]
+    return doc
+
+
+def chart(doc: dict[str, Any], png: Path) -> str:
+    """Runtime relative to eager per workload (lower is faster); '' or why no chart was drawn."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        return f"no chart: {e}"
+    rows = [r for r in doc["workloads"] if r.get("eager_ms")]
+    if not rows:
+        return "no chart: no measured workload"
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(rows)), 4))
+    width = 0.38
+    for i, (key, label) in enumerate((("inductor_ms", "Inductor"), ("fxcc_ms", "fxcc"))):
+        vals = [r[key] / r["eager_ms"] if r.get(key) else 0 for r in rows]
+        ax.bar([j + (i - 0.5) * width for j in range(len(rows))], vals, width, label=label)
+    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    ax.set_xticks(range(len(rows)), [r["name"] for r in rows], rotation=20, ha="right")
+    ax.set_ylabel("runtime / eager (lower is better)")
+    ax.set_title(f"fxcc vs Inductor on {doc.get('device', '?')}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return ""
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workloads", default="fast", help="names and/or fast, models, all (comma-separated)")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--no-first-call", action="store_true", help="skip the fresh-process first-call runs")
+    p.add_argument("--first-call", default="", help="first-call runs only for these workloads (names/groups)")
+    p.add_argument("--no-launch-overhead", action="store_true")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="per process")
+    p.add_argument("--log", type=Path, help="append every child process's output here")
+    a = p.parse_args()
+    if a.log:
+        LOG.append(a.log)
+    names = select(a.workloads)
+    t0 = time.perf_counter()
+    extra: dict[str, Any] = {**device_info(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if not a.no_launch_overhead:
+        with tempfile.TemporaryDirectory(prefix="fxcc-bench-launch-") as tmp:
+            r, err = _python(["bench.launch_overhead"], _env(FXCC_CACHE_DIR=tmp), a.timeout_s)
+        extra["launch_overhead_us"] = r or {"error": err}
+        print(f"[bench] launch overhead: {extra['launch_overhead_us']}", flush=True)
+    first = set() if a.no_first_call else set(select(a.first_call) if a.first_call else names)
+    rows = [run_workload(n, n in first, a.timeout_s) for n in names]
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    doc = merge(a.out, rows, extra)
+    a.out.write_text(json.dumps(doc, indent=1))
+    why = chart(doc, a.out.with_suffix(".png"))
+    print(f"[bench] wrote {a.out} ({time.perf_counter() - t0:.0f} s){'; ' + why if why else ''}")
+    for r in rows:
+        print(json.dumps({f: r.get(f) for f in FIELDS}))
+
+
+if __name__ == "__main__":
+    main()

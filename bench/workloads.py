@@ -1,0 +1,81 @@
+"""The benchmark workloads (issue 7): name -> model, inputs, dtype, and bytes a fused version must move."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from bench.models import GPT2Like, ResNet50Like
+from client.examples import BiasGeluLayerNorm, TransformerBlock, cos_sin
+
+
+@dataclass
+class BenchWorkload:
+    name: str
+    dtype: str
+    fn: Callable[..., Any]
+    inputs: tuple[torch.Tensor, ...]
+    min_bytes: int | None  # fewest bytes through memory (each input read, output written once)
+
+
+def _softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x, dim=-1)
+
+
+def _bgl(dtype: torch.dtype, device: str) -> BenchWorkload:
+    rows, d = 16384, 1024
+    model = BiasGeluLayerNorm(d).to(device=device, dtype=dtype).eval()
+    x = torch.randn(rows, d, device=device, dtype=dtype)
+    name = "bias_gelu_ln_" + ("fp32" if dtype == torch.float32 else "bf16")
+    return BenchWorkload(name, str(dtype).removeprefix("torch."), model, (x,), 2 * x.nbytes)
+
+
+def _cos_sin(device: str) -> BenchWorkload:
+    x = torch.randn(1 << 26, device=device)
+    return BenchWorkload("cos_sin", "float32", cos_sin, (x,), 2 * x.nbytes)
+
+
+def _softmax_wl(device: str) -> BenchWorkload:
+    x = torch.randn(16384, 4096, device=device)
+    return BenchWorkload("softmax", "float32", _softmax, (x,), 2 * x.nbytes)
+
+
+def _transformer_block(device: str) -> BenchWorkload:
+    model = TransformerBlock(1024, 16).to(device).eval()
+    x = torch.randn(32, 512, 1024, device=device)
+    return BenchWorkload("transformer_block", "float32", model, (x,), None)
+
+
+def _gpt2(device: str) -> BenchWorkload:
+    model = GPT2Like().to(device).eval()
+    ids = torch.randint(0, 50257, (8, 512), device=device)
+    return BenchWorkload("gpt2_small", "float32", model, (ids,), None)
+
+
+def _resnet50(device: str) -> BenchWorkload:
+    model = ResNet50Like().to(device).eval()
+    x = torch.randn(32, 3, 224, 224, device=device)
+    return BenchWorkload("resnet50", "float32", model, (x,), None)
+
+
+WORKLOADS: dict[str, Callable[[str], BenchWorkload]] = {
+    "cos_sin": _cos_sin,
+    "bias_gelu_ln_fp32": lambda device: _bgl(torch.float32, device),
+    "bias_gelu_ln_bf16": lambda device: _bgl(torch.bfloat16, device),
+    "softmax": _softmax_wl,
+    "transformer_block": _transformer_block,
+    "gpt2_small": _gpt2,
+    "resnet50": _resnet50,
+}
+FAST = ("cos_sin", "bias_gelu_ln_fp32", "bias_gelu_ln_bf16", "softmax")
+MODELS = ("transformer_block", "gpt2_small", "resnet50")
+
+
+def make_workload(name: str, device: str = "cuda", seed: int = 0) -> BenchWorkload:
+    if name not in WORKLOADS:
+        raise KeyError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    torch.manual_seed(seed)
+    return WORKLOADS[name](device)

@@ -1,0 +1,311 @@
+"""Build: cross-compile each generated Triton kernel to a cubin for a named GPU arch (no GPU needed).
+
+The argument signature of a kernel comes from the plan: a KernelStep's buffer arguments get
+their dtype from the AllocStep, placeholder or graph node that defines them, and its int
+arguments are i32 when they fit (else i64), as Triton's JIT would choose.
+
+Note: the cubin is specialised the way Triton's JIT specialises a launch: every pointer is
+assumed 16-byte aligned and every int that is a multiple of 16 (in all steps that launch the
+kernel) is declared divisible by 16, so that loads and stores vectorise. These facts are
+recorded as guards in `KernelInfo.metadata`; the client checks them (pointer alignment at each
+launch, the ints once at load) and runs the kernel from source, never a wrong binary, when
+one fails. Metadata keys are `<arch key>.<field>`, e.g. `sm_90.shared`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from compiler_core.artifact import (
+    AllocStep,
+    Artifact,
+    KernelInfo,
+    KernelStep,
+    Plan,
+    add_blob,
+)
+from compiler_core.errors import BuildError
+from compiler_core.wire import CompileRequest, IntArg, NodeRef
+
+log = logging.getLogger("fxcc.build")
+
+# torch dtype name (wire form) -> Triton pointer element type, as triton.jit names them.
+POINTER_TYPES: dict[str, str] = {
+    "float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16",
+    "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8", "bool": "i1",
+}
+# Hidden trailing pointer parameters of kernels from this Triton (global and profile scratch).
+SCRATCH_PARAMS = ("global_scratch", "profile_scratch")
+_METADATA_INTS = ("num_warps", "num_stages", "shared", "global_scratch_size", "global_scratch_align",
+                  "profile_scratch_size", "profile_scratch_align")
+
+
+def arch_key(arch: int) -> str:
+    """The key of an SM arch in `KernelInfo.binaries` (90 -> "sm_90")."""
+    return f"sm_{arch}"
+
+
+@dataclass(frozen=True)
+class KernelSignature:
+    """What every launch of one kernel passes: Triton type strings and the facts that hold for all."""
+
+    types: tuple[str, ...]  # one per positional argument: "*fp32", "i32", ...
+    divisible16: frozenset[int]  # argument positions declared divisible by 16
+
+    @property
+    def pointers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.types) if t.startswith("*"))
+
+
+def build_artifact(artifact: Artifact, request: CompileRequest, arch: int) -> Artifact:
+    """The artifact with a cubin for sm_`arch` added to each kernel that can be built.
+
+    Binaries are additive: existing ones (other archs) stay. A kernel that fails to build keeps
+    no binary for this arch (the client JITs its source) and says why in `<arch>.error`.
+    Raises BuildError when Triton here cannot target CUDA at all.
+    """
+    reason = cuda_build_unavailable()
+    if reason:
+        raise BuildError(reason)
+    if not artifact.manifest.kernels:
+        return artifact
+    signatures = kernel_signatures(artifact.manifest.plan, request)
+    blobs = dict(artifact.blobs)
+    kernels: list[KernelInfo] = []
+    with tempfile.TemporaryDirectory(prefix="fxcc-build-") as tmp:
+        modules: dict[str, Any] = {}
+        for info in artifact.manifest.kernels:
+            kernels.append(_build_one(info, signatures.get(info.name), arch, blobs, modules,
+                                      Path(tmp)))
+    manifest = artifact.manifest.model_copy(update={"kernels": kernels})
+    return Artifact(manifest, blobs)
+
+
+def _build_one(info: KernelInfo, sig: KernelSignature | None, arch: int, blobs: dict[str, bytes],
+               modules: dict[str, Any], tmp: Path) -> KernelInfo:
+    key = arch_key(arch)
+    if key in info.binaries:
+        return info  # built before (binaries are additive and content-addressed)
+    meta = {k: v for k, v in info.metadata.items() if not k.startswith(f"{key}.")}
+    if sig is None:
+        meta[f"{key}.error"] = "no step launches this kernel with a consistent signature"
+        return info.model_copy(update={"metadata": meta})
+    try:
+        fn = _jit_function(info, blobs[info.source.digest], modules, tmp)
+        cubin, built = compile_cubin(fn, info, sig, arch)
+    except Exception as e:  # noqa: BLE001 - a kernel without a binary still runs from source
+        msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        log.warning("fxcc: no %s binary for kernel %s: %s", key, info.name, msg)
+        meta[f"{key}.error"] = msg
+        return info.model_copy(update={"metadata": meta})
+    meta.update({f"{key}.{k}": v for k, v in built.items()})
+    binaries = dict(info.binaries, **{key: add_blob(blobs, cubin)})
+    return info.model_copy(update={"binaries": binaries, "metadata": meta})
+
+
+def compile_cubin(fn: Any, info: KernelInfo, sig: KernelSignature, arch: int) -> tuple[bytes, dict[str, int | str]]:
+    """Compile the @triton.jit `fn` for sm_`arch`; the cubin and its launch metadata."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    params = list(fn.arg_names)
+    nargs = len(sig.types)
+    if nargs > len(params):
+        raise BuildError(f"kernel takes {len(params)} parameters, plan passes {nargs}",
+                         node=info.name)
+    signature: dict[str, str] = dict(zip(params, sig.types))
+    constexprs: dict[tuple[int, ...], int] = {}
+    for i, name in enumerate(params[nargs:], start=nargs):
+        if name not in info.constexprs:
+            raise BuildError(f"parameter {name} is neither passed nor a constexpr", node=info.name)
+        signature[name] = "constexpr"
+        constexprs[(i,)] = info.constexprs[name]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in sorted(sig.divisible16)}
+    src = ASTSource(fn, signature, constexprs, attrs)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # knob-default notices from newer Tritons
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                                  options={"num_warps": info.num_warps, "num_stages": info.num_stages})
+    md = compiled.metadata._asdict()
+    _check_launchable(md, info.name)
+    built: dict[str, int | str] = {k: int(md.get(k) or 0) for k in _METADATA_INTS}
+    built.update({
+        "name": str(md["name"]),
+        "params": ",".join(params[:nargs]),
+        "signature": ",".join(sig.types),
+        "scratch_params": sum(1 for p in SCRATCH_PARAMS if f"{p}_size" in md),
+        "guard_align16": ",".join(map(str, sig.pointers)),
+        "guard_div16": ",".join(str(i) for i in sorted(sig.divisible16) if i not in sig.pointers),
+        "triton": triton.__version__,
+        "build_ms": round((time.perf_counter() - t0) * 1000),
+    })
+    return bytes(compiled.asm["cubin"]), built
+
+
+def _check_launchable(md: dict[str, Any], name: str) -> None:
+    """Refuse what the client's plain cuLaunchKernel cannot launch faithfully."""
+    if int(md.get("num_ctas") or 1) != 1:
+        raise BuildError(f"num_ctas={md['num_ctas']} needs a cluster launch", node=name)
+    for flag in ("launch_cooperative_grid", "launch_pdl"):
+        if md.get(flag):
+            raise BuildError(f"{flag} needs a launch attribute", node=name)
+    if md.get("tensordesc_meta"):
+        raise BuildError("tensor descriptors need host-side TMA setup", node=name)
+
+
+# ---------------------------------------------------------------- signatures from the plan
+
+
+def kernel_signatures(plan: Plan, request: CompileRequest) -> dict[str, KernelSignature]:
+    """For each kernel that the plan launches consistently: its argument types and div-16 facts.
+
+    A kernel launched with different argument types by different steps gets no entry (no
+    binary can serve all of them).
+    """
+    dtypes = _BufferDtypes(plan, request)
+    found: dict[str, KernelSignature | None] = {}
+    for step in plan.steps:
+        if not isinstance(step, KernelStep):
+            continue
+        sig = _step_signature(step, dtypes)
+        if step.kernel not in found:
+            found[step.kernel] = sig
+            continue
+        prev = found[step.kernel]
+        if prev is None or sig is None or prev.types != sig.types:
+            found[step.kernel] = None
+        else:
+            found[step.kernel] = KernelSignature(sig.types, prev.divisible16 & sig.divisible16)
+    return {k: s for k, s in found.items() if s is not None}
+
+
+def _step_signature(step: KernelStep, dtypes: _BufferDtypes) -> KernelSignature | None:
+    types: list[str] = []
+    div16: set[int] = set()
+    for i, arg in enumerate(step.args):
+        if isinstance(arg, NodeRef):
+            elem = POINTER_TYPES.get(dtypes.get(arg.name) or "")
+            if elem is None:
+                return None
+            types.append(f"*{elem}")
+            div16.add(i)  # a guard: checked at every launch
+        elif isinstance(arg, IntArg):
+            types.append(int_type(arg.value))
+            if arg.value % 16 == 0:
+                div16.add(i)
+    return KernelSignature(tuple(types), frozenset(div16))
+
+
+def int_type(value: int) -> str:
+    """Triton's type for an int argument (the JIT's rule: i32 if it fits, else i64, else u64)."""
+    if -(1 << 31) <= value < (1 << 31):
+        return "i32"
+    if -(1 << 63) <= value < (1 << 63):
+        return "i64"
+    return "u64"
+
+
+class _BufferDtypes:
+    """dtype names of plan buffers: allocations, placeholders, then (lazily) graph node values."""
+
+    def __init__(self, plan: Plan, request: CompileRequest) -> None:
+        self._known = {p.name: p.spec.dtype for p in request.graph.placeholders}
+        self._known.update({s.out: s.spec.dtype for s in plan.steps if isinstance(s, AllocStep)})
+        self._request = request
+        self._graph_dtypes: dict[str, str] | None = None
+
+    def get(self, name: str) -> str | None:
+        if name in self._known:
+            return self._known[name]
+        if self._graph_dtypes is None:
+            self._graph_dtypes = _node_dtypes(self._request)
+        return self._graph_dtypes.get(name)
+
+
+def _node_dtypes(request: CompileRequest) -> dict[str, str]:
+    import torch
+
+    from compiler_core.graph import rebuild_graph
+
+    out: dict[str, str] = {}
+    for node in rebuild_graph(request.graph).graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            out[node.name] = str(val.dtype).removeprefix("torch.")
+    return out
+
+
+# ---------------------------------------------------------------- loading kernel source
+
+
+def _jit_function(info: KernelInfo, source: bytes, modules: dict[str, Any], tmp: Path) -> Any:
+    """The @triton.jit function `info.name` from its source blob (triton.jit reads the file)."""
+    digest = info.source.digest
+    mod = modules.get(digest)
+    if mod is None:
+        path = tmp / f"fxcc_build_{digest[:32]}.py"
+        path.write_bytes(source)
+        spec = importlib.util.spec_from_file_location(f"fxcc_build_{digest[:32]}", path)
+        if spec is None or spec.loader is None:
+            raise BuildError(f"cannot load kernel source {digest[:12]}", node=info.name)
+        mod = importlib.util.module_from_spec(spec)
+        with _jit_not_interpreted():
+            spec.loader.exec_module(mod)
+        modules[digest] = mod
+    fn = getattr(mod, info.name, None)
+    raw = getattr(fn, "fn", None)  # the Python function under a JITFunction / InterpretedFunction
+    if raw is None:
+        raise BuildError(f"kernel {info.name} is not a @triton.jit function in its source",
+                         node=info.name)
+    from triton.runtime.jit import JITFunction
+
+    # With TRITON_INTERPRET=1 triton.jit gave an interpreter wrapper; the compiler needs the JIT one.
+    return fn if isinstance(fn, JITFunction) else JITFunction(raw)
+
+
+@contextlib.contextmanager
+def _jit_not_interpreted() -> Iterator[None]:
+    """triton.jit as the compiler needs it, also under TRITON_INTERPRET=1 (helpers included)."""
+    from triton import knobs
+
+    saved = knobs.runtime.interpret
+    knobs.runtime.interpret = False
+    try:
+        yield
+    finally:
+        knobs.runtime.interpret = saved
+
+
+def cuda_build_unavailable() -> str | None:
+    """Why this process cannot cross-compile for CUDA, or None when it can."""
+    try:
+        import triton  # noqa: F401
+        from triton.backends import backends
+    except ImportError as e:
+        return f"triton is not importable: {e}"
+    if "nvidia" not in backends:
+        return "triton here has no nvidia backend"
+    return None
+
+
+def compile_and_build(request: CompileRequest) -> Artifact:
+    """compile_request, then cubins for the request's CUDA target: the entry for workers and the
+    embedded client (a CPU-only worker builds too; only autotuning needs a GPU)."""
+    from compiler_core.compile import compile_request
+
+    artifact = compile_request(request)
+    target = request.options.target
+    if target.kind == "cuda" and artifact.manifest.kernels and cuda_build_unavailable() is None:
+        artifact = build_artifact(artifact, request, target.arch)
+    return artifact

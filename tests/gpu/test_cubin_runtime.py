@@ -1,0 +1,134 @@
+"""On a GPU: kernels run from prebuilt cubins (no Triton compile) and match eager.
+
+Skipped where torch sees no CUDA device. FXCC_PREBUILT_DIR may point at an artifact store built
+on another machine (another Triton version) by `python -m bench.prebuild`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.handmade import cos_sin_artifact, cos_sin_request
+from client import cuda_loader
+from client.runtime import cuda_arch_key, load_plan
+from compiler_core.artifact import load_artifact
+from compiler_core.build import build_artifact
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
+]
+
+
+def _arch() -> int:
+    major, minor = torch.cuda.get_device_capability()
+    return major * 10 + minor
+
+
+def _built(n: int, dtype: str = "float32"):  # type: ignore[no-untyped-def]
+    request = cos_sin_request(n, dtype, arch=_arch())
+    return build_artifact(cos_sin_artifact(request), request, _arch())
+
+
+def _ref(x: torch.Tensor) -> torch.Tensor:
+    return torch.cos(torch.sin(x.double())).to(x.dtype)
+
+
+@pytest.mark.parametrize("n", [(1 << 20) + 3, 1 << 20, 17])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cubin_matches_eager(n, dtype):
+    art = _built(n, dtype)
+    assert cuda_arch_key() in art.manifest.kernels[0].binaries
+    before = (cuda_loader.stats.modules_loaded, cuda_loader.stats.jit_fallbacks)
+    runner = load_plan(art)
+    x = torch.randn(n, device="cuda").to(getattr(torch, dtype))
+    (out,) = runner([x])
+    torch.cuda.synchronize()
+    tol = 1e-6 if dtype == "float32" else 1e-2
+    torch.testing.assert_close(out, _ref(x), rtol=tol, atol=tol)
+    assert cuda_loader.stats.modules_loaded == before[0] + 1  # ran from the cubin
+    assert cuda_loader.stats.jit_fallbacks == before[1]
+
+
+def test_unaligned_pointer_falls_back_to_source_and_stays_correct():
+    n = 4099
+    runner = load_plan(_built(n))
+    fallbacks = cuda_loader.stats.jit_fallbacks
+    x = torch.randn(n + 1, device="cuda")[1:]  # 4-byte offset: the build assumed 16-byte alignment
+    (out,) = runner([x])
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, _ref(x), rtol=1e-6, atol=1e-6)
+    assert cuda_loader.stats.jit_fallbacks == fallbacks + 1
+    y = torch.randn(n, device="cuda")  # aligned again: back on the cubin
+    (out,) = runner([y])
+    torch.testing.assert_close(out, _ref(y), rtol=1e-6, atol=1e-6)
+
+
+def test_launch_from_a_fresh_thread_and_a_side_stream():
+    n = 1 << 16
+    runner = load_plan(_built(n))
+    x = torch.randn(n, device="cuda")
+    got: list[torch.Tensor] = []
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()  # x is ready before the side stream reads it
+
+    def work() -> None:
+        with torch.cuda.stream(stream):
+            got.append(runner([x])[0])
+        stream.synchronize()
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    torch.testing.assert_close(got[0], _ref(x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not os.environ.get("FXCC_PREBUILT_DIR"), reason="FXCC_PREBUILT_DIR is not set")
+def test_cubins_built_on_another_machine_run_here():
+    root = Path(os.environ["FXCC_PREBUILT_DIR"])
+    keys = sorted(p.stem for p in (root / "manifests").glob("*.json"))
+    assert keys
+    for key in keys:
+        art = load_artifact(root, key)
+        assert art is not None
+        spec = art.manifest.plan.inputs
+        assert spec == ["arg0_1"]
+        n = next(s.spec.sizes[0] for s in art.manifest.plan.steps if s.kind == "alloc")
+        loaded = cuda_loader.stats.modules_loaded
+        x = torch.randn(n, device="cuda")
+        (out,) = load_plan(art)([x])
+        torch.testing.assert_close(out, _ref(x), rtol=1e-6, atol=1e-6)
+        assert cuda_loader.stats.modules_loaded == loaded + 1
+
+
+@pytest.mark.parametrize("index", [0, 1, 2], ids=["cos_sin", "bias_gelu_ln", "transformer_block"])
+def test_seed_workloads_through_torch_compile_match_eager(index, tmp_path, monkeypatch):
+    from bench.fxcc_build_hook import disable_cubin_build, enable_cubin_build
+    from client import backend
+    from client.backend import fxcc_backend
+    from client.examples import seed_workloads
+
+    monkeypatch.setenv("FXCC_CACHE_DIR", str(tmp_path))
+    for k in ("FXCC_URL", "FXCC_FALLBACK"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    torch._dynamo.reset()
+    backend.clear_events()
+    enable_cubin_build()
+    try:
+        w = seed_workloads("cuda", small=True)[index]
+        with torch.no_grad():
+            expected = w.fn(*w.inputs)
+            got = torch.compile(w.fn, backend=fxcc_backend)(*w.inputs)
+    finally:
+        disable_cubin_build()
+        torch._dynamo.reset()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    evs = backend.events()
+    assert evs and all(e.source != "fallback" for e in evs), [e.error for e in evs]
