@@ -283,7 +283,11 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str) -> Rende
         head = [f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)", "xmask = xindex < xnumel"]
     kind = "red" if reduction else "pw"
     text = "\n".join(f"    {line}" for line in head + body)
-    digest = hashlib.sha256(f"{params}\n{text}".encode()).hexdigest()[:16]
+    # Note: the launch config is part of the name. Two kernels with the same body but different
+    # XBLOCK/RBLOCK/num_warps are different kernels: sharing one KernelInfo would launch one of
+    # them with the other's block size over a grid sized for its own.
+    digest = hashlib.sha256(f"{params}\n{text}\n{sorted(constexprs.items())}\n{num_warps}".encode()
+                            ).hexdigest()[:16]
     name = f"fxcc_{kind}_{digest}"
     imports = "import triton\nimport triton.language as tl\n"
     if target == "cuda":

@@ -1,4 +1,4 @@
-"""render_index: the text of an index expression evaluates to the expression's value."""
+"""Codegen regressions: index text evaluates to its expression; kernels differing only in launch config stay apart."""
 
 import itertools
 
@@ -51,3 +51,26 @@ def test_sums_inside_floordiv_and_mod_keep_their_parentheses():
 def test_random_nested_index_expressions(c1, c2, div, off):
     inner = c1 * ModularIndexing(x, 1, 16) + c2 * FloorDiv(x, 32) + off + y
     _check(FloorDiv(inner, div) + ModularIndexing(inner, div, 7) * c1)
+
+
+def test_same_body_different_block_sizes_are_different_kernels():
+    """One graph computing the same pointwise body over 8 and over 32 elements."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from client.capture import capture_graph
+    from client.runtime import load_plan
+    from compiler_core.compile import compile_request
+    from compiler_core.wire import CompileRequest
+
+    def f(a, b, c, d):
+        return torch.mm(a * b, a.t()), torch.mm(c * d, c.t())
+
+    args = [torch.randn(8, 1), torch.randn(8, 1), torch.randn(32, 1), torch.randn(32, 1)]
+    gm = make_fx(f)(*args)
+    art = compile_request(CompileRequest(graph=capture_graph(gm, args).spec))
+    got = load_plan(art)(args)
+    for g, e in zip(got, f(*args)):
+        torch.testing.assert_close(g, e)
+    names = [k.name for k in art.manifest.kernels]
+    assert len(names) == len(set(names))
