@@ -34,14 +34,21 @@ from compiler_core.wire import Arg, GraphSpec, IntArg, ListArg, NodeRef, target_
 
 log = logging.getLogger("fxcc.lowering")
 
+aten = torch.ops.aten
+prims = torch.ops.prims
+
 LOWERINGS: dict[Any, Callable[..., Any]] = {}
 
 # A lazy value read by several consumers is recomputed in each, unless its body is this big.
 REALIZE_OPS_SHARED = 24
+VIEW_TARGETS = frozenset({
+    aten.permute.default, aten.transpose.int, aten.t.default, aten.expand.default, aten.slice.Tensor,
+    aten.select.int, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default,
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.alias.default,
+    aten.as_strided.default, prims.collapse_view.default,
+})
 REALIZE_OPS_ALWAYS = 96
 
-aten = torch.ops.aten
-prims = torch.ops.prims
 
 
 def register_lowering(*targets: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -85,6 +92,9 @@ class GraphLowering:
     extern_ops: list[str] = field(default_factory=list)
     lazy_values: list[Lazy] = field(default_factory=list)
     _realized: set[int] = field(default_factory=set)
+    env: dict[fx.Node, Any] = field(default_factory=dict)
+    wire: dict[fx.Node, Any] = field(default_factory=dict)
+    _replayed: set[str] = field(default_factory=set)
     _taken: set[str] = field(default_factory=set)
     _counter: int = 0
 
@@ -113,8 +123,19 @@ class GraphLowering:
         self._realized.add(id(value))
         return self.add_computed(Pointwise(value.dtype, value.sizes, value.loader), strides)
 
-    def extern_ref(self, value: TensorValue, like: torch.Tensor | None = None) -> NodeRef:
-        """A plan name holding `value` with exactly the layout of `like` (eager's layout) if given."""
+    def extern_ref(self, value: TensorValue, node: fx.Node | None = None) -> NodeRef:
+        """A plan name holding `value` in eager's layout, for an extern call or a graph output.
+
+        Note: a view of a graph input is replayed with the graph's own view ops, never with
+        as_strided: an input's storage offset at run time need not be the one traced (a saved
+        tensor that was a view in eager may be a fresh buffer when fxcc's forward made it).
+        """
+        like = node.meta.get("val") if node is not None else None
+        if isinstance(value, StridedView) and not value.is_whole_buffer() and value.buffer.kind == "input":
+            replayed = self._replay_views(node)
+            if replayed is not None:
+                return replayed
+            value = Lazy(value.dtype, value.sizes, make_loader(value))
         if isinstance(value, Lazy):
             strides = None
             if like is not None:
@@ -129,6 +150,25 @@ class GraphLowering:
             IntArg(value=b.storage_offset + value.offset)]))
         return NodeRef(name=name)
 
+    def _replay_views(self, node: fx.Node | None) -> NodeRef | None:
+        """The graph's chain of view ops from a whole buffer to `node`, as extern calls."""
+        chain: list[fx.Node] = []
+        while node is not None:
+            value = self.env.get(node)
+            if isinstance(value, StridedView) and value.is_whole_buffer():
+                break
+            if node.op != "call_function" or node.target not in VIEW_TARGETS or not node.args:
+                return None
+            chain.append(node)
+            node = node.args[0] if isinstance(node.args[0], fx.Node) else None
+        if node is None or not chain:
+            return None
+        for n in reversed(chain):
+            wire = self.wire[n]
+            if wire.name not in self._replayed:
+                self._replayed.add(wire.name)
+                self.program.append(ExternCall(wire.name, wire.target, list(wire.args), dict(wire.kwargs)))
+        return NodeRef(name=self.wire[chain[0]].name)
 
     def bytes_not_materialized(self, unstored: list[Buffer]) -> int:
         """Bytes of intermediates that no kernel wrote: values inlined into readers, or held in registers."""
@@ -189,7 +229,7 @@ def lower_graph(gm: fx.GraphModule, spec: GraphSpec, target: str = "interpret") 
         # Note: deferred (lazy) reads would see the mutation; such graphs run fully as externs.
         raise UnsupportedOp("graph mutates a tensor", op=str(mutating[0].target), node=mutating[0].name)
     g._taken = {p.name for p in spec.placeholders} | {n.name for n in spec.nodes}
-    env: dict[fx.Node, Any] = {}
+    env = g.env
     placeholders = iter(spec.placeholders)
     wire_nodes = iter(spec.nodes)
     with _lowering(g, None):
@@ -201,7 +241,7 @@ def lower_graph(gm: fx.GraphModule, spec: GraphSpec, target: str = "interpret") 
                 env[node] = g.add_buffer(Buffer(p.name, val.dtype, tuple(val.shape), tuple(val.stride()),
                                                 "input", p.spec.storage_offset))
             elif node.op == "call_function":
-                wire = next(wire_nodes)
+                wire = g.wire[node] = next(wire_nodes)
                 env[node] = _lower_node(g, node, wire, env)
             elif node.op == "output":
                 g.outputs = [_output(g, a, w, env) for a, w in zip(node.args[0], spec.outputs)]
@@ -260,7 +300,7 @@ def _extern(g: GraphLowering, node: fx.Node, wire: Any, env: dict[fx.Node, Any])
     """Run `node` as its aten op on the client, with its tensor inputs in eager's layouts."""
     refs: dict[str, Arg] = {}
     for arg_node in node.all_input_nodes:
-        refs[arg_node.name] = g.extern_ref(env[arg_node], arg_node.meta.get("val"))
+        refs[arg_node.name] = g.extern_ref(env[arg_node], arg_node)
     by_wire_name = {n.name: refs[n.name] for n in node.all_input_nodes}
 
     def swap(a: Arg) -> Arg:
@@ -298,7 +338,7 @@ def _output(g: GraphLowering, a: Any, wire: Arg, env: dict[fx.Node, Any]) -> Arg
         value = Lazy(value.dtype, value.sizes, make_loader(value))
     if isinstance(value, Lazy):
         return NodeRef(name=g.realize(value, want).buffer.name)
-    return g.extern_ref(value, val)
+    return g.extern_ref(value, a)
 
 
 def _same_layout(value: StridedView, val: torch.Tensor) -> bool:

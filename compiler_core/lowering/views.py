@@ -13,7 +13,7 @@ from typing import Any
 import sympy
 
 from compiler_core.errors import UnsupportedOp
-from compiler_core.ir.nodes import StridedView, TensorValue
+from compiler_core.ir.nodes import TensorValue
 from compiler_core.lowering import aten, node_val, prims, register_lowering
 from compiler_core.lowering.common import remap_view
 from compiler_core.sizevars import Expr, flatten, numel, unflatten
@@ -91,14 +91,5 @@ def _reshape(x: TensorValue, *args: Any) -> TensorValue:
     return remap_view(x, out, lambda idx: unflatten(flatten(idx, out), x.sizes))
 
 
-@register_lowering(aten.as_strided.default)
-def _as_strided(x: TensorValue, size: Sequence[int], stride: Sequence[int],
-                storage_offset: int | None = None) -> TensorValue:
-    # Note: as_strided addresses storage, so only storage whose layout is eager's own qualifies.
-    if not isinstance(x, StridedView) or x.buffer.kind == "computed":
-        raise UnsupportedOp("as_strided of a value fxcc laid out")
-    base = x.buffer.storage_offset + x.offset if storage_offset is None else storage_offset
-    offset = base - x.buffer.storage_offset
-    if offset < 0 or any(s < 0 for s in stride):
-        raise UnsupportedOp("as_strided before the buffer's start")
-    return StridedView(x.buffer, tuple(int(s) for s in size), tuple(int(s) for s in stride), offset)
+# Note: aten.as_strided stays an extern call: it addresses storage absolutely, and an input's
+# storage offset at run time need not be the traced one.

@@ -24,7 +24,7 @@ VIEWS = {
     "reshape_transposed": lambda x: x.transpose(0, 1).reshape(6, 20).sin(),
     "flatten": lambda x: x.permute(1, 0, 2).flatten().cos(),
     "view_of_slice": lambda x: x[:, 1:3].reshape(8, 5).exp(),
-    "as_strided": lambda x: torch.as_strided(x, (3, 3), (7, 2), 5).sin(),
+    "as_strided_extern": lambda x: torch.as_strided(x, (3, 3), (7, 2), 5).sin(),
     "chain": lambda x: x.permute(1, 2, 0)[1:, :, ::2].transpose(0, 1).reshape(5, -1).sin(),
 }
 
