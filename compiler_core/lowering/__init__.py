@@ -30,7 +30,17 @@ from compiler_core.ir.nodes import (
     make_loader,
 )
 from compiler_core.sizevars import contiguous_strides, dense_strides_like
-from compiler_core.wire import Arg, GraphSpec, IntArg, ListArg, NodeRef, target_name
+from compiler_core.wire import (
+    Arg,
+    DeviceArg,
+    DtypeArg,
+    GraphSpec,
+    IntArg,
+    ListArg,
+    NodeRef,
+    dtype_name,
+    target_name,
+)
 
 log = logging.getLogger("fxcc.lowering")
 
@@ -45,7 +55,8 @@ VIEW_TARGETS = frozenset({
     aten.permute.default, aten.transpose.int, aten.t.default, aten.expand.default, aten.slice.Tensor,
     aten.select.int, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default,
     aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.alias.default,
-    aten.as_strided.default, prims.collapse_view.default,
+    aten.as_strided.default, prims.collapse_view.default, aten.split_with_sizes.default,
+    aten.split.Tensor, aten.unbind.int, operator.getitem,
 })
 REALIZE_OPS_ALWAYS = 96
 
@@ -131,6 +142,8 @@ class GraphLowering:
         tensor that was a view in eager may be a fresh buffer when fxcc's forward made it).
         """
         like = node.meta.get("val") if node is not None else None
+        if _nbytes(value.sizes, value.dtype) == 0 and like is not None:
+            return self._empty_ref(like)
         if isinstance(value, StridedView) and not value.is_whole_buffer() and value.buffer.kind == "input":
             replayed = self._replay_views(node)
             if replayed is not None:
@@ -148,6 +161,14 @@ class GraphLowering:
         self.program.append(ExternCall(name, "aten.as_strided.default", [
             NodeRef(name=b.name), _ints(value.sizes), _ints(value.strides),
             IntArg(value=b.storage_offset + value.offset)]))
+        return NodeRef(name=name)
+
+    def _empty_ref(self, like: torch.Tensor) -> NodeRef:
+        """A new empty tensor shaped like `like` (no kernel launches over zero elements)."""
+        name = self.new_name("empty")
+        self.program.append(ExternCall(name, "aten.empty_strided.default", [
+            _ints(tuple(like.shape)), _ints(tuple(like.stride()))],
+            {"dtype": DtypeArg(value=dtype_name(like.dtype)), "device": DeviceArg(value=like.device.type)}))
         return NodeRef(name=name)
 
     def _replay_views(self, node: fx.Node | None) -> NodeRef | None:
@@ -333,6 +354,8 @@ def _output(g: GraphLowering, a: Any, wire: Arg, env: dict[fx.Node, Any]) -> Arg
     value, val = env[a], a.meta["val"]
     if not isinstance(val, torch.Tensor):
         return wire
+    if val.numel() == 0:
+        return g.extern_ref(value, a)
     want = dense_strides_like(tuple(val.shape), tuple(val.stride()))
     if isinstance(value, StridedView) and want is not None and not _same_layout(value, val):
         value = Lazy(value.dtype, value.sizes, make_loader(value))
@@ -346,4 +369,4 @@ def _same_layout(value: StridedView, val: torch.Tensor) -> bool:
 
 
 def _load_lowerings() -> None:
-    from compiler_core.lowering import pointwise, reduction, views  # noqa: F401 - they register
+    from compiler_core.lowering import normalization, pointwise, reduction, views  # noqa: F401 - they register

@@ -311,3 +311,18 @@ def _fill(*args: Any, **kwargs: Any) -> Lazy:
     check_dtypes(val.dtype)
     comp = compute_dtype(val.dtype)
     return Lazy(val.dtype, tuple(val.shape), lambda index: ops.constant(fill_value, comp))
+
+
+@register_lowering(aten.arange.start_step, aten.arange.start, aten.arange.default)
+def _arange(*args: Any, dtype: Any = None, layout: Any = None, device: Any = None,
+            pin_memory: Any = None) -> Lazy:
+    if not all(isinstance(a, int) and not isinstance(a, bool) for a in args):
+        raise UnsupportedOp("arange with non-integer bounds")
+    start, step = (0, 1) if len(args) == 1 else (args[0], args[2] if len(args) > 2 else 1)
+    val = node_val()
+    check_dtypes(val.dtype)
+    if val.dtype.is_floating_point and max(abs(start), abs(start + step * val.shape[0])) > 2**24:
+        raise UnsupportedOp("float arange beyond exact integers")
+    comp = compute_dtype(val.dtype)
+    return Lazy(val.dtype, tuple(val.shape),
+                lambda index: ops.to_dtype(ops.index_expr(start + index[0] * step, torch.int64), comp))

@@ -93,3 +93,22 @@ def _reshape(x: TensorValue, *args: Any) -> TensorValue:
 
 # Note: aten.as_strided stays an extern call: it addresses storage absolutely, and an input's
 # storage offset at run time need not be the traced one.
+
+
+@register_lowering(aten.split_with_sizes.default, aten.split.Tensor)
+def _split(x: TensorValue, sizes: Any, dim: int = 0) -> tuple[TensorValue, ...]:
+    dim = _dim(dim, len(x.sizes))
+    if isinstance(sizes, int):
+        n = x.sizes[dim]
+        sizes = [min(sizes, n - start) for start in range(0, n, sizes)] or [0]
+    pieces, start = [], 0
+    for size in sizes:
+        pieces.append(_slice(x, dim, start, start + size))
+        start += size
+    return tuple(pieces)
+
+
+@register_lowering(aten.unbind.int)
+def _unbind(x: TensorValue, dim: int = 0) -> tuple[TensorValue, ...]:
+    dim = _dim(dim, len(x.sizes))
+    return tuple(_select(x, dim, i) for i in range(x.sizes[dim]))

@@ -37,7 +37,7 @@ def check(fn: Callable[..., Any], *inputs: torch.Tensor, atol: float | None = No
     got = run(art, *inputs)
     with torch.no_grad():
         want = fn(*inputs)
-    want = want if isinstance(want, tuple) else (want,)
+    want = tuple(want) if isinstance(want, (tuple, list)) else (want,)
     assert len(got) == len(want)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=atol, rtol=rtol, equal_nan=True)

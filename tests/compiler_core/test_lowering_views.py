@@ -52,3 +52,22 @@ def test_output_that_is_a_view_of_an_input_keeps_eager_layout():
 def test_input_with_storage_offset():
     base = torch.randn(10, 8)
     check(lambda x: x.sin() + 1, base[2:5, 1:7])
+
+
+def test_split_chunk_unbind_are_views():
+    x = torch.randn(6, 4)
+    art = check(lambda a: [t.sin() for t in a.split(2, -1)] + [t.cos() for t in a.chunk(3, 0)], x)
+    assert art.manifest.stats.nodes_extern == 0
+    check(lambda a: [t + 1 for t in a.unbind(1)], x)
+
+
+def test_split_pieces_reach_externs_as_views():
+    x = torch.randn(6, 4)
+    art = check(lambda a: [torch.mm(t, t.t()) for t in a.split(3, 0)], x)
+    assert all(s.op != "aten.as_strided.default" for s in art.manifest.plan.steps if s.kind == "extern")
+
+
+def test_arange():
+    x = torch.randn(5)
+    check(lambda a: a + torch.arange(5), x)
+    check(lambda a: a * torch.arange(3, 13, 2, dtype=torch.float32), x)

@@ -1,0 +1,116 @@
+"""Batch norm lowerings: inference (running statistics, pointwise) and functional training (per-channel reductions)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from compiler_core.errors import UnsupportedOp
+from compiler_core.ir.nodes import Lazy, Loader, TensorValue, make_loader
+from compiler_core.ir.ops import compute_dtype, ops
+from compiler_core.lowering import aten, node_val, register_lowering
+from compiler_core.lowering.common import broadcast_loader, check_dtypes, require
+from compiler_core.lowering.reduction import _two_pass
+from compiler_core.sizevars import Expr
+
+
+def _channel(value: TensorValue | None) -> Loader | None:
+    """A loader over x's index reading a per-channel [C] tensor at the channel (dim 1)."""
+    if value is None:
+        return None
+    load = make_loader(value)
+    return lambda index: load([index[1]])
+
+
+def _acc(x: TensorValue) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _normalize(x: TensorValue, mean: Loader, rstd: Loader, weight: Loader | None, bias: Loader | None,
+               acc: torch.dtype, out: torch.dtype) -> Lazy:
+    load = make_loader(x)
+
+    def inner(index: Sequence[Expr]) -> Any:
+        y = ops.mul(ops.sub(ops.to_dtype(load(index), acc), mean(index)), rstd(index))
+        if weight is not None:
+            y = ops.mul(y, ops.to_dtype(weight(index), acc))
+        if bias is not None:
+            y = ops.add(y, ops.to_dtype(bias(index), acc))
+        return ops.to_dtype(y, compute_dtype(out))
+    return Lazy(out, x.sizes, inner)
+
+
+def _empty(val: torch.Tensor) -> Lazy:
+    return Lazy(val.dtype, tuple(val.shape), lambda index: ops.constant(0, compute_dtype(val.dtype)))
+
+
+@register_lowering(aten._native_batch_norm_legit_no_training.default)
+def _batch_norm_inference(x: TensorValue, weight: TensorValue | None, bias: TensorValue | None,
+                          running_mean: TensorValue, running_var: TensorValue, momentum: float,
+                          eps: float) -> tuple[Lazy, Lazy, Lazy]:
+    out, save_mean, save_rstd = node_val()
+    check_dtypes(x.dtype, out.dtype)
+    if not x.dtype.is_floating_point or len(x.sizes) < 2:
+        raise UnsupportedOp("batch norm of integers or of rank < 2")
+    require("rsqrt")
+    acc = _acc(x)
+    rm, rv = _channel(running_mean), _channel(running_var)
+
+    def mean(index: Sequence[Expr]) -> Any:
+        return ops.to_dtype(rm(index), acc)
+
+    def rstd(index: Sequence[Expr]) -> Any:
+        return ops.rsqrt(ops.add(ops.to_dtype(rv(index), acc), ops.constant(float(eps), acc)))
+    y = _normalize(x, mean, rstd, _channel(weight), _channel(bias), acc, out.dtype)
+    return y, _empty(save_mean), _empty(save_rstd)
+
+
+@register_lowering(aten._native_batch_norm_legit_functional.default)
+def _batch_norm_training(x: TensorValue, weight: TensorValue | None, bias: TensorValue | None,
+                         running_mean: TensorValue, running_var: TensorValue, training: bool,
+                         momentum: float, eps: float) -> tuple[Lazy, ...]:
+    vals = node_val()
+    check_dtypes(x.dtype, *(v.dtype for v in vals))
+    if not training or not x.dtype.is_floating_point or len(x.sizes) < 2:
+        raise UnsupportedOp("batch norm outside training, of integers, or of rank < 2")
+    require("rsqrt")
+    acc = _acc(x)
+    dims = [d for d in range(len(x.sizes)) if d != 1]
+    total, m2, n, _ = _two_pass(x, dims, True, acc, 0.0)
+    total_x, m2_x = broadcast_loader(total, x.sizes), broadcast_loader(m2, x.sizes)
+    total_c, m2_c = make_loader(total), make_loader(m2)
+    rank = len(x.sizes)
+
+    def at_channel(load: Loader) -> Loader:
+        return lambda index: load([0, index[0], *([0] * (rank - 2))])
+
+    def mean_of(s: Any) -> Any:
+        return ops.truediv(s, ops.constant(float(n), acc))
+
+    def rstd_of(m: Any) -> Any:
+        var = ops.truediv(m, ops.constant(float(n), acc))
+        return ops.rsqrt(ops.add(var, ops.constant(float(eps), acc)))
+
+    y = _normalize(x, lambda i: mean_of(total_x(i)), lambda i: rstd_of(m2_x(i)), _channel(weight),
+                   _channel(bias), acc, vals[0].dtype)
+    c = (x.sizes[1],)
+    s_at, m_at = at_channel(total_c), at_channel(m2_c)
+    rm, rv = make_loader(running_mean), make_loader(running_var)
+    keep, new = 1.0 - float(momentum), float(momentum)
+    unbiased = float(n - 1) if n > 1 else float("nan")
+
+    def blend(old: Any, stat: Any) -> Any:
+        return ops.add(ops.mul(ops.to_dtype(old, acc), ops.constant(keep, acc)), ops.mul(stat, ops.constant(new, acc)))
+
+    def per_channel(dtype: torch.dtype, fn: Any) -> Lazy:
+        return Lazy(dtype, c, lambda index: ops.to_dtype(fn(index), compute_dtype(dtype)))
+
+    return (
+        y,
+        per_channel(vals[1].dtype, lambda i: mean_of(s_at(i))),
+        per_channel(vals[2].dtype, lambda i: rstd_of(m_at(i))),
+        per_channel(vals[3].dtype, lambda i: blend(rm(i), mean_of(s_at(i)))),
+        per_channel(vals[4].dtype, lambda i: blend(rv(i), ops.truediv(m_at(i), ops.constant(unbiased, acc)))),
+    )
