@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -79,6 +80,7 @@ def run_workload(name: str, first_call: bool, timeout_s: float) -> dict[str, Any
                            _env(TORCHINDUCTOR_CACHE_DIR=d["ind"], TRITON_CACHE_DIR=d["tri"],
                                 FXCC_CACHE_DIR=d["fx"]), timeout_s)
         row: dict[str, Any] = res or {"name": name, "error": err}
+        row["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         print(f"[bench] {name}: measured{' (' + err + ')' if err else ''}", flush=True)
         if not first_call:
             return row
@@ -127,6 +129,9 @@ def merge(path: Path, rows: list[dict[str, Any]], extra: dict[str, Any]) -> dict
     doc.update(extra)
     doc["notes"] = NOTES
     doc["workloads"] = [by_name[n] for n in WORKLOADS if n in by_name]
+    ratios = [r["fxcc_vs_inductor"] for r in doc["workloads"] if r.get("fxcc_vs_inductor")]
+    doc["fxcc_vs_inductor_geomean"] = (round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3)
+                                       if ratios else None)
     return doc
 
 
@@ -179,11 +184,14 @@ def main() -> None:
         extra["launch_overhead_us"] = r or {"error": err}
         print(f"[bench] launch overhead: {extra['launch_overhead_us']}", flush=True)
     first = set() if a.no_first_call else set(select(a.first_call) if a.first_call else names)
-    rows = [run_workload(n, n in first, a.timeout_s) for n in names]
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    doc = merge(a.out, rows, extra)
-    a.out.write_text(json.dumps(doc, indent=1))
-    why = chart(doc, a.out.with_suffix(".png"))
+    rows: list[dict[str, Any]] = []
+    why = ""
+    for n in names:  # written after each workload, so a run cut short keeps what it measured
+        rows.append(run_workload(n, n in first, a.timeout_s))
+        doc = merge(a.out, rows[-1:], extra)
+        a.out.write_text(json.dumps(doc, indent=1))
+        why = chart(doc, a.out.with_suffix(".png"))
     print(f"[bench] wrote {a.out} ({time.perf_counter() - t0:.0f} s){'; ' + why if why else ''}")
     for r in rows:
         print(json.dumps({f: r.get(f) for f in FIELDS}))

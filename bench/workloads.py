@@ -8,8 +8,7 @@ from typing import Any
 
 import torch
 
-from bench.models import GPT2Like, ResNet50Like
-from client.examples import BiasGeluLayerNorm, TransformerBlock, cos_sin
+from client.examples import GPT2, BiasGeluLayerNorm, ResNet50, TransformerBlock, cos_sin
 
 
 @dataclass
@@ -50,13 +49,13 @@ def _transformer_block(device: str) -> BenchWorkload:
 
 
 def _gpt2(device: str) -> BenchWorkload:
-    model = GPT2Like().to(device).eval()
+    model = GPT2().to(device).eval()  # 12 layers, d 768, 12 heads
     ids = torch.randint(0, 50257, (8, 512), device=device)
     return BenchWorkload("gpt2_small", "float32", model, (ids,), None)
 
 
 def _resnet50(device: str) -> BenchWorkload:
-    model = ResNet50Like().to(device).eval()
+    model = ResNet50().to(device).eval()
     x = torch.randn(32, 3, 224, 224, device=device)
     return BenchWorkload("resnet50", "float32", model, (x,), None)
 

@@ -133,6 +133,26 @@ class CubinKernel:
         return fn
 
 
+_kernels: dict[tuple[str, LaunchMeta], CubinKernel] = {}
+_kernels_lock = threading.Lock()
+
+
+def cubin_kernel(digest: str, cubin: bytes, meta: LaunchMeta) -> CubinKernel:
+    """The process-wide CubinKernel for a (verified) cubin: each module is loaded once per device,
+    however many plans launch it."""
+    with _kernels_lock:
+        kernel = _kernels.get((digest, meta))
+        if kernel is None:
+            kernel = _kernels[(digest, meta)] = CubinKernel(cubin, meta)
+        return kernel
+
+
+def is_loaded(digest: str, device: int) -> bool:
+    """Whether a cubin with this digest has been loaded (and so launched) on `device`."""
+    with _kernels_lock:
+        return any(d == digest and device in k._functions for (d, _), k in _kernels.items())
+
+
 def _ensure_context(cu: Any, device: int) -> None:
     """Make the device's primary context (the one torch uses) current on this thread."""
     ctx = _check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")

@@ -181,12 +181,12 @@ def _cubin_step(step: KernelStep, info: KernelInfo, artifact: Artifact, arch: st
         return None
     args: list[str | int] = [a.name if isinstance(a, NodeRef) else a.value for a in step.args]
     try:
-        from client.cuda_loader import CubinKernel, LaunchMeta, StepLauncher
+        from client.cuda_loader import LaunchMeta, StepLauncher, cubin_kernel
 
         kernel = cubins.get(info.name)
         if kernel is None:
             meta = LaunchMeta.from_metadata(info.metadata, arch)
-            kernel = cubins[info.name] = CubinKernel(artifact.blobs[ref.digest], meta)
+            kernel = cubins[info.name] = cubin_kernel(ref.digest, artifact.blobs[ref.digest], meta)
         launcher = StepLauncher(kernel, step.grid, args)
     except (ImportError, ArtifactError) as e:
         log.warning("fxcc: kernel %s runs from source, not its %s cubin: %s", info.name, arch, e)

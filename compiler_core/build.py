@@ -103,7 +103,8 @@ def _build_one(info: KernelInfo, sig: KernelSignature | None, arch: int, blobs: 
         fn = _jit_function(info, blobs[info.source.digest], modules, tmp)
         cubin, built = compile_cubin(fn, info, sig, arch)
     except Exception as e:  # noqa: BLE001 - a kernel without a binary still runs from source
-        msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        msg = f"{type(e).__name__}: {' | '.join(lines[:1] + lines[-2:])}"[:400]
         log.warning("fxcc: no %s binary for kernel %s: %s", key, info.name, msg)
         meta[f"{key}.error"] = msg
         return info.model_copy(update={"metadata": meta})

@@ -43,16 +43,16 @@ def _ref(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cubin_matches_eager(n, dtype):
     art = _built(n, dtype)
-    assert cuda_arch_key() in art.manifest.kernels[0].binaries
-    before = (cuda_loader.stats.modules_loaded, cuda_loader.stats.jit_fallbacks)
+    ref = art.manifest.kernels[0].binaries[cuda_arch_key()]
+    fallbacks = cuda_loader.stats.jit_fallbacks
     runner = load_plan(art)
     x = torch.randn(n, device="cuda").to(getattr(torch, dtype))
     (out,) = runner([x])
     torch.cuda.synchronize()
     tol = 1e-6 if dtype == "float32" else 1e-2
     torch.testing.assert_close(out, _ref(x), rtol=tol, atol=tol)
-    assert cuda_loader.stats.modules_loaded == before[0] + 1  # ran from the cubin
-    assert cuda_loader.stats.jit_fallbacks == before[1]
+    assert cuda_loader.is_loaded(ref.digest, x.device.index)  # ran from the cubin
+    assert cuda_loader.stats.jit_fallbacks == fallbacks
 
 
 def test_unaligned_pointer_falls_back_to_source_and_stays_correct():
@@ -99,11 +99,10 @@ def test_cubins_built_on_another_machine_run_here():
         spec = art.manifest.plan.inputs
         assert spec == ["arg0_1"]
         n = next(s.spec.sizes[0] for s in art.manifest.plan.steps if s.kind == "alloc")
-        loaded = cuda_loader.stats.modules_loaded
         x = torch.randn(n, device="cuda")
         (out,) = load_plan(art)([x])
         torch.testing.assert_close(out, _ref(x), rtol=1e-6, atol=1e-6)
-        assert cuda_loader.stats.modules_loaded == loaded + 1
+        assert cuda_loader.is_loaded(art.manifest.kernels[0].binaries["sm_90"].digest, x.device.index)
 
 
 @pytest.mark.parametrize("index", [0, 1, 2], ids=["cos_sin", "bias_gelu_ln", "transformer_block"])
@@ -132,3 +131,10 @@ def test_seed_workloads_through_torch_compile_match_eager(index, tmp_path, monke
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     evs = backend.events()
     assert evs and all(e.source != "fallback" for e in evs), [e.error for e in evs]
+    arch = cuda_arch_key()
+    for e in evs:  # every kernel came with a cubin, and each ran from it
+        art = load_artifact(tmp_path / "artifacts", e.key)
+        assert art is not None
+        for k in art.manifest.kernels:
+            assert arch in k.binaries, k.metadata.get(f"{arch}.error")
+            assert cuda_loader.is_loaded(k.binaries[arch].digest, got.device.index)
