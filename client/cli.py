@@ -1,9 +1,8 @@
-"""The `fxcc` command: serve, worker, demo, status, doctor."""
+"""The `fxcc` command: serve, worker, demo, precompile, status, jobs, stats, cache, doctor."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 
@@ -51,62 +50,10 @@ def _precompile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _status(args: argparse.Namespace) -> int:
-    import httpx
-
-    from client.settings import ClientSettings
-
-    settings = ClientSettings.from_env()
-    url = args.url or settings.url
-    if not url:
-        print("fxcc status: no service URL (set FXCC_URL or pass --url)", file=sys.stderr)
-        return 2
-    headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
-    try:
-        r = httpx.get(f"{url.rstrip('/')}/v1/jobs/{args.job}", headers=headers, timeout=10)
-    except httpx.HTTPError as e:
-        print(f"fxcc status: service {url} unreachable: {e}", file=sys.stderr)
-        return 1
-    if r.status_code != 200:
-        print(f"fxcc status: {r.status_code} {r.text[:300]}", file=sys.stderr)
-        return 1
-    job = r.json()
-    if args.json:
-        print(json.dumps(job, indent=2))
-    else:
-        err = job.get("error") or {}
-        print(f"{job['id']}  {job['state']}  key={job['key'][:12]}  worker={job.get('worker') or '-'}"
-              + (f"  error={err.get('error')}: {err.get('message')}" if err else ""))
-    return 0 if job["state"] != "failed" else 1
-
-
 def _doctor(args: argparse.Namespace) -> int:
-    import importlib.metadata
-    import platform
+    from client.doctor import doctor
 
-    import compiler_core
-
-    info: dict[str, object] = {"python": platform.python_version(),
-                               "compiler_core": compiler_core.__version__}
-    for dist in ("torch", "triton"):
-        try:
-            info[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            info[dist] = None
-    import torch
-
-    info["cuda"] = torch.cuda.is_available()
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        info["gpu"] = f"{torch.cuda.get_device_name()} (sm_{major}{minor})"
-    from client.settings import ClientSettings
-
-    s = ClientSettings.from_env()
-    info["service"] = s.url or "none (compiles in-process)"
-    info["cache_dir"] = str(s.cache_dir)
-    print(json.dumps(info, indent=2) if args.json else
-          "\n".join(f"{k:14} {v}" for k, v in info.items()))
-    return 0
+    return doctor(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,11 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("args", nargs=argparse.REMAINDER)
     pc.set_defaults(fn=_precompile)
 
-    st = sub.add_parser("status", help="show a compile job")
-    st.add_argument("job")
-    st.add_argument("--url", default=None)
-    st.add_argument("--json", action="store_true")
-    st.set_defaults(fn=_status)
+    from client.cli_service import add_parsers
+
+    add_parsers(sub)
 
     doc = sub.add_parser("doctor", help="versions, GPU, service and cache settings")
     doc.add_argument("--json", action="store_true")

@@ -27,11 +27,19 @@ def test_precompile_runs_the_script_and_reports_graphs(tmp_path):
 
 
 def test_doctor_json_and_bad_usage():
-    r = fxcc("doctor", "--json")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FXCC_")}
+    r = fxcc("doctor", "--json", env=env)
     assert r.returncode == 0, r.stderr
-    info = json.loads(r.stdout)
-    assert info["torch"] and "cuda" in info
+    checks = {c["name"]: c for c in json.loads(r.stdout)}
+    assert checks["torch"]["ok"] and checks["cache dir"]["ok"]
+    assert checks["service"]["ok"] is None  # no FXCC_URL: in-process
+    down = fxcc("doctor", env=dict(env, FXCC_URL="http://127.0.0.1:9"))
+    assert down.returncode == 1 and "FAIL" in down.stdout and "unreachable" in down.stdout
     bad = fxcc("no-such-command")
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
-    status = fxcc("status", "abc", env={k: v for k, v in os.environ.items() if k != "FXCC_URL"})
+    status = fxcc("status", "abc", env=env)
     assert status.returncode == 2 and "no service URL" in status.stderr
+    unreachable = fxcc("jobs", "--url", "http://127.0.0.1:9", env=env)
+    assert unreachable.returncode == 3 and "unreachable" in unreachable.stderr
+    purge = fxcc("cache", "purge", "--url", "http://127.0.0.1:9", env=env)
+    assert purge.returncode == 2 and "--yes" in purge.stderr
