@@ -32,6 +32,7 @@ def per_call_us(fn: Callable[[], Any], calls: int = 5000) -> float:
 def main() -> None:
     from bench.fxcc_build_hook import enable_cubin_build
     from bench.handmade import cos_sin_artifact, cos_sin_request
+    from client import cuda_loader
     from client.backend import fxcc_backend
     from client.cuda_loader import CubinKernel, LaunchMeta, StepLauncher
     from client.runtime import load_kernel, load_plan
@@ -52,6 +53,9 @@ def main() -> None:
     launcher = StepLauncher(kernel, [1], ["x", "out", n])
     dev = x.device.index
     res["cubin_launch_us"] = per_call_us(lambda: launcher([x, out], dev))
+    fn, stream = kernel.function(dev), torch.cuda.current_stream().cuda_stream
+    res["driver_call_only_us"] = per_call_us(  # cuLaunchKernel through cuda.bindings, args pre-packed
+        lambda: cuda_loader._launch(fn, 1, 1, 1, launcher.block, 0, stream, launcher.params_addr, dev))
 
     jit = load_kernel(info, art.blobs[info.source.digest])
     res["triton_jit_launch_us"] = per_call_us(lambda: jit[(1,)](x, out, n, XBLOCK=1024, num_warps=4))
