@@ -12,13 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import sympy
-
 from compiler_core.ir.nodes import ComputedBuffer, Reduction
 from compiler_core.ir.ops import CountingHandler, use_handler
 from compiler_core.lowering import ExternCall, GraphLowering
 from compiler_core.sizevars import RINDEX, XINDEX, Expr, numel, simplify_index, unflatten
-from compiler_core.wire import Arg, NodeRef, _refs
+from compiler_core.wire import Arg, _refs
 
 # Rows up to this long are reduced in registers in one pass (and may fuse prologue/epilogue).
 PERSISTENT_RNUMEL_MAX = 4096
@@ -182,11 +180,10 @@ def mark_stores(schedule: list[Kernel | ExternCall], outputs: Sequence[Arg]) -> 
     for item in schedule:
         if isinstance(item, ExternCall):
             wanted.update(_refs(item.args + list(item.kwargs.values())))
-    for k in (i for i in schedule if isinstance(i, Kernel)):
-        own = k.names()
-        for other in (i for i in schedule if isinstance(i, Kernel) and i is not k):
-            for node in other.nodes:
-                wanted.update(name for name, _ in _body_loads(node) if name in own)
+        else:
+            own = item.names()
+            for node in item.nodes:
+                wanted.update(name for name, _ in _body_loads(node) if name not in own)
     for k in (i for i in schedule if isinstance(i, Kernel)):
         k.stored = {n.name for n in k.nodes if n.name in wanted}
 
@@ -197,5 +194,3 @@ def schedule(g: GraphLowering) -> list[Kernel | ExternCall]:
     mark_stores(items, g.outputs)
     return items
 
-
-__all__ = ["Kernel", "NodeRef", "node_coords", "schedule", "sympy"]

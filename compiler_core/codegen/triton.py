@@ -11,11 +11,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import sympy
 import torch
 
 from compiler_core.errors import CodegenError
-from compiler_core.ir.nodes import ComputedBuffer, Reduction
+from compiler_core.ir.nodes import ComputedBuffer, Reduction, body_reads
 from compiler_core.ir.ops import OpsHandler, compute_dtype, result_dtype, use_handler
 from compiler_core.scheduler import Coords, Kernel, kernel_index, node_coords, run_body, store_index
 from compiler_core.sizevars import RINDEX, XINDEX, Expr, render_index
@@ -127,6 +126,7 @@ class TritonHandler(OpsHandler):
     target: str
     kernel: Kernel
     args: dict[str, str]
+    buffer_dtypes: dict[str, torch.dtype]
     registers: dict[str, TVal] = field(default_factory=dict)
     lines: list[str] = field(default_factory=list)
     cse: dict[str, TVal] = field(default_factory=dict)
@@ -195,8 +195,6 @@ class TritonHandler(OpsHandler):
     def where(self, cond: TVal, a: TVal, b: TVal) -> TVal:
         return self.emit(f"tl.where({cond.text}, {a.text}, {b.text})", a.dtype)
 
-    buffer_dtypes: dict[str, torch.dtype] = field(default_factory=dict)
-
 
 @dataclass(frozen=True)
 class RenderedKernel:
@@ -234,17 +232,14 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str) -> Rende
     own = kernel.names()
     loads: list[str] = []
     for node in kernel.nodes:
-        from compiler_core.ir.nodes import body_reads
         for name, _ in body_reads(node).loads:
             if name not in own and name not in loads:
                 loads.append(name)
     stores = [n.name for n in kernel.nodes if n.name in kernel.stored]
     args = {name: f"in_ptr{i}" for i, name in enumerate(loads)}
     args |= {name: f"out_ptr{i}" for i, name in enumerate(stores)}
-    h = TritonHandler(target, kernel, args)
-    h.buffer_dtypes = {name: buffers[name].dtype for name in loads}
+    h = TritonHandler(target, kernel, args, {name: buffers[name].dtype for name in loads})
     reduction = kernel.rnumel > 1
-    body: list[str] = []
     with use_handler(h):
         for node in kernel.nodes:
             coords = node_coords(node, kernel.xnumel, kernel.rnumel)
@@ -349,5 +344,3 @@ def _needs_int64(kernel: Kernel, buffers: dict[str, Any], names: list[str]) -> b
             return True
     return False
 
-
-__all__ = ["RenderedKernel", "render_kernel", "sympy"]

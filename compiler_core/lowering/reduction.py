@@ -213,7 +213,7 @@ def _layer_norm(x: TensorValue, normalized_shape: Sequence[int], weight: TensorV
     dims = list(range(rank - len(normalized_shape), rank))
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     total, m2, n, _ = _two_pass(x, dims, True, acc, 0.0)
-    inv_n = ops_const = 1.0 / n
+    inv_n = 1.0 / n
     mean_load = broadcast_loader(total, x.sizes)
     var_load = broadcast_loader(m2, x.sizes)
     load = make_loader(x)
@@ -222,7 +222,7 @@ def _layer_norm(x: TensorValue, normalized_shape: Sequence[int], weight: TensorV
 
     def stats(s: Any, m: Any) -> tuple[Any, Any]:
         mean = ops.mul(s, ops.constant(inv_n, acc))
-        rstd = ops.rsqrt(ops.add(ops.mul(m, ops.constant(ops_const, acc)), ops.constant(float(eps), acc)))
+        rstd = ops.rsqrt(ops.add(ops.mul(m, ops.constant(inv_n, acc)), ops.constant(float(eps), acc)))
         return mean, rstd
 
     def inner(index: Sequence[Expr]) -> Any:
