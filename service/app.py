@@ -1,4 +1,4 @@
-"""The FastAPI application: `create_app(settings)` wires settings, store, routers and error handlers."""
+"""The FastAPI application: `create_app(settings)` wires settings, store, auth, routers and error handlers."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 
-from service.deps import require_token
+from service.auth import Authenticator
 from service.handlers import BodySizeLimit, install_handlers
-from service.routes import artifacts, compile, health, jobs, status
+from service.routes import admin, artifacts, cache, compile, health, jobs, metrics, status
 from service.settings import ServiceSettings
 from service.store import Store
 
@@ -26,7 +26,8 @@ def build_store(settings: ServiceSettings) -> Store:
         return RedisStore(settings)
     from service.embedded_store import EmbeddedStore
 
-    return EmbeddedStore(settings.data_dir, job_ttl_s=settings.job_ttl_s)
+    return EmbeddedStore(settings.data_dir, job_ttl_s=settings.job_ttl_s,
+                         max_artifact_bytes=settings.max_artifact_bytes)
 
 
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
@@ -37,6 +38,9 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         store = build_store(settings)
         app.state.settings = settings
         app.state.store = store
+        app.state.auth = Authenticator(settings, store)
+        if settings.anonymous_allowed:
+            log.warning("anonymous requests are allowed (role %s)", settings.effective_anonymous_role)
         stop = threading.Event()
         consumers = start_embedded_workers(store, settings, stop) if store.mode == "embedded" else []
         try:
@@ -48,22 +52,23 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
                 c.thread.join(timeout=60)
             log.info("service stopped")
 
-    app = FastAPI(title="fxcc", version="1", lifespan=lifespan)
+    app = FastAPI(title="fxcc", version="1", lifespan=lifespan,
+                  description="Compiler-as-a-service for PyTorch 2. Bearer tokens with roles client and admin.")
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     install_handlers(app)
-    for router in (compile.router, jobs.router, artifacts.router, status.router):
-        app.include_router(router, dependencies=[Depends(require_token)])
-    app.include_router(health.router)
+    for router in (compile.router, jobs.router, artifacts.router, status.router, cache.router, admin.router,
+                   metrics.router, health.router):
+        app.include_router(router)  # each router declares the role it needs
     return app
 
 
 def start_embedded_workers(store: Store, settings: ServiceSettings, stop: threading.Event) -> list:
     """In-process worker threads for embedded mode (the same job loop as `fxcc worker`)."""
     # Imported here: only embedded mode runs the compiler inside the service process.
-    from worker.loop import Consumer
+    from worker.loop import Consumer, JobPolicy
 
-    consumers = [Consumer(store, f"embedded-{i}", stop, block_ms=min(settings.claim_block_ms, 250),
-                          max_attempts=settings.job_max_attempts)
+    policy = JobPolicy.from_settings(settings)
+    consumers = [Consumer(store, f"embedded-{i}", stop, block_ms=min(settings.claim_block_ms, 250), policy=policy)
                  for i in range(settings.embedded_workers)]
     for c in consumers:
         c.thread.start()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 import threading
 import time
 import uuid
@@ -10,12 +12,24 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
-from compiler_core.artifact import Artifact, ArtifactManifest, load_artifact, save_artifact
-from service.store import Claim, JobError, JobRecord, JobState, Priority, Submitted, now_s
+from compiler_core.artifact import Artifact, ArtifactManifest, atomic_write, load_artifact, save_artifact
+from service.store import (
+    PRIORITIES,
+    ArtifactTooLarge,
+    CancelOutcome,
+    Claim,
+    JobError,
+    JobRecord,
+    JobStage,
+    JobState,
+    Priority,
+    Submitted,
+    TokenRecord,
+    now_s,
+    state_of,
+)
 
 log = logging.getLogger("fxcc.service.embedded")
-
-_PRIORITIES: tuple[Priority, ...] = ("interactive", "precompile")
 
 
 class EmbeddedStore:
@@ -23,17 +37,20 @@ class EmbeddedStore:
 
     mode = "embedded"
 
-    def __init__(self, data_dir: Path, job_ttl_s: float = 7 * 86_400) -> None:
+    def __init__(self, data_dir: Path, job_ttl_s: float = 7 * 86_400,
+                 max_artifact_bytes: int = 256 * 1024 * 1024) -> None:
         self.root = Path(data_dir)
         self.root.mkdir(parents=True, exist_ok=True)
         self._cond = threading.Condition()
         self._jobs: dict[str, JobRecord] = {}
         self._requests: dict[str, str] = {}
         self._inflight: dict[str, str] = {}
-        self._queues: dict[str, deque[str]] = {p: deque() for p in _PRIORITIES}
+        self._queues: dict[str, deque[str]] = {p: deque() for p in PRIORITIES}
         self._counters: Counter[str] = Counter()
+        self._dead: deque[dict[str, str]] = deque(maxlen=1000)
         self._job_ttl_s = job_ttl_s
-        self._running: dict[str, int] = {p: 0 for p in _PRIORITIES}
+        self._running: dict[str, int] = {p: 0 for p in PRIORITIES}
+        self.max_artifact_bytes = max_artifact_bytes
 
     def ping(self) -> None:
         if not self.root.is_dir():
@@ -45,29 +62,80 @@ class EmbeddedStore:
 
     # ------------------------------------------------------------ artifacts
 
+    def _manifest_path(self, key: str) -> Path:
+        return self.root / "manifests" / f"{key}.json"
+
     def get_manifest(self, key: str) -> ArtifactManifest | None:
         try:
-            return ArtifactManifest.model_validate_json((self.root / "manifests" / f"{key}.json").read_bytes())
+            return ArtifactManifest.model_validate_json(self._manifest_path(key).read_bytes())
         except (FileNotFoundError, ValueError):
             return None
 
-    def get_artifact(self, key: str) -> Artifact | None:
-        return load_artifact(self.root, key)
+    def lookup_manifest(self, key: str) -> ArtifactManifest | None:
+        manifest = self.get_manifest(key)
+        self.count("hits" if manifest is not None else "misses")
+        return manifest
 
-    def put_artifact(self, artifact: Artifact) -> None:
-        old = self.get_manifest(artifact.manifest.key)
+    def get_artifact(self, key: str) -> Artifact | None:
+        art = load_artifact(self.root, key)
+        self.count("hits" if art is not None else "misses")
+        return art
+
+    def get_signature(self, key: str) -> str | None:
+        try:
+            return (self.root / "manifests" / f"{key}.sig").read_text()
+        except FileNotFoundError:
+            return None
+
+    def put_artifact(self, artifact: Artifact, signature: str | None = None) -> None:
+        key = artifact.manifest.key
+        size = len(artifact.manifest_json()) + sum(len(b) for b in artifact.blobs.values())
+        if size > self.max_artifact_bytes:
+            self.count("rejected")
+            raise ArtifactTooLarge(f"artifact {key[:12]} has {size} bytes, over the limit of "
+                                   f"{self.max_artifact_bytes} (FXCC_MAX_ARTIFACT_BYTES)")
+        old = self.get_manifest(key)
         if old is not None and old.tuned and not artifact.manifest.tuned:
             return  # a tuned artifact supersedes an untuned one, never the other way round
+        sig_path = self.root / "manifests" / f"{key}.sig"
+        if signature is None:
+            sig_path.unlink(missing_ok=True)
+        else:
+            atomic_write(sig_path, signature.encode())
         save_artifact(self.root, artifact)  # blobs first, manifest last
         self.count("puts")
 
-    def count(self, counter: str) -> None:
+    def list_artifacts(self, limit: int) -> list[str]:
+        paths = sorted((self.root / "manifests").glob("*.json")) if (self.root / "manifests").is_dir() else []
+        return [p.stem for p in paths[:limit]]
+
+    def delete_artifact(self, key: str) -> bool:
+        (self.root / "manifests" / f"{key}.sig").unlink(missing_ok=True)
+        try:
+            self._manifest_path(key).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def purge_cache(self) -> int:
+        n = len(self.list_artifacts(1 << 62))
+        for sub in ("manifests", "blobs"):
+            shutil.rmtree(self.root / sub, ignore_errors=True)
+        return n
+
+    def count(self, counter: str, n: int = 1) -> None:
         with self._cond:
-            self._counters[counter] += 1
+            self._counters[counter] += n
 
     def counters(self) -> dict[str, int]:
         with self._cond:
-            return dict(self._counters)
+            out = dict(self._counters)
+        out["bytes"] = sum(p.stat().st_size for sub in ("manifests", "blobs")
+                           for p in (self.root / sub).rglob("*") if p.is_file())
+        return out
+
+    def cache_entries(self) -> int:
+        return len(self.list_artifacts(1 << 62))
 
     # ------------------------------------------------------------ jobs
 
@@ -78,7 +146,7 @@ class EmbeddedStore:
         with self._cond:
             existing = self._jobs.get(self._inflight.get(key, ""))
             if existing is not None and not existing.finished:
-                if (existing.state is JobState.QUEUED and priority == "interactive"
+                if (existing.stage is JobStage.QUEUED and priority == "interactive"
                         and existing.priority == "precompile"):
                     # A user now waits on a background job: move it to the front queue.
                     self._queues["precompile"].remove(existing.id)
@@ -89,8 +157,9 @@ class EmbeddedStore:
             job_id = uuid.uuid4().hex
             if len(self._jobs) % 1024 == 1023:
                 self._forget_old_jobs()
-            self._jobs[job_id] = JobRecord(id=job_id, key=key, state=JobState.QUEUED,
-                                           priority=priority, created_at=now_s())
+            created = now_s()
+            self._jobs[job_id] = JobRecord(id=job_id, key=key, state=JobState.QUEUED, stage=JobStage.QUEUED,
+                                           stages={"queued": created}, priority=priority, created_at=created)
             self._requests[job_id] = request_json
             self._inflight[key] = job_id
             self._queues[priority].append(job_id)
@@ -105,34 +174,86 @@ class EmbeddedStore:
         with self._cond:
             return self._requests.get(job_id)
 
+    def list_jobs(self, state: JobState | None, limit: int) -> list[JobRecord]:
+        with self._cond:
+            jobs = sorted(self._jobs.values(), key=lambda j: j.created_at, reverse=True)
+        return [j for j in jobs if state is None or j.state is state][:limit]
+
+    def job_counts(self) -> dict[str, int]:
+        with self._cond:
+            counts = Counter(j.state.value for j in self._jobs.values())
+        return {s.value: counts.get(s.value, 0) for s in JobState}
+
     def _forget_old_jobs(self) -> None:
         """Drop finished jobs older than job_ttl_s (what EXPIRE does for Redis job hashes)."""
         horizon = time.time() - self._job_ttl_s
         for job_id in [j.id for j in self._jobs.values() if j.finished and (j.finished_at or 0) < horizon]:
             del self._jobs[job_id]
 
-    def mark_compiling(self, job_id: str, worker: str, *, takeover: bool = False) -> JobRecord | None:
+    def mark_started(self, job_id: str, worker: str, *, takeover: bool = False) -> JobRecord | None:
         with self._cond:
             job = self._jobs.get(job_id)
-            if job is None or not (job.state is JobState.QUEUED
-                                   or (takeover and job.state is JobState.COMPILING)):
+            if job is None or not (job.stage is JobStage.QUEUED or (takeover and job.state is JobState.RUNNING)):
                 return None
-            attempt = job.attempt + 1
-            return self._update(job_id, state=JobState.COMPILING, started_at=now_s(), worker=worker,
-                                attempt=attempt)
+            return self._move(job_id, JobStage.LOWERING, started_at=now_s(), worker=worker,
+                              attempt=job.attempt + 1)
+
+    def mark_stage(self, job_id: str, stage: JobStage) -> None:
+        with self._cond:
+            job = self._jobs.get(job_id)
+            if job is not None and job.state is JobState.RUNNING:
+                self._move(job_id, stage)
 
     def mark_done(self, job_id: str, stats: dict[str, Any]) -> None:
-        self._update(job_id, state=JobState.DONE, finished_at=now_s(), stats=stats, error=None)
+        self._move(job_id, JobStage.DONE, finished_at=now_s(), stats=stats, error=None)
 
-    def mark_failed(self, job_id: str, error: JobError) -> None:
-        self._update(job_id, state=JobState.FAILED, finished_at=now_s(), error=error, stats=None)
+    def mark_failed(self, job_id: str, error: JobError, *, dead_letter: bool = False) -> None:
+        job = self._move(job_id, JobStage.FAILED, finished_at=now_s(), error=error, stats=None)
+        if dead_letter and job is not None:
+            self._dead.appendleft({"job_id": job_id, "key": job.key, "attempts": str(job.attempt),
+                                   "error": error.model_dump_json(), "at": repr(now_s())})
 
-    def _update(self, job_id: str, **fields: Any) -> JobRecord | None:
+    def retry(self, claim: Claim, error: JobError) -> None:
+        self._back_to_queue(claim, error=error)
+
+    def requeue(self, claim: Claim) -> None:
+        self._back_to_queue(claim, attempt_change=-1)
+
+    def _back_to_queue(self, claim: Claim, error: JobError | None = None, attempt_change: int = 0) -> None:
+        with self._cond:
+            job = self._jobs.get(claim.job_id)
+            if job is not None and job.state is JobState.RUNNING:
+                self._move(job.id, JobStage.QUEUED, worker=None, attempt=job.attempt + attempt_change,
+                           error=error or job.error)
+                self._queues[job.priority].append(job.id)
+            self.ack(claim)
+
+    def cancel(self, job_id: str) -> CancelOutcome:
+        with self._cond:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return "missing"
+            if job.stage is not JobStage.QUEUED:
+                return "conflict"
+            for q in self._queues.values():
+                if job_id in q:
+                    q.remove(job_id)
+            self._move(job_id, JobStage.CANCELLED, finished_at=now_s())
+            return "cancelled"
+
+    def dead_letters(self, limit: int) -> list[dict[str, str]]:
+        with self._cond:
+            return list(self._dead)[:limit]
+
+    def _move(self, job_id: str, stage: JobStage, **fields: Any) -> JobRecord | None:
+        """Put a job in `stage`, stamping the time it entered it."""
         with self._cond:  # re-entrant: a Condition wraps an RLock
             job = self._jobs.get(job_id)
             if job is None:
                 return None
-            job = self._jobs[job_id] = job.model_copy(update=fields)
+            stages = {**{k: v for k, v in job.stages.items() if k != stage.value}, stage.value: now_s()}
+            job = self._jobs[job_id] = job.model_copy(update={
+                "stage": stage, "state": state_of(stage), "stages": stages, **fields})
             if job.finished:
                 self._requests.pop(job_id, None)
                 if self._inflight.get(job.key) == job_id:
@@ -146,7 +267,7 @@ class EmbeddedStore:
         deadline = time.monotonic() + block_ms / 1000
         with self._cond:
             while True:
-                for p in _PRIORITIES:
+                for p in PRIORITIES:
                     if self._queues[p]:
                         self._running[p] += 1
                         return [Claim(job_id=self._queues[p].popleft(), stream=p, consumer=consumer)]
@@ -161,10 +282,44 @@ class EmbeddedStore:
 
     def queue_depths(self) -> dict[str, dict[str, int]]:
         with self._cond:
-            return {p: {"waiting": len(self._queues[p]), "running": self._running[p]} for p in _PRIORITIES}
+            out = {p: {"waiting": len(self._queues[p]), "running": self._running[p]} for p in PRIORITIES}
+            out["dead_letter"] = {"waiting": len(self._dead), "running": 0}
+            return out
 
     def workers(self) -> list[dict[str, Any]]:
-        return [{"id": "embedded", "device": "cpu", "in_process": True}]
+        return [{"id": "embedded", "device": "cpu", "in_process": True, "beat_at": time.time()}]
 
     def heartbeat(self, worker: str, info: dict[str, Any], claims: list[Claim]) -> None:
         """Nothing to do: embedded workers live and die with the service process."""
+
+    # ------------------------------------------------------------ tokens (kept in data_dir/tokens.json)
+
+    def _tokens_path(self) -> Path:
+        return self.root / "tokens.json"
+
+    def api_tokens(self) -> list[TokenRecord]:
+        try:
+            return [TokenRecord.model_validate(t) for t in json.loads(self._tokens_path().read_text())]
+        except FileNotFoundError:
+            return []
+
+    def find_token(self, sha256: str) -> TokenRecord | None:
+        return next((t for t in self.api_tokens() if t.sha256 == sha256), None)
+
+    def add_token(self, token: TokenRecord) -> bool:
+        with self._cond:
+            tokens = self.api_tokens()
+            if any(t.name == token.name or t.sha256 == token.sha256 for t in tokens):
+                return False
+            self._save_tokens([*tokens, token])
+            return True
+
+    def delete_token(self, name: str) -> bool:
+        with self._cond:
+            tokens = self.api_tokens()
+            kept = [t for t in tokens if t.name != name]
+            self._save_tokens(kept)
+            return len(kept) != len(tokens)
+
+    def _save_tokens(self, tokens: list[TokenRecord]) -> None:
+        atomic_write(self._tokens_path(), json.dumps([t.model_dump() for t in tokens]).encode())

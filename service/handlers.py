@@ -30,9 +30,11 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(FxccError, _fxcc_error)
     app.add_exception_handler(redis.ConnectionError, _store_unavailable)
     app.add_exception_handler(redis.TimeoutError, _store_unavailable)
+    app.add_exception_handler(redis.BusyLoadingError, _store_unavailable)
 
 
-_STATUS_NAMES = {400: "BadRequest", 401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed", 413: "RequestTooLarge"}
+_STATUS_NAMES = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound",
+                 405: "MethodNotAllowed", 409: "Conflict", 413: "RequestTooLarge", 415: "UnsupportedMediaType"}
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -54,9 +56,12 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _fxcc_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, FxccError)
-    if exc.http_status >= 500:
+    headers = None
+    if exc.http_status == 503:
+        headers = {"Retry-After": str(RETRY_AFTER_S)}
+    elif exc.http_status >= 500:
         log.error("%s %s failed: %s", request.method, request.url.path, exc)
-    return JSONResponse(status_code=exc.http_status, content=exc.to_dict())
+    return JSONResponse(status_code=exc.http_status, content=exc.to_dict(), headers=headers)
 
 
 async def _store_unavailable(request: Request, exc: Exception) -> JSONResponse:

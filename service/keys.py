@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+# ---- cache (FXCC_CACHE_REDIS_URL, which defaults to the queue's Redis)
 BLOB = "blob:{digest}"  # raw bytes of one content-addressed blob
 MANIFEST = "manifest:{key}"  # ArtifactManifest JSON; written last, after every blob it names
-JOB = "job:{job_id}"  # hash: state, timestamps, worker, attempt, request JSON, error, stats
+SIGNATURE = "sig:{key}"  # hex HMAC-SHA256 of the manifest; set in one MSET with the manifest
+MANIFEST_INDEX = "manifests"  # set of the keys that have a manifest (for listing and counting)
+CACHE_COUNTERS = "stats:cache"  # hash of counters: hits, misses, puts, rejected, bytes
+
+# ---- queue and jobs (FXCC_REDIS_URL)
+JOB = "job:{job_id}"  # hash: stage, stage times, worker, attempt, request JSON, error, stats
 INFLIGHT = "inflight:{key}"  # single flight: compile key -> id of the job compiling it (SET NX)
 STREAM_INTERACTIVE = "jobs:interactive"  # read before precompile: a user is waiting on these
 STREAM_PRECOMPILE = "jobs:precompile"
+DEAD_LETTER = "jobs:dead"  # stream of jobs that failed job_max_attempts times, with their error
+RECENT_JOBS = "jobs:recent"  # sorted set: job id scored by creation time (GET /v1/jobs)
 WORKER = "worker:{worker_id}"  # heartbeat: JSON info, expires unless renewed
-CACHE_COUNTERS = "stats:cache"  # hash of counters: hits, misses, puts
+TOKENS = "tokens"  # hash: sha256 of a token made over the API -> JSON TokenRecord (never the token)
 
 GROUP = "workers"  # the one consumer group every worker reads the job streams through
 STREAM_FIELD = "job_id"  # a stream entry carries only the job id; the request lives in the hash
@@ -22,13 +30,20 @@ class RedisKeys:
         self.prefix = prefix
         self.interactive = prefix + STREAM_INTERACTIVE
         self.precompile = prefix + STREAM_PRECOMPILE
+        self.dead_letter = prefix + DEAD_LETTER
+        self.recent_jobs = prefix + RECENT_JOBS
         self.cache_counters = prefix + CACHE_COUNTERS
+        self.manifest_index = prefix + MANIFEST_INDEX
+        self.tokens = prefix + TOKENS
 
     def blob(self, digest: str) -> str:
         return self.prefix + BLOB.format(digest=digest)
 
     def manifest(self, key: str) -> str:
         return self.prefix + MANIFEST.format(key=key)
+
+    def signature(self, key: str) -> str:
+        return self.prefix + SIGNATURE.format(key=key)
 
     def job(self, job_id: str) -> str:
         return self.prefix + JOB.format(job_id=job_id)

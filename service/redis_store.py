@@ -1,186 +1,177 @@
-"""RedisStore: artifacts as blobs + manifest, jobs as hashes, the queue as two streams with one group."""
+"""RedisStore: jobs as hashes, the queue as two streams with one group, API tokens; artifacts via RedisCache."""
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from dataclasses import replace
 from typing import Any
 
 import redis
 
-from compiler_core.artifact import Artifact, ArtifactManifest, manifest_from_json
-from compiler_core.errors import ArtifactError
+from service import redis_scripts as lua
 from service.keys import GROUP, STREAM_FIELD, RedisKeys
+from service.redis_cache import RedisCache
 from service.settings import ServiceSettings
-from service.store import Claim, JobError, JobRecord, JobState, Priority, Submitted, now_s
+from service.store import (
+    PRIORITIES,
+    CancelOutcome,
+    Claim,
+    JobError,
+    JobRecord,
+    JobStage,
+    JobState,
+    Priority,
+    QueueFull,
+    Submitted,
+    TokenRecord,
+    now_s,
+    state_of,
+)
 
 log = logging.getLogger("fxcc.service.redis")
 
-# Note: submit is one script so that "cached?", "a live job for this key?" and "queue a new
-# job" happen atomically; two identical requests can never both create a job.
-_SUBMIT = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return {'cached', ''} end
-local existing = redis.call('GET', KEYS[2])
-if existing then
-  local job = ARGV[2] .. existing
-  local state = redis.call('HGET', job, 'state')
-  if state == 'queued' and ARGV[5] == 'interactive' and redis.call('HGET', job, 'priority') == 'precompile' then
-    -- A user now waits on a background job: queue it again where workers look first.
-    redis.call('XADD', KEYS[5], '*', 'job_id', existing)
-    redis.call('HSET', job, 'priority', 'interactive')
-    return {'promoted', existing}
-  end
-  if state == 'queued' or state == 'compiling' then return {'joined', existing} end
-end
-redis.call('HSET', KEYS[3], unpack(ARGV, 6))
-local entry = redis.call('XADD', KEYS[4], '*', 'job_id', ARGV[1])
-redis.call('HSET', KEYS[3], 'stream', KEYS[4], 'entry_id', entry)
-redis.call('EXPIRE', KEYS[3], ARGV[4])
-redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
-return {'created', ARGV[1]}
-"""
-
-# A fresh delivery starts only a queued job (a promoted job has two entries; the second one
-# finds it compiling or finished); a takeover of a dead worker's entry also starts a compiling one.
-_START = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if state ~= 'queued' and not (ARGV[3] == '1' and state == 'compiling') then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'compiling', 'started_at', ARGV[1], 'worker', ARGV[2])
-redis.call('HINCRBY', KEYS[1], 'attempt', 1)
-return 1
-"""
-
-# Finishing also drops the single-flight entry, but only if it still points at this job.
-_FINISH = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 4))
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-local inflight = ARGV[3] .. redis.call('HGET', KEYS[1], 'key')
-if redis.call('GET', inflight) == ARGV[1] then redis.call('DEL', inflight) end
-return 1
-"""
+_SCAN_RECENT = 1000  # at most this many recent jobs are read to answer a filtered GET /v1/jobs
 
 
-class RedisStore:
-    """The cluster store. One instance per process; redis-py's pool makes it thread-safe."""
+def connect(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, protocol=2, health_check_interval=30)
+
+
+class RedisStore(RedisCache):
+    """The cluster store. One instance per process; redis-py's pools make it thread-safe.
+
+    `self.r` is the queue's Redis (jobs, streams, heartbeats, tokens); `self.c` the cache's.
+    """
 
     mode = "redis"
 
-    def __init__(self, settings: ServiceSettings, client: redis.Redis | None = None) -> None:
+    def __init__(self, settings: ServiceSettings, client: redis.Redis | None = None,
+                 cache_client: redis.Redis | None = None) -> None:
         if client is None:
             if not settings.redis_url:
                 raise ValueError("RedisStore needs FXCC_REDIS_URL")
-            client = redis.Redis.from_url(settings.redis_url, protocol=2, health_check_interval=30)
+            client = connect(settings.redis_url)
+        if cache_client is None:
+            separate = settings.cache_redis_url and settings.cache_redis_url != settings.redis_url
+            cache_client = connect(settings.cache_redis_url) if separate else client
+        keys = RedisKeys(settings.redis_prefix)
+        super().__init__(cache_client, keys, settings.max_artifact_bytes)
         self.r = client
         self.settings = settings
-        self.k = RedisKeys(settings.redis_prefix)
-        self._submit = self.r.register_script(_SUBMIT)
-        self._start = self.r.register_script(_START)
-        self._finish = self.r.register_script(_FINISH)
+        self._submit = self.r.register_script(lua.SUBMIT)
+        self._start = self.r.register_script(lua.START)
+        self._stage = self.r.register_script(lua.STAGE)
+        self._finish = self.r.register_script(lua.FINISH)
+        self._retry = self.r.register_script(lua.RETRY)
+        self._cancel = self.r.register_script(lua.CANCEL)
+        self._renew = self.r.register_script(lua.RENEW)
         self._groups_ready = False
 
     def ping(self) -> None:
         self.r.ping()
+        if self.c is not self.r:
+            self.c.ping()
 
     def close(self) -> None:
         self.r.close()
-
-    # ------------------------------------------------------------ artifacts
-
-    def get_manifest(self, key: str) -> ArtifactManifest | None:
-        data = self.r.get(self.k.manifest(key))
-        if data is None:
-            return None
-        try:
-            return manifest_from_json(data)
-        except ArtifactError:
-            log.warning("manifest %s in Redis is malformed; treating it as absent", key[:12])
-            return None
-
-    def get_artifact(self, key: str) -> Artifact | None:
-        manifest = self.get_manifest(key)
-        if manifest is None:
-            return None
-        digests = sorted({ref.digest for ref in manifest.blob_refs()})
-        values = self.r.mget([self.k.blob(d) for d in digests]) if digests else []
-        blobs = {d: v for d, v in zip(digests, values) if v is not None}
-        art = Artifact(manifest, blobs)
-        try:
-            art.verify()
-        except ArtifactError as e:
-            log.warning("artifact %s is broken in Redis: %s", key[:12], e.message)
-            return None
-        return art
-
-    def put_artifact(self, artifact: Artifact) -> None:
-        artifact.verify()
-        m = artifact.manifest
-        old = self.get_manifest(m.key)
-        if old is not None and old.tuned and not m.tuned:
-            return  # a tuned artifact supersedes an untuned one, never the other way round
-        pipe = self.r.pipeline(transaction=False)
-        for d, data in artifact.blobs.items():
-            pipe.set(self.k.blob(d), data, nx=True)
-        pipe.execute()
-        # Note: the manifest goes in only after every blob is acknowledged: no torn entries.
-        self.r.set(self.k.manifest(m.key), artifact.manifest_json())
-        self.count("puts")
-
-    def count(self, counter: str) -> None:
-        self.r.hincrby(self.k.cache_counters, counter, 1)
-
-    def counters(self) -> dict[str, int]:
-        return {k.decode(): int(v) for k, v in self.r.hgetall(self.k.cache_counters).items()}
+        if self.c is not self.r:
+            self.c.close()
 
     # ------------------------------------------------------------ jobs
 
     def submit(self, key: str, request_json: str, priority: Priority) -> Submitted:
+        manifest = self.get_manifest(key)
+        if manifest is not None:
+            return Submitted(manifest=manifest)
         job_id = uuid.uuid4().hex
-        fields = {
-            "id": job_id, "key": key, "state": JobState.QUEUED.value, "priority": priority,
-            "created_at": repr(now_s()), "attempt": "0", "request": request_json,
-        }
-        flat = [x for kv in fields.items() for x in kv]
-        keys = [self.k.manifest(key), self.k.inflight(key), self.k.job(job_id), self.k.stream(priority),
-                self.k.interactive]
-        args = [job_id, self.k.job(""), self.settings.inflight_ttl_s * 1000, self.settings.job_ttl_s, priority]
+        created = now_s()
+        fields = {"id": job_id, "key": key, "stage": JobStage.QUEUED.value, "priority": priority,
+                  "created_at": repr(created), "t:queued": repr(created), "attempt": "0",
+                  "request": request_json}
+        s = self.settings
+        keys = [self.k.inflight(key), self.k.job(job_id), self.k.stream(priority), self.k.interactive,
+                self.k.recent_jobs]
+        args = [job_id, self.k.job(""), s.inflight_ttl_s * 1000, s.job_ttl_s, priority, s.stream_max_len,
+                s.recent_jobs_max, repr(created)]
         self._ensure_groups()
-        outcome, got = self._submit(keys=keys, args=args + flat)
-        if outcome == b"cached":
-            manifest = self.get_manifest(key)
-            if manifest is not None:
-                return Submitted(manifest=manifest)
-            return self.submit(key, request_json, priority)  # removed meanwhile: queue after all
+        outcome, got = self._submit(keys=keys, args=args + [x for kv in fields.items() for x in kv])
+        if outcome == b"full":
+            raise QueueFull(f"the {priority} queue holds {s.stream_max_len} jobs (FXCC_STREAM_MAX_LEN); "
+                            "retry later")
         return Submitted(job_id=got.decode(), created=outcome == b"created")
 
     def get_job(self, job_id: str) -> JobRecord | None:
-        h = self.r.hgetall(self.k.job(job_id))
-        if not h or b"state" not in h:
-            return None
-        return _record(h)
+        return _record(self.r.hgetall(self.k.job(job_id)))
 
     def get_request(self, job_id: str) -> str | None:
         data = self.r.hget(self.k.job(job_id), "request")
         return None if data is None else data.decode()
 
-    def mark_compiling(self, job_id: str, worker: str, *, takeover: bool = False) -> JobRecord | None:
+    def list_jobs(self, state: JobState | None, limit: int) -> list[JobRecord]:
+        ids = self.r.zrevrange(self.k.recent_jobs, 0, (limit if state is None else _SCAN_RECENT) - 1)
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(self.k.job(job_id.decode()))
+        jobs = [j for j in map(_record, pipe.execute()) if j is not None]
+        return [j for j in jobs if state is None or j.state is state][:limit]
+
+    def job_counts(self) -> dict[str, int]:
+        ids = self.r.zrange(self.k.recent_jobs, 0, -1)
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hget(self.k.job(job_id.decode()), "stage")
+        counts = {s.value: 0 for s in JobState}
+        for stage in pipe.execute():
+            if stage is not None:
+                counts[state_of(JobStage(stage.decode())).value] += 1
+        return counts
+
+    def mark_started(self, job_id: str, worker: str, *, takeover: bool = False) -> JobRecord | None:
         if not self._start(keys=[self.k.job(job_id)], args=[repr(now_s()), worker, "1" if takeover else "0"]):
             return None
         return self.get_job(job_id)
 
+    def mark_stage(self, job_id: str, stage: JobStage) -> None:
+        self._stage(keys=[self.k.job(job_id)], args=[stage.value, repr(now_s())])
+
     def mark_done(self, job_id: str, stats: dict[str, Any]) -> None:
-        self._finished(job_id, state=JobState.DONE.value, stats=json.dumps(stats), error="")
+        self._finished(job_id, JobStage.DONE, stats=json.dumps(stats), error="")
 
-    def mark_failed(self, job_id: str, error: JobError) -> None:
-        self._finished(job_id, state=JobState.FAILED.value, error=error.model_dump_json(), stats="")
+    def mark_failed(self, job_id: str, error: JobError, *, dead_letter: bool = False) -> None:
+        self._finished(job_id, JobStage.FAILED, error=error.model_dump_json(), stats="")
+        if dead_letter:
+            job = self.get_job(job_id)
+            entry = {"job_id": job_id, "key": job.key if job else "", "attempts": job.attempt if job else 0,
+                     "error": error.model_dump_json(), "at": repr(now_s())}
+            self.r.xadd(self.k.dead_letter, entry, maxlen=self.settings.dead_letter_max_len, approximate=True)
+            log.error("job %s failed %d times; moved to the dead-letter stream: %s: %s", job_id,
+                      entry["attempts"], error.error, error.message)
 
-    def _finished(self, job_id: str, **fields: str) -> None:
-        fields["finished_at"] = repr(now_s())
-        flat = [x for kv in fields.items() for x in kv]
-        args = [job_id, self.settings.job_ttl_s, self.k.inflight("")]
-        self._finish(keys=[self.k.job(job_id)], args=args + flat)
+    def _finished(self, job_id: str, stage: JobStage, **fields: str) -> None:
+        args = [job_id, self.settings.job_ttl_s, self.k.inflight(""), stage.value, repr(now_s())]
+        self._finish(keys=[self.k.job(job_id)], args=args + [x for kv in fields.items() for x in kv])
+
+    def retry(self, claim: Claim, error: JobError) -> None:
+        self._requeue(claim, error.model_dump_json(), "0")
+
+    def requeue(self, claim: Claim) -> None:
+        self._requeue(claim, "", "-1")
+
+    def _requeue(self, claim: Claim, error_json: str, attempt_change: str) -> None:
+        keys = [self.k.job(claim.job_id), self.k.interactive, self.k.precompile]
+        self._retry(keys=keys, args=[repr(now_s()), error_json, attempt_change, self.settings.stream_max_len])
+        self.ack(claim)
+
+    def cancel(self, job_id: str) -> CancelOutcome:
+        args = [job_id, self.settings.job_ttl_s, self.k.inflight(""), repr(now_s())]
+        return self._cancel(keys=[self.k.job(job_id)], args=args).decode()
+
+    def dead_letters(self, limit: int) -> list[dict[str, str]]:
+        entries = self.r.xrevrange(self.k.dead_letter, count=limit)
+        return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in entries]
 
     # ------------------------------------------------------------ queue
 
@@ -202,7 +193,7 @@ class RedisStore:
         except redis.ResponseError as e:
             if "NOGROUP" not in str(e):
                 raise
-            # The streams were deleted under us (FLUSHDB, an operator): make them again.
+            # The streams were deleted under us (FLUSHDB, a Redis restart): make them again.
             self._groups_ready = False
             return self._claim(consumer, block_ms)
 
@@ -257,10 +248,11 @@ class RedisStore:
     def queue_depths(self) -> dict[str, dict[str, int]]:
         self._ensure_groups()
         out = {}
-        for priority in ("interactive", "precompile"):
+        for priority in PRIORITIES:
             stream = self.k.stream(priority)
             running = self.r.xpending(stream, GROUP)["pending"]
             out[priority] = {"waiting": max(self.r.xlen(stream) - running, 0), "running": running}
+        out["dead_letter"] = {"waiting": self.r.xlen(self.k.dead_letter), "running": 0}
         return out
 
     def workers(self) -> list[dict[str, Any]]:
@@ -272,23 +264,51 @@ class RedisStore:
         self.r.delete(self.k.worker(worker))
 
     def heartbeat(self, worker: str, info: dict[str, Any], claims: list[Claim]) -> None:
-        """Renew the worker's TTL key and reset the idle time of the entries it is working on."""
+        """Renew the worker's TTL key, reset the idle time of its entries, renew their single flight."""
         pipe = self.r.pipeline(transaction=False)
-        pipe.set(self.k.worker(worker), json.dumps(info), ex=self.settings.worker_ttl_s)
+        pipe.set(self.k.worker(worker), json.dumps({**info, "beat_at": time.time()}),
+                 ex=self.settings.worker_ttl_s)
         for c in claims:
             pipe.xclaim(c.stream, GROUP, c.consumer, 0, [c.entry_id], justid=True)
+            self._renew(keys=[self.k.job(c.job_id)], client=pipe,
+                        args=[self.k.inflight(""), c.job_id, self.settings.inflight_ttl_s * 1000])
         pipe.execute()
 
+    # ------------------------------------------------------------ tokens
 
-def _record(h: dict[bytes, bytes]) -> JobRecord:
+    def api_tokens(self) -> list[TokenRecord]:
+        return sorted((TokenRecord.model_validate_json(v) for v in self.r.hvals(self.k.tokens)),
+                      key=lambda t: t.name)
+
+    def find_token(self, sha256: str) -> TokenRecord | None:
+        data = self.r.hget(self.k.tokens, sha256)
+        return None if data is None else TokenRecord.model_validate_json(data)
+
+    def add_token(self, token: TokenRecord) -> bool:
+        if any(t.name == token.name for t in self.api_tokens()):
+            return False
+        return bool(self.r.hsetnx(self.k.tokens, token.sha256, token.model_dump_json()))
+
+    def delete_token(self, name: str) -> bool:
+        gone = [t.sha256 for t in self.api_tokens() if t.name == name]
+        return bool(gone) and bool(self.r.hdel(self.k.tokens, *gone))
+
+
+def _record(h: dict[bytes, bytes]) -> JobRecord | None:
+    if not h:
+        return None
     s = {k.decode(): v.decode() for k, v in h.items()}
+    if "stage" not in s:
+        return None
 
     def opt_float(name: str) -> float | None:
         return float(s[name]) if s.get(name) else None
 
+    stage = JobStage(s["stage"])
     return JobRecord(
-        id=s["id"], key=s["key"], state=JobState(s["state"]), priority=s["priority"],
-        created_at=float(s["created_at"]), started_at=opt_float("started_at"),
+        id=s["id"], key=s["key"], state=state_of(stage), stage=stage,
+        stages=dict(sorted(((k[2:], float(v)) for k, v in s.items() if k.startswith("t:")), key=lambda kv: kv[1])),
+        priority=s["priority"], created_at=float(s["created_at"]), started_at=opt_float("started_at"),
         finished_at=opt_float("finished_at"), worker=s.get("worker") or None,
         attempt=int(s.get("attempt", "0")),
         error=JobError.model_validate_json(s["error"]) if s.get("error") else None,

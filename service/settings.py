@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Role = Literal["client", "admin"]
+
+
+class TokenEntry(BaseModel):
+    """One API token from FXCC_TOKENS: give `sha256` (hex of the token) or the plain `token`,
+    which is hashed at load and never kept."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")
+    role: Role = "client"
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    token: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> TokenEntry:
+        if (self.sha256 is None) == (self.token is None):
+            raise ValueError(f"token {self.name!r}: give exactly one of sha256 and token")
+        return self
 
 
 class ServiceSettings(BaseSettings):
@@ -16,16 +36,39 @@ class ServiceSettings(BaseSettings):
 
     # None means embedded mode: artifacts on local disk, jobs in memory, an in-process worker.
     redis_url: str | None = None
+    # The artifact cache may live in another Redis (allkeys-lru) than the queue (noeviction, AOF).
+    cache_redis_url: str | None = None
     # Every Redis key lives under this prefix, so several deployments (or tests) share one Redis.
     redis_prefix: str = "fxcc:"
     data_dir: Path = Field(default_factory=lambda: Path("~/.cache/fxcc/service").expanduser())
-    # When set, every /v1 request must carry `Authorization: Bearer <token>` (FXCC_TOKEN, the
-    # variable the client reads too). /healthz stays open for load balancers.
+
+    # ---- auth. FXCC_TOKEN (the variable the client sends too) is one admin token. FXCC_TOKENS is
+    # a JSON list of TokenEntry. More tokens are made with POST /v1/admin/tokens.
     token: SecretStr | None = None
+    tokens: list[TokenEntry] = Field(default_factory=list)
+    # None: anonymous requests are allowed only by the embedded default (no Redis, loopback host,
+    # no token configured), as admin. True: allowed everywhere, with `anonymous_role`.
+    anonymous: bool | None = None
+    anonymous_role: Role = "client"
+    # Signs manifests (HMAC-SHA256) when set; workers and clients share it.
+    signing_key: SecretStr | None = None
+
     host: str = "127.0.0.1"
     port: int = Field(default=8470, ge=0, le=65535)
+
+    # ---- limits
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
+    max_nodes: int = Field(default=20_000, ge=1)
+    max_artifact_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
+    # Beyond this many waiting jobs a stream refuses new ones (503); XADD also trims at ~this length.
+    stream_max_len: int = Field(default=100_000, ge=1)
+    dead_letter_max_len: int = Field(default=10_000, ge=1)
+    recent_jobs_max: int = Field(default=10_000, ge=1)
+
     job_wait_max_s: float = Field(default=60.0, ge=0)
+    job_events_max_s: float = Field(default=600.0, gt=0)
+    # A job whose compile crashes this many times (or whose workers die this often) is failed and
+    # copied to the dead-letter stream.
     job_max_attempts: int = Field(default=3, ge=1)
     # A stream entry claimed but not acknowledged (nor touched by a heartbeat) for this long
     # belongs to a dead worker and is handed to another one.
@@ -33,10 +76,41 @@ class ServiceSettings(BaseSettings):
     claim_block_ms: int = Field(default=1_000, ge=1)
     heartbeat_s: float = Field(default=5.0, gt=0)
     worker_ttl_s: int = Field(default=30, ge=1)
-    # Single-flight entries and job records expire so that Redis does not grow without bound.
+    # After SIGTERM a worker finishes its job for up to this long, then requeues it and exits.
+    shutdown_grace_s: float = Field(default=90.0, ge=0)
+    # Single-flight entries and job records expire so that Redis does not grow without bound;
+    # heartbeats renew the single-flight entry of a job that is being compiled.
     inflight_ttl_s: int = Field(default=3_600, ge=1)
     job_ttl_s: int = Field(default=7 * 86_400, ge=1)
     embedded_workers: int = Field(default=1, ge=1)
+
+    # Test hook, off by default: a worker sleeps this long before each compile, so that tests can
+    # kill or stop it mid-job. Never set it in production.
+    test_only_compile_delay_s: float = Field(default=0.0, ge=0)
+
+    @property
+    def cache_url(self) -> str | None:
+        return self.cache_redis_url or self.redis_url
+
+    @property
+    def anonymous_allowed(self) -> bool:
+        if self.anonymous is not None:
+            return self.anonymous
+        return self.redis_url is None and is_loopback(self.host) and not (self.token or self.tokens)
+
+    @property
+    def effective_anonymous_role(self) -> Role:
+        """Explicit anonymous mode gets `anonymous_role`; the embedded loopback default is one user's."""
+        return self.anonymous_role if self.anonymous else "admin"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def redacted_url(url: str) -> str:

@@ -1,4 +1,4 @@
-"""The Store protocol (artifacts, jobs, queue, single flight) and the job record both stores share."""
+"""The Store protocol (artifacts, jobs, queue, single flight, tokens) and the job record both stores share."""
 
 from __future__ import annotations
 
@@ -10,20 +10,42 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel
 
 from compiler_core.artifact import Artifact, ArtifactManifest
+from compiler_core.errors import FxccError
 
 Priority = Literal["interactive", "precompile"]
+PRIORITIES: tuple[Priority, ...] = ("interactive", "precompile")
+
+
+class JobStage(str, Enum):
+    """Where a compile job is. A job moves forward only, except that a crashed attempt (or a worker
+    stopped by SIGTERM) sends it back to queued."""
+
+    QUEUED = "queued"  # in a stream, waiting for a worker
+    LOWERING = "lowering"  # a worker claimed it: rebuilding the graph and lowering it to loop IR
+    BUILDING = "building"  # generating Triton source and binaries
+    AUTOTUNING = "autotuning"  # benchmarking kernel configs on a GPU
+    STORING = "storing"  # writing blobs, then the manifest
+    DONE = "done"  # the artifact is stored under the job's key
+    FAILED = "failed"  # the compile raised (or failed job_max_attempts times); `error` says why
+    CANCELLED = "cancelled"  # DELETE /v1/jobs/{id} removed it from the queue before a worker took it
 
 
 class JobState(str, Enum):
-    """Where a compile job is. A job only moves forward: queued → compiling → done | failed."""
+    """The coarse state clients branch on; `stage` refines running."""
 
-    QUEUED = "queued"  # in a stream, waiting for a worker
-    COMPILING = "compiling"  # claimed by a worker (again, with attempt + 1, after a worker died)
-    DONE = "done"  # the artifact is stored under the job's key
-    FAILED = "failed"  # the compile raised; `error` says why
+    QUEUED = "queued"  # waiting for a worker
+    RUNNING = "running"  # a worker holds it (stage lowering, building, autotuning or storing)
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
 
 
-FINISHED = (JobState.DONE, JobState.FAILED)
+RUNNING_STAGES = (JobStage.LOWERING, JobStage.BUILDING, JobStage.AUTOTUNING, JobStage.STORING)
+FINISHED_STAGES = (JobStage.DONE, JobStage.FAILED, JobStage.CANCELLED)
+
+
+def state_of(stage: JobStage) -> JobState:
+    return JobState.RUNNING if stage in RUNNING_STAGES else JobState(stage.value)
 
 
 class JobError(BaseModel):
@@ -32,13 +54,24 @@ class JobError(BaseModel):
     op: str | None = None
     node: str | None = None
 
+    @classmethod
+    def of(cls, exc: BaseException) -> JobError:
+        if isinstance(exc, FxccError):
+            return cls(**exc.to_dict())
+        return cls(error=type(exc).__name__, message=str(exc)[:2000])
+
 
 class JobRecord(BaseModel):
-    """A job as stored and as GET /v1/jobs/{id} returns it. Times are Unix seconds."""
+    """A job as stored and as GET /v1/jobs/{id} returns it. Times are Unix seconds.
+
+    `stages` holds when the job entered each stage (the latest time, for a retried job).
+    """
 
     id: str
     key: str
     state: JobState
+    stage: JobStage
+    stages: dict[str, float] = {}
     priority: Priority
     created_at: float
     started_at: float | None = None
@@ -50,7 +83,17 @@ class JobRecord(BaseModel):
 
     @property
     def finished(self) -> bool:
-        return self.state in FINISHED
+        return self.stage in FINISHED_STAGES
+
+
+class TokenRecord(BaseModel):
+    """An API token as stored: its name, role and the sha256 of the token, never the token."""
+
+    name: str
+    role: Literal["client", "admin"]
+    sha256: str
+    created_at: float | None = None
+    source: Literal["settings", "api"] = "api"
 
 
 @dataclass(frozen=True)
@@ -73,8 +116,21 @@ class Submitted:
     created: bool = False
 
 
+class QueueFull(FxccError):
+    """A job stream holds stream_max_len entries: the service refuses more until workers catch up."""
+
+    http_status = 503
+
+
+class ArtifactTooLarge(FxccError):
+    """An artifact over max_artifact_bytes: it is not stored."""
+
+
+CancelOutcome = Literal["cancelled", "conflict", "missing"]
+
+
 class Store(Protocol):
-    """Artifacts, job records, the job queue and single flight. Thread-safe."""
+    """Artifacts, job records, the job queue, single flight and API tokens. Thread-safe."""
 
     mode: str  # "redis" or "embedded"
 
@@ -85,35 +141,77 @@ class Store(Protocol):
     # ---- artifacts
     def get_manifest(self, key: str) -> ArtifactManifest | None: ...
 
-    def get_artifact(self, key: str) -> Artifact | None: ...
-
-    def put_artifact(self, artifact: Artifact) -> None:
-        """Store the blobs first and the manifest last, so that no reader sees a torn entry."""
+    def lookup_manifest(self, key: str) -> ArtifactManifest | None:
+        """get_manifest, counted as a cache hit or miss."""
         ...
 
-    def count(self, counter: str) -> None: ...
+    def get_artifact(self, key: str) -> Artifact | None:
+        """The verified artifact, counted as a cache hit or miss."""
+        ...
+
+    def get_signature(self, key: str) -> str | None: ...
+
+    def put_artifact(self, artifact: Artifact, signature: str | None = None) -> None:
+        """Store the blobs first and the manifest last, so that no reader sees a torn entry.
+
+        Raises ArtifactTooLarge over max_artifact_bytes."""
+        ...
+
+    def list_artifacts(self, limit: int) -> list[str]: ...
+
+    def delete_artifact(self, key: str) -> bool: ...
+
+    def purge_cache(self) -> int:
+        """Delete every manifest and blob; returns how many manifests went."""
+        ...
+
+    def count(self, counter: str, n: int = 1) -> None: ...
 
     def counters(self) -> dict[str, int]: ...
 
+    def cache_entries(self) -> int: ...
+
     # ---- jobs
     def submit(self, key: str, request_json: str, priority: Priority) -> Submitted:
-        """Queue a job for `key` unless the artifact exists or a job for it is queued/compiling."""
+        """Queue a job for `key` unless the artifact exists or a job for it is queued/running."""
         ...
 
     def get_job(self, job_id: str) -> JobRecord | None: ...
 
     def get_request(self, job_id: str) -> str | None: ...
 
-    def mark_compiling(self, job_id: str, worker: str, *, takeover: bool = False) -> JobRecord | None:
-        """queued → compiling (attempt + 1); with `takeover` also compiling → compiling.
+    def list_jobs(self, state: JobState | None, limit: int) -> list[JobRecord]:
+        """The most recent jobs first, optionally only those in `state`."""
+        ...
+
+    def job_counts(self) -> dict[str, int]:
+        """Recent jobs per state."""
+        ...
+
+    def mark_started(self, job_id: str, worker: str, *, takeover: bool = False) -> JobRecord | None:
+        """queued → lowering (attempt + 1); with `takeover` also a running stage → lowering.
 
         None when the job is unknown or not in a state this claim may start.
         """
         ...
 
+    def mark_stage(self, job_id: str, stage: JobStage) -> None: ...
+
     def mark_done(self, job_id: str, stats: dict[str, Any]) -> None: ...
 
-    def mark_failed(self, job_id: str, error: JobError) -> None: ...
+    def mark_failed(self, job_id: str, error: JobError, *, dead_letter: bool = False) -> None: ...
+
+    def retry(self, claim: Claim, error: JobError) -> None:
+        """A running job back to queued with a new stream entry, keeping its attempt count."""
+        ...
+
+    def requeue(self, claim: Claim) -> None:
+        """Like retry, for a job its worker gave back (SIGTERM): the attempt is not counted."""
+        ...
+
+    def cancel(self, job_id: str) -> CancelOutcome: ...
+
+    def dead_letters(self, limit: int) -> list[dict[str, str]]: ...
 
     # ---- queue
     def claim(self, consumer: str, block_ms: int) -> list[Claim]:
@@ -122,16 +220,28 @@ class Store(Protocol):
 
     def ack(self, claim: Claim) -> None: ...
 
-    def heartbeat(self, worker: str, info: dict[str, Any], claims: list[Claim]) -> None: ...
+    def heartbeat(self, worker: str, info: dict[str, Any], claims: list[Claim]) -> None:
+        """Say the worker lives; keep its claims and their single-flight entries from expiring."""
+        ...
 
-    # ---- status
     def queue_depths(self) -> dict[str, dict[str, int]]:
         """Per priority: jobs waiting for a worker and jobs a worker holds."""
         ...
 
     def workers(self) -> list[dict[str, Any]]:
-        """The info of every worker whose heartbeat is current."""
+        """The info of every worker whose heartbeat is current (with `beat_at`, Unix seconds)."""
         ...
+
+    # ---- API tokens made over the API (those from settings never reach the store)
+    def api_tokens(self) -> list[TokenRecord]: ...
+
+    def find_token(self, sha256: str) -> TokenRecord | None: ...
+
+    def add_token(self, token: TokenRecord) -> bool:
+        """False when a token of that name exists."""
+        ...
+
+    def delete_token(self, name: str) -> bool: ...
 
 
 def now_s() -> float:

@@ -9,21 +9,23 @@ from typing import Any
 import redis
 
 from service.store import Claim, Store
-from worker.process import process_job
+from worker.process import DEFAULT_POLICY, JobPolicy, process_claim
 
 log = logging.getLogger("fxcc.worker")
+
+__all__ = ["Consumer", "JobPolicy", "heartbeat_loop"]
 
 
 class Consumer:
     """One thread that claims and runs jobs until `stop` is set; it finishes the job in hand first."""
 
     def __init__(self, store: Store, name: str, stop: threading.Event, *, block_ms: int = 1000,
-                 max_attempts: int = 3) -> None:
+                 policy: JobPolicy = DEFAULT_POLICY) -> None:
         self.store = store
         self.name = name
         self.stop = stop
         self.block_ms = block_ms
-        self.max_attempts = max_attempts
+        self.policy = policy
         self.current: list[Claim] = []  # read by the heartbeat thread; replaced, never mutated
         self.jobs_done = 0
         self.thread = threading.Thread(target=self.run, name=f"fxcc-{name}", daemon=True)
@@ -51,9 +53,7 @@ class Consumer:
 
     def handle(self, claim: Claim) -> None:
         try:
-            process_job(self.store, claim.job_id, worker=self.name, max_attempts=self.max_attempts,
-                        takeover=claim.reclaimed)
-            self.store.ack(claim)
+            process_claim(self.store, claim, worker=self.name, policy=self.policy)
             self.jobs_done += 1
         except Exception:  # unacked, the job is reclaimed after claim_idle_ms
             log.exception("%s: job %s could not be recorded", self.name, claim.job_id)

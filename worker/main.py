@@ -10,10 +10,16 @@ import sys
 import threading
 import time
 from types import FrameType
+from typing import TYPE_CHECKING
 
+import redis
 from pydantic import ValidationError
 
 from service.settings import ServiceSettings, redacted_url
+
+if TYPE_CHECKING:
+    from service.redis_store import RedisStore
+    from worker.loop import Consumer
 
 log = logging.getLogger("fxcc.worker")
 
@@ -36,10 +42,8 @@ def worker_main(concurrency: int = 1, device: str = "auto") -> None:
                   DEVICES, device, concurrency)
         sys.exit(2)
 
-    import redis
-
     from service.redis_store import RedisStore
-    from worker.loop import Consumer, heartbeat_loop
+    from worker.loop import Consumer, JobPolicy, heartbeat_loop
 
     store = RedisStore(settings)
     try:
@@ -51,33 +55,69 @@ def worker_main(concurrency: int = 1, device: str = "auto") -> None:
         # Not fatal: in a cluster Redis may come up after the workers; the loop keeps retrying.
         log.warning("Redis at %s is unreachable for now (%s); retrying", redacted_url(settings.redis_url), e)
     worker_id = f"{socket.gethostname()}-{os.getpid()}"
-    stop = threading.Event()
-    install_signal_handlers(stop)
+    stop, hard_stop = threading.Event(), threading.Event()
+    install_signal_handlers(stop, hard_stop)
     names = [worker_id] if concurrency == 1 else [f"{worker_id}-{i}" for i in range(concurrency)]
-    consumers = [Consumer(store, n, stop, block_ms=settings.claim_block_ms,
-                          max_attempts=settings.job_max_attempts) for n in names]
+    policy = JobPolicy.from_settings(settings)
+    consumers = [Consumer(store, n, stop, block_ms=settings.claim_block_ms, policy=policy) for n in names]
     info = {"id": worker_id, "device": resolve_device(device), "concurrency": concurrency,
             "started_at": time.time()}
-    log.info("worker %s: %d consumer(s), device %s, redis %s, prefix %r", worker_id, concurrency,
-             info["device"], redacted_url(settings.redis_url), settings.redis_prefix)
+    log.info("worker %s: %d consumer(s), device %s, redis %s, prefix %r%s", worker_id, concurrency,
+             info["device"], redacted_url(settings.redis_url), settings.redis_prefix,
+             ", signing manifests" if policy.signing_key else "")
+    beats_stop = threading.Event()
+    beats = threading.Thread(target=heartbeat_loop, name="fxcc-heartbeat", daemon=True,
+                             args=(store, worker_id, consumers, beats_stop, settings.heartbeat_s, info))
+    beats.start()
     for c in consumers:
         c.thread.start()
-    heartbeat_loop(store, worker_id, consumers, stop, settings.heartbeat_s, info)
-    for c in consumers:
-        c.thread.join()
+    while not stop.wait(0.5):
+        pass
+    abandoned = finish_or_requeue(store, consumers, settings.shutdown_grace_s, hard_stop)
+    beats_stop.set()
+    beats.join(timeout=10)
     try:
         store.forget_worker(worker_id)  # else its heartbeat key lingers until the TTL runs out
     except redis.RedisError:
         pass
     store.close()
-    log.info("worker %s: stopped after %d jobs", worker_id, sum(c.jobs_done for c in consumers))
+    log.info("worker %s: stopped after %d jobs%s", worker_id, sum(c.jobs_done for c in consumers),
+             f", {abandoned} requeued" if abandoned else "")
+    if abandoned:
+        logging.shutdown()
+        os._exit(0)  # a compile thread is still running: do not wait for it
 
 
-def install_signal_handlers(stop: threading.Event) -> None:
-    """SIGTERM/SIGINT: stop claiming, finish the job in hand, then exit 0."""
+def finish_or_requeue(store: RedisStore, consumers: list[Consumer], grace_s: float,
+                      hard_stop: threading.Event) -> int:
+    """Let the consumers finish their jobs for up to `grace_s` (heartbeats go on meanwhile), then
+    put the jobs still running back in the queue. A second signal cuts the grace short."""
+    deadline = time.monotonic() + grace_s
+    while any(c.thread.is_alive() for c in consumers) and time.monotonic() < deadline:
+        if hard_stop.wait(0.1):
+            break
+    stuck = [claim for c in consumers if c.thread.is_alive() for claim in c.current]
+    for claim in stuck:
+        try:
+            store.requeue(claim)
+            log.warning("job %s requeued: the worker is stopping before it finished", claim.job_id)
+        except redis.RedisError as e:
+            log.warning("job %s could not be requeued (%s); it is reclaimed after the claim timeout",
+                        claim.job_id, e)
+    return len(stuck)
+
+
+def install_signal_handlers(stop: threading.Event, hard_stop: threading.Event) -> None:
+    """SIGTERM/SIGINT: stop claiming, finish the job in hand (or requeue it after the grace
+    period, or at a second signal), then exit 0."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        log.info("got %s: finishing the current job, then exiting", signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            log.info("got %s again: requeueing the current job", name)
+            hard_stop.set()
+            return
+        log.info("got %s: finishing the current job, then exiting", name)
         stop.set()
 
     signal.signal(signal.SIGTERM, handler)

@@ -1,65 +1,107 @@
-"""One compile job, start to finish: claim state → compile → store artifact → done | failed."""
+"""One compile job, start to finish: start → lowering → (compile) → storing → done, or retry / fail."""
 
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 
 from compiler_core.compile import compile_request
-from compiler_core.errors import FxccError
+from compiler_core.errors import FxccError, InvalidGraph
 from compiler_core.wire import CompileRequest
-from service.store import JobError, JobRecord, Store
+from service.settings import ServiceSettings
+from service.signing import sign_manifest
+from service.store import ArtifactTooLarge, Claim, JobError, JobRecord, JobStage, Store
 
 log = logging.getLogger("fxcc.worker")
 
 
-def process_job(store: Store, job_id: str, *, worker: str = "embedded", max_attempts: int = 3,
-                takeover: bool = False) -> JobRecord | None:
-    """Run job `job_id` and record its outcome in `store`. Never raises for a failed compile.
+@dataclass(frozen=True)
+class JobPolicy:
+    """How a worker runs jobs: the retry limit, manifest signing and the test-only delay."""
 
-    `takeover` says the job was reclaimed from a worker that stopped answering, so a job left
-    "compiling" may be restarted. Returns the job record as it stands afterwards, or None for a
-    job the store does not know (expired).
+    max_attempts: int = 3
+    signing_key: bytes | None = None
+    compile_delay_s: float = 0.0  # test hook (FXCC_TEST_ONLY_COMPILE_DELAY_S); 0 in production
+
+    @classmethod
+    def from_settings(cls, settings: ServiceSettings) -> JobPolicy:
+        key = settings.signing_key.get_secret_value().encode() if settings.signing_key else None
+        return cls(max_attempts=settings.job_max_attempts, signing_key=key,
+                   compile_delay_s=settings.test_only_compile_delay_s)
+
+
+DEFAULT_POLICY = JobPolicy()
+
+
+def is_final(exc: BaseException) -> bool:
+    """Errors a retry cannot fix: the graph is bad, or the artifact is over the size limit."""
+    return isinstance(exc, ArtifactTooLarge) or (isinstance(exc, FxccError) and exc.http_status < 500)
+
+
+def process_claim(store: Store, claim: Claim, *, worker: str = "embedded",
+                  policy: JobPolicy = DEFAULT_POLICY) -> JobRecord | None:
+    """Run the claimed job, record its outcome and acknowledge the claim. Never raises for a
+    failed compile; a store error propagates (the claim stays pending and is reclaimed later).
+
+    A crashed attempt goes back to the queue until job_max_attempts, then fails and is copied to
+    the dead-letter stream. Returns the job record as it stands afterwards (None if unknown).
     """
-    job = store.get_job(job_id)
+    job = store.get_job(claim.job_id)
     if job is None:
-        log.warning("job %s is unknown (expired?); dropping it", job_id)
+        log.warning("job %s is unknown (expired?); dropping it", claim.job_id)
+        store.ack(claim)
         return None
-    if job.finished:
-        return job  # delivered twice (a reclaim raced a slow worker): the outcome stands
-    if job.attempt >= max_attempts:
-        # Note: attempt counts claims; reaching the limit means earlier workers died mid-compile.
-        store.mark_failed(job_id, JobError(error="TooManyAttempts", message=(
-            f"job was claimed {job.attempt} times without finishing; its workers died")))
-        return store.get_job(job_id)
-    job = store.mark_compiling(job_id, worker, takeover=takeover)
-    if job is None:
-        return store.get_job(job_id)  # another worker holds it (a promoted job's second entry)
-    log.info("job %s: compiling key %s (attempt %d)", job_id, job.key[:12], job.attempt)
+    if job.finished:  # delivered twice (a promoted job, or a reclaim that raced a slow worker)
+        store.ack(claim)
+        return job
+    if job.attempt >= policy.max_attempts:
+        # Note: attempt counts starts; reaching the limit here means earlier workers died mid-compile.
+        store.mark_failed(job.id, JobError(error="TooManyAttempts", message=(
+            f"job was started {job.attempt} times without finishing; its workers died")), dead_letter=True)
+        store.ack(claim)
+        return store.get_job(job.id)
+    started = store.mark_started(job.id, worker, takeover=claim.reclaimed)
+    if started is None:  # another worker holds it, or it was cancelled
+        store.ack(claim)
+        return store.get_job(job.id)
+    log.info("job %s: compiling key %s (attempt %d)", job.id, job.key[:12], started.attempt)
     try:
-        compile_and_store(store, job)
-    except FxccError as e:
-        log.info("job %s failed: %s", job_id, e)
-        store.mark_failed(job_id, JobError(**e.to_dict()))
+        compile_and_store(store, started, policy)
     except Exception as e:  # any crash of the compiler is the job's outcome
-        log.exception("job %s crashed", job_id)
-        store.mark_failed(job_id, JobError(error=type(e).__name__, message=str(e)[:2000]))
-    return store.get_job(job_id)
+        error = JobError.of(e)
+        if is_final(e):
+            log.info("job %s failed: %s", job.id, e)
+            store.mark_failed(job.id, error)
+        elif started.attempt >= policy.max_attempts:
+            log.warning("job %s failed on attempt %d: %s", job.id, started.attempt, e, exc_info=True)
+            store.mark_failed(job.id, error, dead_letter=True)
+        else:
+            log.warning("job %s failed on attempt %d, retrying: %s", job.id, started.attempt, e)
+            store.retry(claim, error)  # acknowledges the claim
+            return store.get_job(job.id)
+    store.ack(claim)
+    return store.get_job(job.id)
 
 
-def compile_and_store(store: Store, job: JobRecord) -> None:
+def compile_and_store(store: Store, job: JobRecord, policy: JobPolicy) -> None:
     """Compile the job's request (unless its artifact already exists), store it, mark it done."""
     existing = store.get_manifest(job.key)
     if existing is not None:
         store.mark_done(job.id, existing.stats.model_dump())
         return
     request = load_request(store, job)
-    artifact = compile_request(request)
+    if policy.compile_delay_s:
+        time.sleep(policy.compile_delay_s)
+    artifact = compile_request(request)  # lowering → building → (autotuning) in one call for now
     if artifact.manifest.key != job.key:
         raise RuntimeError(f"compiler produced key {artifact.manifest.key[:12]} for job key {job.key[:12]}: "
                            "service and worker run different compiler_core, torch or triton versions")
-    store.put_artifact(artifact)  # blobs, then manifest
+    store.mark_stage(job.id, JobStage.STORING)
+    signature = sign_manifest(artifact.manifest, policy.signing_key) if policy.signing_key else None
+    store.put_artifact(artifact, signature)  # blobs, then manifest
     stats = artifact.manifest.stats.model_dump()
     store.mark_done(job.id, stats)
     log.info("job %s: done, %d kernels, %d extern ops, %.3f s", job.id, stats["kernels"],
@@ -70,8 +112,8 @@ def load_request(store: Store, job: JobRecord) -> CompileRequest:
     """The job's request, re-validated: the worker trusts nothing it did not check itself."""
     data = store.get_request(job.id)
     if data is None:
-        raise RuntimeError(f"job {job.id} has no request")
+        raise InvalidGraph(f"job {job.id} has no request")
     try:
         return CompileRequest.model_validate_json(data)
     except ValidationError as e:
-        raise RuntimeError(f"job {job.id} holds an invalid request: {e.errors()[0]['msg']}") from None
+        raise InvalidGraph(f"job {job.id} holds an invalid request: {e.errors()[0]['msg']}") from None

@@ -1,40 +1,109 @@
-"""GET /v1/jobs/{id}: a job's state, long-polled until it finishes when ?wait=S is given."""
+"""Jobs: GET one (long-poll with ?wait=), its stages as Server-Sent Events, cancel it, list recent ones."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
+from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from service.deps import SettingsDep, StoreDep
-from service.store import JobRecord
+from service.deps import SettingsDep, StoreDep, require
+from service.store import JobRecord, JobState, Store
 
-router = APIRouter(prefix="/v1", tags=["jobs"])
+router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[Depends(require("client"))])
 
 _POLL_FIRST_S = 0.02
 _POLL_MAX_S = 0.25
+_KEEPALIVE_S = 15.0
+
+JobIdPath = Annotated[str, Path(pattern=r"^[0-9A-Za-z_-]{1,64}$")]
 
 
-@router.get("/jobs/{job_id}", response_model=JobRecord)
+async def fetch(store: Store, job_id: str) -> JobRecord:
+    job = await run_in_threadpool(store.get_job, job_id)
+    if job is None:
+        raise HTTPException(status_code=404, detail=f"no job {job_id}")
+    return job
+
+
+@router.get("/jobs", response_model=list[JobRecord])
+def list_jobs(
+    store: StoreDep,
+    state: Annotated[JobState | None, Query(description="only jobs in this state")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+) -> list[JobRecord]:
+    """The most recent jobs first (for `fxcc jobs`)."""
+    return store.list_jobs(state, limit)
+
+
+@router.get("/jobs/{job_id}", response_model=JobRecord, responses={404: {}})
 async def get_job(
-    job_id: Annotated[str, Path(pattern=r"^[0-9A-Za-z_-]{1,64}$")],
+    job_id: JobIdPath,
     store: StoreDep,
     settings: SettingsDep,
-    wait: Annotated[float, Query(ge=0, description="seconds to wait for done/failed")] = 0,
+    wait: Annotated[float, Query(ge=0, le=86_400, description="seconds to wait for the job to finish")] = 0,
 ) -> JobRecord:
     # Note: polling with an async sleep holds no threadpool thread while a client waits, so
     # many long-polls cannot starve the compile route of threads.
     deadline = time.monotonic() + min(wait, settings.job_wait_max_s)
     pause = _POLL_FIRST_S
     while True:
-        job = await run_in_threadpool(store.get_job, job_id)
-        if job is None:
-            raise HTTPException(status_code=404, detail=f"no job {job_id}")
+        job = await fetch(store, job_id)
         left = deadline - time.monotonic()
         if job.finished or left <= 0:
             return job
         await asyncio.sleep(min(pause, left))
         pause = min(pause * 1.5, _POLL_MAX_S)
+
+
+@router.get("/jobs/{job_id}/events", responses={200: {"content": {"text/event-stream": {}}}, 404: {}})
+async def job_events(job_id: JobIdPath, store: StoreDep, settings: SettingsDep) -> StreamingResponse:
+    """An `event: stage` with the job record each time its stage changes; the stream ends when
+    the job finishes (or after job_events_max_s; reconnect to go on)."""
+    first = await fetch(store, job_id)
+    return StreamingResponse(stage_events(store, first, settings.job_events_max_s),
+                             media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def stage_events(store: Store, job: JobRecord, max_s: float) -> AsyncIterator[str]:
+    deadline = time.monotonic() + max_s
+    last_beat = time.monotonic()
+    seen: tuple[str, int] | None = None
+    pause = _POLL_FIRST_S
+    while True:
+        if (job.stage.value, job.attempt) != seen:
+            seen = (job.stage.value, job.attempt)
+            yield f"event: stage\nid: {job.stage.value}-{job.attempt}\ndata: {job.model_dump_json()}\n\n"
+            pause = _POLL_FIRST_S
+        if job.finished or time.monotonic() > deadline:
+            return
+        if time.monotonic() - last_beat > _KEEPALIVE_S:
+            last_beat = time.monotonic()
+            yield ": keep-alive\n\n"
+        await asyncio.sleep(pause)
+        pause = min(pause * 1.5, _POLL_MAX_S)
+        fresh = await run_in_threadpool(store.get_job, job.id)
+        if fresh is None:
+            yield f"event: gone\ndata: {json.dumps({'id': job.id})}\n\n"
+            return
+        job = fresh
+
+
+@router.delete("/jobs/{job_id}", response_model=JobRecord, responses={404: {}, 409: {}})
+def cancel_job(job_id: JobIdPath, store: StoreDep) -> JobRecord:
+    """Cancel a queued job; 409 once a worker has started it or it has finished."""
+    outcome = store.cancel(job_id)
+    if outcome == "missing":
+        raise HTTPException(status_code=404, detail=f"no job {job_id}")
+    job = store.get_job(job_id)
+    if outcome == "conflict":
+        stage = job.stage.value if job else "gone"
+        raise HTTPException(status_code=409, detail=f"job {job_id} is {stage}; only a queued job can be cancelled")
+    assert job is not None
+    return job

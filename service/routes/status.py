@@ -1,17 +1,25 @@
-"""GET /v1/status: the queue, the workers and the cache counters, for people and dashboards."""
+"""GET /v1/status (clients: queue, workers, cache counters) and GET /v1/stats (admins: the full picture)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
-from service.deps import StoreDep
+from service.deps import StoreDep, require
+from service.stats import gather_stats
 
 router = APIRouter(prefix="/v1", tags=["status"])
 
 
-@router.get("/status")
+@router.get("/status", dependencies=[Depends(require("client"))])
 def get_status(store: StoreDep) -> dict[str, Any]:
     return {"store": store.mode, "queue": store.queue_depths(), "workers": store.workers(),
             "cache": store.counters()}
+
+
+@router.get("/stats", dependencies=[Depends(require("admin"))])
+def get_stats(store: StoreDep) -> dict[str, Any]:
+    """Queue depth per priority (and the dead-letter stream), live workers with heartbeat age and
+    device, recent jobs per state, cache entries, bytes, counters and hit rate."""
+    return gather_stats(store)

@@ -23,8 +23,10 @@ from service.settings import ServiceSettings
 
 @pytest.fixture
 def redis_settings(redis_url: str, redis_prefix: str, tmp_path: Path) -> ServiceSettings:
+    # Anonymous (as admin) so that tests about other things need no tokens; tests/service/test_auth.py
+    # covers what anonymous access is off.
     return ServiceSettings(redis_url=redis_url, redis_prefix=redis_prefix, data_dir=tmp_path / "data",
-                           claim_block_ms=100, heartbeat_s=0.2)
+                           claim_block_ms=100, heartbeat_s=0.2, anonymous=True, anonymous_role="admin")
 
 
 @pytest.fixture

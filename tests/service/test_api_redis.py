@@ -14,7 +14,7 @@ from compiler_core.wire import CompileRequest
 from service.app import create_app
 from service.redis_store import RedisStore
 from service.settings import ServiceSettings
-from worker.process import process_job
+from worker.process import process_claim
 
 
 @pytest.fixture
@@ -36,8 +36,7 @@ def run_queued_jobs(store: RedisStore) -> list[str]:
     done = []
     while claims := store.claim("test-worker", block_ms=10):
         for c in claims:
-            process_job(store, c.job_id, worker="test-worker")
-            store.ack(c)
+            process_claim(store, c, worker="test-worker")
             done.append(c.job_id)
     return done
 
@@ -65,27 +64,33 @@ def test_job_lifecycle(client: TestClient, make_unary: Callable[..., CompileRequ
     req = make_unary()
     queued = post(client, req).json()
     job = client.get(f"/v1/jobs/{queued['job_id']}").json()
-    assert job["state"] == "queued" and job["attempt"] == 0 and job["started_at"] is None
+    assert job["state"] == job["stage"] == "queued" and job["attempt"] == 0 and job["started_at"] is None
+    assert list(job["stages"]) == ["queued"]
     assert client.get(f"/v1/jobs/{queued['job_id']}", params={"wait": 0.2}).json()["state"] == "queued"
 
     assert run_queued_jobs(store_of(client)) == [queued["job_id"]]
 
     job = client.get(f"/v1/jobs/{queued['job_id']}", params={"wait": 5}).json()
-    assert set(job) == {"id", "key", "state", "priority", "created_at", "started_at", "finished_at",
-                        "worker", "attempt", "error", "stats"}
-    assert job["state"] == "done" and job["worker"] == "test-worker" and job["attempt"] == 1
+    assert set(job) == {"id", "key", "state", "stage", "stages", "priority", "created_at", "started_at",
+                        "finished_at", "worker", "attempt", "error", "stats"}
+    assert job["state"] == job["stage"] == "done" and job["worker"] == "test-worker" and job["attempt"] == 1
+    assert list(job["stages"]) == ["queued", "lowering", "storing", "done"]
     assert job["key"] == queued["key"] and job["priority"] == "interactive" and job["error"] is None
     assert job["created_at"] <= job["started_at"] <= job["finished_at"]
     assert job["stats"]["nodes"] == 1 and "kernels" in job["stats"]
 
     art = client.get(f"/v1/artifacts/{queued['key']}").json()
     assert art["manifest"]["key"] == queued["key"] and isinstance(art["blobs"], dict)
-    assert client.get(f"/v1/artifacts/{queued['key']}", params={"blobs": 0}).json() == {"manifest": art["manifest"]}
+    assert art["signature"] is None
+    assert client.get(f"/v1/artifacts/{queued['key']}", params={"blobs": 0}).json() == {
+        "manifest": art["manifest"], "signature": None}
 
     again = post(client, req)
     assert again.status_code == 200
     assert again.json() == {"status": "done", "key": queued["key"], "manifest": art["manifest"]}
-    assert store_of(client).counters() == {"misses": 1, "hits": 1, "puts": 1}
+    # Every look-up counts: the POST's miss, the two GETs' hits and this POST's hit.
+    counters = store_of(client).counters()
+    assert (counters["misses"], counters["hits"], counters["puts"]) == (1, 3, 1) and counters["bytes"] > 0
 
 
 def test_failed_compile_is_recorded(client: TestClient, make_sum: Callable[[int], CompileRequest]) -> None:
@@ -137,12 +142,13 @@ def test_status_shows_queue_workers_and_cache(client: TestClient,
     status = client.get("/v1/status").json()
     assert status["store"] == "redis"
     assert status["queue"] == {"interactive": {"waiting": 1, "running": 0},
-                               "precompile": {"waiting": 1, "running": 0}}
-    assert status["workers"] == [{"id": "w-1", "device": "cpu"}]
+                               "precompile": {"waiting": 1, "running": 0},
+                               "dead_letter": {"waiting": 0, "running": 0}}
+    [worker] = status["workers"]
+    assert worker["id"] == "w-1" and worker["device"] == "cpu" and worker["beat_at"] > 0
     [claim] = store.claim("w-1", block_ms=10)
     assert client.get("/v1/status").json()["queue"]["interactive"] == {"waiting": 0, "running": 1}
-    process_job(store, claim.job_id, worker="w-1")
-    store.ack(claim)
+    process_claim(store, claim, worker="w-1")
     status = client.get("/v1/status").json()
     assert status["queue"]["interactive"] == {"waiting": 0, "running": 0}
-    assert status["cache"] == {"misses": 2, "puts": 1}
+    assert status["cache"]["misses"] == 2 and status["cache"]["puts"] == 1

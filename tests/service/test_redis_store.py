@@ -94,7 +94,7 @@ def test_stuck_job_is_reclaimed_after_claim_idle_ms(redis_settings: ServiceSetti
     req = make_unary()
     job_id = store.submit(compile_key(req), req.model_dump_json(), "interactive").job_id
     [dead] = store.claim("dead-worker", block_ms=50)
-    store.mark_compiling(job_id, "dead-worker")
+    store.mark_started(job_id, "dead-worker")
     assert store.claim("live-worker", block_ms=10) == []  # not idle long enough yet
     time.sleep(0.15)
     [again] = store.claim("live-worker", block_ms=10)

@@ -79,16 +79,16 @@ def test_job_lifecycle_records(store: Store, make_unary: Callable[..., CompileRe
     req = make_unary()
     job_id = store.submit(compile_key(req), req.model_dump_json(), "precompile").job_id
     assert job_id is not None
-    job = store.mark_compiling(job_id, "w1")
+    job = store.mark_started(job_id, "w1")
     assert job is not None
-    assert (job.state, job.worker, job.attempt, job.priority) == (JobState.COMPILING, "w1", 1, "precompile")
+    assert (job.state, job.worker, job.attempt, job.priority) == (JobState.RUNNING, "w1", 1, "precompile")
     assert job.started_at is not None and job.started_at >= job.created_at
     store.mark_done(job_id, {"kernels": 0, "nodes": 1})
     job = store.get_job(job_id)
     assert job is not None and job.state is JobState.DONE and job.stats == {"kernels": 0, "nodes": 1}
     assert job.finished_at is not None and job.error is None
     assert store.get_job("0" * 32) is None
-    assert store.mark_compiling("0" * 32, "w1") is None
+    assert store.mark_started("0" * 32, "w1") is None
 
 
 def test_interactive_is_claimed_first(store: Store, make_unary: Callable[..., CompileRequest]) -> None:
@@ -116,5 +116,5 @@ def test_interactive_request_promotes_a_queued_precompile_job(store: Store,
     assert store.get_job(job_id).priority == "interactive"
     [first] = store.claim("c", block_ms=10)
     assert first.job_id == job_id  # ahead of the older precompile job
-    assert store.mark_compiling(job_id, "c") is not None
-    assert store.mark_compiling(job_id, "other") is None  # a second delivery may not start it again
+    assert store.mark_started(job_id, "c") is not None
+    assert store.mark_started(job_id, "other") is None  # a second delivery may not start it again

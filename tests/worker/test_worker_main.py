@@ -78,7 +78,7 @@ def test_consumer_takes_over_a_dead_workers_job(redis_settings: ServiceSettings,
     req = make_unary()
     job_id = store.submit(compile_key(req), req.model_dump_json(), "interactive").job_id
     store.claim("crashed", block_ms=10)  # claimed, never acknowledged
-    store.mark_compiling(job_id, "crashed")
+    store.mark_started(job_id, "crashed")
     stop = threading.Event()
     consumer = Consumer(store, "rescuer", stop, block_ms=50)
     consumer.thread.start()

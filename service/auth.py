@@ -1,0 +1,93 @@
+"""API tokens and roles: who may call what. Tokens are kept and compared only as sha256 digests.
+
+Roles: `client` compiles and reads jobs, artifacts and status; `admin` may also read stats and
+metrics, manage the cache and manage tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+
+from service.settings import Role, ServiceSettings
+from service.store import Store, TokenRecord
+
+ROLE_RANK: dict[str, int] = {"client": 1, "admin": 2}
+
+_CACHE_S = 5.0  # a token made or revoked over the API takes effect on every replica within this
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who made a request: a token's name and role, or `anonymous`."""
+
+    name: str
+    role: Role
+
+    def may(self, role: Role) -> bool:
+        return ROLE_RANK[self.role] >= ROLE_RANK[role]
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    return "fxcc_" + secrets.token_urlsafe(32)
+
+
+def settings_tokens(settings: ServiceSettings) -> list[TokenRecord]:
+    """The tokens FXCC_TOKEN and FXCC_TOKENS configure; plain ones are hashed here."""
+    out = []
+    if settings.token is not None:
+        out.append(TokenRecord(name="FXCC_TOKEN", role="admin", source="settings",
+                               sha256=hash_token(settings.token.get_secret_value())))
+    for t in settings.tokens:
+        digest = t.sha256 or hash_token(t.token.get_secret_value())  # type: ignore[union-attr]
+        out.append(TokenRecord(name=t.name, role=t.role, sha256=digest, source="settings"))
+    return out
+
+
+class Authenticator:
+    """Maps a bearer token to a Principal: settings' tokens first, then the store's (cached briefly)."""
+
+    def __init__(self, settings: ServiceSettings, store: Store) -> None:
+        self.store = store
+        self.configured = settings_tokens(settings)
+        self.anonymous = (Principal("anonymous", settings.effective_anonymous_role)
+                          if settings.anonymous_allowed else None)
+        self._cache: dict[str, tuple[float, TokenRecord | None]] = {}
+        self._lock = threading.Lock()
+
+    def principal(self, token: str | None) -> Principal | None:
+        """None when the token is missing or unknown (and anonymous access is off)."""
+        if not token:
+            return self.anonymous
+        digest = hash_token(token)
+        for t in self.configured:
+            if hmac.compare_digest(t.sha256, digest):
+                return Principal(t.name, t.role)
+        record = self._stored(digest)
+        return None if record is None else Principal(record.name, record.role)
+
+    def _stored(self, digest: str) -> TokenRecord | None:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(digest)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        record = self.store.find_token(digest)
+        with self._lock:
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[digest] = (now + _CACHE_S, record)
+        return record
+
+    def forget(self) -> None:
+        """Drop cached look-ups (after a token is made or revoked through this replica)."""
+        with self._lock:
+            self._cache.clear()

@@ -1,0 +1,140 @@
+"""RedisCache: artifacts as content-addressed blobs plus a manifest written last, with counters."""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+
+from compiler_core.artifact import Artifact, ArtifactManifest, manifest_from_json
+from compiler_core.errors import ArtifactError
+from service import redis_scripts as lua
+from service.keys import RedisKeys
+from service.store import ArtifactTooLarge
+
+log = logging.getLogger("fxcc.service.redis")
+
+_PURGE_BATCH = 500
+
+
+class RedisCache:
+    """The artifact half of RedisStore, on the cache's Redis (`self.c`), which may be the queue's."""
+
+    def __init__(self, client: redis.Redis, keys: RedisKeys, max_artifact_bytes: int) -> None:
+        self.c = client
+        self.k = keys
+        self.max_artifact_bytes = max_artifact_bytes
+        self._lookup = self.c.register_script(lua.LOOKUP)
+
+    def get_manifest(self, key: str) -> ArtifactManifest | None:
+        return _parse(key, self.c.get(self.k.manifest(key)))
+
+    def lookup_manifest(self, key: str) -> ArtifactManifest | None:
+        data, _ = self._lookup(keys=[self.k.manifest(key), self.k.signature(key), self.k.cache_counters])
+        return _parse(key, data)
+
+    def get_artifact(self, key: str) -> Artifact | None:
+        data, _ = self._lookup(keys=[self.k.manifest(key), self.k.signature(key), self.k.cache_counters])
+        manifest = _parse(key, data)
+        if manifest is None:
+            return None
+        digests = sorted({ref.digest for ref in manifest.blob_refs()})
+        values = self.c.mget([self.k.blob(d) for d in digests]) if digests else []
+        art = Artifact(manifest, {d: v for d, v in zip(digests, values) if v is not None})
+        try:
+            art.verify()
+        except ArtifactError as e:
+            log.warning("artifact %s is broken in Redis: %s", key[:12], e.message)
+            return None
+        return art
+
+    def get_signature(self, key: str) -> str | None:
+        sig = self.c.get(self.k.signature(key))
+        return None if sig is None else sig.decode()
+
+    def put_artifact(self, artifact: Artifact, signature: str | None = None) -> None:
+        artifact.verify()
+        m = artifact.manifest
+        manifest_json = artifact.manifest_json()
+        size = len(manifest_json) + sum(len(b) for b in artifact.blobs.values())
+        if size > self.max_artifact_bytes:
+            self.count("rejected")
+            raise ArtifactTooLarge(f"artifact {m.key[:12]} has {size} bytes, over the limit of "
+                                   f"{self.max_artifact_bytes} (FXCC_MAX_ARTIFACT_BYTES)")
+        old = self.c.get(self.k.manifest(m.key))
+        old_manifest = _parse(m.key, old)
+        if old_manifest is not None and old_manifest.tuned and not m.tuned:
+            return  # a tuned artifact supersedes an untuned one, never the other way round
+        pipe = self.c.pipeline(transaction=False)
+        blobs = list(artifact.blobs.items())
+        for d, data in blobs:
+            pipe.set(self.k.blob(d), data, nx=True)
+        added = sum(len(data) for (_, data), new in zip(blobs, pipe.execute()) if new)
+        # Note: the manifest goes in only after every blob is acknowledged: no torn entries. Its
+        # signature goes in the same MSET, so a reader never pairs a manifest with another's signature.
+        pipe = self.c.pipeline(transaction=True)
+        if signature is None:
+            pipe.delete(self.k.signature(m.key))
+            pipe.set(self.k.manifest(m.key), manifest_json)
+        else:
+            pipe.mset({self.k.manifest(m.key): manifest_json, self.k.signature(m.key): signature})
+        pipe.sadd(self.k.manifest_index, m.key)
+        pipe.hincrby(self.k.cache_counters, "puts", 1)
+        pipe.hincrby(self.k.cache_counters, "bytes", added + len(manifest_json) - len(old or b""))
+        pipe.execute()
+
+    def list_artifacts(self, limit: int) -> list[str]:
+        keys: list[str] = []
+        for member in self.c.sscan_iter(self.k.manifest_index, count=1000):
+            keys.append(member.decode())
+            if len(keys) >= limit:
+                break
+        return sorted(keys)
+
+    def delete_artifact(self, key: str) -> bool:
+        """Drop the manifest (its blobs may be shared by other artifacts; purge drops those)."""
+        manifest = self.c.get(self.k.manifest(key))
+        pipe = self.c.pipeline(transaction=True)
+        pipe.delete(self.k.manifest(key), self.k.signature(key))
+        pipe.srem(self.k.manifest_index, key)
+        if manifest is not None:
+            pipe.hincrby(self.k.cache_counters, "bytes", -len(manifest))
+        return bool(pipe.execute()[0])
+
+    def purge_cache(self) -> int:
+        removed = 0
+        for pattern in (self.k.manifest("*"), self.k.signature("*"), self.k.blob("*")):
+            batch: list[bytes] = []
+            for name in self.c.scan_iter(match=pattern, count=1000):
+                batch.append(name)
+                if len(batch) >= _PURGE_BATCH:
+                    n = self.c.delete(*batch)
+                    removed += n if pattern == self.k.manifest("*") else 0
+                    batch = []
+            if batch:
+                n = self.c.delete(*batch)
+                removed += n if pattern == self.k.manifest("*") else 0
+        pipe = self.c.pipeline(transaction=True)
+        pipe.delete(self.k.manifest_index)
+        pipe.hset(self.k.cache_counters, "bytes", 0)
+        pipe.execute()
+        return removed
+
+    def count(self, counter: str, n: int = 1) -> None:
+        self.c.hincrby(self.k.cache_counters, counter, n)
+
+    def counters(self) -> dict[str, int]:
+        return {k.decode(): int(v) for k, v in self.c.hgetall(self.k.cache_counters).items()}
+
+    def cache_entries(self) -> int:
+        return int(self.c.scard(self.k.manifest_index))
+
+
+def _parse(key: str, data: bytes | None) -> ArtifactManifest | None:
+    if data is None:
+        return None
+    try:
+        return manifest_from_json(data)
+    except ArtifactError:
+        log.warning("manifest %s in Redis is malformed; treating it as absent", key[:12])
+        return None

@@ -1,0 +1,59 @@
+"""What GET /v1/stats and GET /metrics report, gathered once from the store."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from service.store import Store
+
+
+def gather_stats(store: Store) -> dict[str, Any]:
+    """Queue depth per priority, live workers with heartbeat age, jobs per state, cache figures."""
+    now = time.time()
+    workers = []
+    for w in store.workers():
+        beat = w.get("beat_at")
+        workers.append({"id": w.get("id"), "device": w.get("device"), "concurrency": w.get("concurrency"),
+                        "jobs": w.get("jobs", []), "jobs_done": w.get("jobs_done", 0),
+                        "heartbeat_age_s": None if beat is None else round(max(now - beat, 0.0), 3)})
+    counters = store.counters()
+    hits, misses = counters.get("hits", 0), counters.get("misses", 0)
+    cache = {"entries": store.cache_entries(), "bytes": counters.get("bytes", 0), "hits": hits,
+             "misses": misses, "puts": counters.get("puts", 0), "rejected": counters.get("rejected", 0),
+             "hit_rate": round(hits / (hits + misses), 4) if hits + misses else None}
+    return {"store": store.mode, "queue": store.queue_depths(), "workers": workers,
+            "jobs": store.job_counts(), "cache": cache}
+
+
+def render_metrics(stats: dict[str, Any]) -> str:
+    """The stats in Prometheus' text exposition format (version 0.0.4)."""
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_: str, samples: list[tuple[dict[str, str], float]]) -> None:
+        lines.append(f"# HELP {name} {help_}")
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+            lines.append(f"{name}{{{label_text}}} {value}" if label_text else f"{name} {value}")
+
+    queue = stats["queue"]
+    metric("fxcc_queue_waiting_jobs", "gauge", "Jobs waiting for a worker.",
+           [({"priority": p}, q["waiting"]) for p, q in queue.items()])
+    metric("fxcc_queue_running_jobs", "gauge", "Jobs a worker holds.",
+           [({"priority": p}, q["running"]) for p, q in queue.items()])
+    metric("fxcc_workers", "gauge", "Workers with a current heartbeat.", [({}, len(stats["workers"]))])
+    metric("fxcc_worker_heartbeat_age_seconds", "gauge", "Seconds since each worker's last heartbeat.",
+           [({"worker": str(w["id"]), "device": str(w["device"])}, w["heartbeat_age_s"])
+            for w in stats["workers"] if w["heartbeat_age_s"] is not None])
+    metric("fxcc_jobs", "gauge", "Recent jobs per state.", [({"state": s}, n) for s, n in stats["jobs"].items()])
+    cache = stats["cache"]
+    metric("fxcc_cache_entries", "gauge", "Artifacts in the cache.", [({}, cache["entries"])])
+    metric("fxcc_cache_bytes", "gauge", "Bytes stored by puts (blobs and manifests).", [({}, cache["bytes"])])
+    for name in ("hits", "misses", "puts", "rejected"):
+        metric(f"fxcc_cache_{name}_total", "counter", f"Cache {name}.", [({}, cache[name])])
+    return "\n".join(lines) + "\n"
+
+
+def _escape(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
