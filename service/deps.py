@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Header, HTTPException, Request
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.auth import Authenticator, Principal
 from service.settings import Role, ServiceSettings
@@ -29,11 +30,19 @@ SettingsDep = Annotated[ServiceSettings, Depends(get_settings)]
 AuthDep = Annotated[Authenticator, Depends(get_auth)]
 
 
-def authenticate(auth: AuthDep, authorization: Annotated[str | None, Header()] = None) -> Principal:
-    """401 unless the request carries a known bearer token (or anonymous access is on)."""
-    scheme, _, given = (authorization or "").partition(" ")
-    token = given.strip() if scheme.lower() == "bearer" else None
-    principal = auth.principal(token) if (token or not authorization) else None
+# Declared as a security scheme, so /docs offers "Authorize" and the OpenAPI document says how to call.
+_bearer = HTTPBearer(auto_error=False, description="an fxcc API token (role client or admin)")
+
+
+def authenticate(auth: AuthDep, request: Request,
+                 credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
+    """401 unless the request carries a known bearer token (or none at all, with anonymous access on)."""
+    if credentials is not None:
+        token = credentials.credentials.strip()
+        principal = auth.principal(token) if token else None
+    else:
+        # No header: anonymous, if allowed. Another scheme (Basic ...) is a wrong credential, not none.
+        principal = None if request.headers.get("authorization") else auth.principal(None)
     if principal is None:
         raise HTTPException(status_code=401, detail="missing or unknown bearer token",
                             headers={"WWW-Authenticate": "Bearer"})

@@ -144,3 +144,41 @@ def test_bearer_token_when_configured(embedded_settings: ServiceSettings,
         r = c.post("/v1/compile", content=make_unary().model_dump_json(),
                    headers={**ok, "Content-Type": "application/json"})
         assert r.status_code == 202
+
+
+def test_node_limit_names_the_setting(embedded_settings: ServiceSettings,
+                                      make_unary: Callable[..., CompileRequest]) -> None:
+    body = json.loads(make_unary().model_dump_json())
+    nodes = body["graph"]["nodes"]
+    for i in range(3):
+        nodes.append({"name": f"z{i}", "target": "aten.cos.default", "args": [{"kind": "node", "name": "x"}]})
+    with TestClient(create_app(embedded_settings.model_copy(update={"max_nodes": 3}))) as c:
+        r = post(c, body)
+        assert r.status_code == 422 and r.json()["error"] == "InvalidGraph"
+        assert "4 nodes" in r.json()["message"] and "FXCC_MAX_NODES" in r.json()["message"]
+        body["graph"]["nodes"] = nodes[:3]
+        assert post(c, body).status_code == 202
+
+
+@pytest.mark.parametrize(("sizes", "strides", "says"), [
+    ([1 << 41], [1], "sizes must lie"),
+    ([1 << 20, 1 << 21], [1 << 21, 1], "exceeds the limit"),
+    ([-3, 4], [4, 1], "sizes must lie"),
+    ([4, 8], [8], "2 sizes but 1 strides"),
+    ([1] * 13, [1] * 13, "at most 12"),
+])
+def test_absurd_shapes_are_422(client: TestClient, make_unary: Callable[..., CompileRequest],
+                               sizes: list[int], strides: list[int], says: str) -> None:
+    body = json.loads(make_unary().model_dump_json())
+    body["graph"]["placeholders"][0]["spec"].update(sizes=sizes, strides=strides)
+    r = post(client, body)
+    assert r.status_code == 422 and says in r.json()["message"], r.json()
+
+
+def test_shapes_torch_rejects_are_422_not_500(client: TestClient, make_unary: Callable[..., CompileRequest]) -> None:
+    body = json.loads(make_unary().model_dump_json())
+    body["graph"]["nodes"][0].update(target="aten.view.default",
+                                     args=[{"kind": "node", "name": "x"},
+                                           {"kind": "list", "items": [{"kind": "int", "value": 5}]}])
+    r = post(client, body)
+    assert r.status_code == 422 and r.json()["node"] == "y" and r.json()["op"] == "aten.view.default"
