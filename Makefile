@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.fxcc-installed
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test lint venv clean browser
 
 venv: $(STAMP)
 
@@ -19,8 +19,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/fxcc demo
 
-test: $(STAMP)
+test: $(STAMP) browser
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q
+
+# The dashboard test drives Debian's headless Chromium; install it when missing and we are root.
+browser:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; }; \
+	  else echo "note: chromium and chromium-driver are missing; the dashboard test will fail"; fi; \
+	fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check compiler_core client service worker tests bench

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from service.auth import Authenticator
 from service.handlers import BodySizeLimit, install_handlers
-from service.routes import admin, artifacts, cache, compile, health, jobs, metrics, status
+from service.routes import admin, artifacts, cache, compile, dashboard, health, jobs, metrics, status
 from service.settings import ServiceSettings
 from service.store import Store
 
@@ -57,7 +57,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     install_handlers(app)
     for router in (compile.router, jobs.router, artifacts.router, status.router, cache.router, admin.router,
-                   metrics.router, health.router):
+                   metrics.router, health.router, dashboard.router):
         app.include_router(router)  # each router declares the role it needs
     return app
 

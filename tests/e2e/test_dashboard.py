@@ -1,0 +1,91 @@
+"""The dashboard in headless Chromium against a real `fxcc serve`: it loads, shows a job a test
+submitted while it compiles, then shows it finish. With FXCC_DASHBOARD_SCREENSHOT=path it saves a
+screenshot there (docs/dashboard.png in the README came from this test)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from client.demo import free_port, wait_healthy
+from compiler_core.wire import CompileRequest, GraphSpec, Node, NodeRef, Placeholder, TensorSpec
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@pytest.fixture
+def browser():
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.fail("the dashboard test needs Debian's chromium and chromium-driver "
+                    "(`make test` installs them when run as root)", pytrace=False)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1280,800"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def service(tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FXCC_")}
+    # The embedded default on loopback; each compile held 3 s so the page can show it running.
+    env.update(TRITON_INTERPRET="1", FXCC_DATA_DIR=str(tmp_path / "data"),
+               FXCC_TEST_ONLY_COMPILE_DELAY_S="3")
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "client.cli", "serve", "--port", str(port)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(20)
+        log.close()
+
+
+def _request() -> str:
+    spec = TensorSpec(dtype="float32", sizes=[64, 8], strides=[8, 1])
+    graph = GraphSpec(placeholders=[Placeholder(name="x", spec=spec)],
+                      nodes=[Node(name="s", target="aten.sin.default", args=[NodeRef(name="x")]),
+                             Node(name="c", target="aten.cos.default", args=[NodeRef(name="s")])],
+                      outputs=[NodeRef(name="c")])
+    return CompileRequest(graph=graph).model_dump_json()
+
+
+def test_dashboard_shows_a_job_compile_and_finish(browser, service, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(service + "/")
+    wait = WebDriverWait(browser, 30, poll_frequency=0.1)
+    wait.until(lambda d: "store: embedded" in d.find_element(By.ID, "store").text)
+
+    answer = httpx.post(f"{service}/v1/compile", content=_request(),
+                        headers={"Content-Type": "application/json"}, timeout=30).json()
+    job = answer["job_id"]
+    row = f'tr[data-job="{job}"] td.state'
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, row)
+               and d.find_element(By.CSS_SELECTOR, row).text in ("queued", "running"))
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, row).text == "done")
+    cells = browser.find_element(By.CSS_SELECTOR, f'tr[data-job="{job}"]').text
+    assert answer["key"][:12] in cells and "embedded" in cells
+    assert browser.find_element(By.ID, "error").text == ""
+    shot = Path(os.environ.get("FXCC_DASHBOARD_SCREENSHOT") or tmp_path / "dashboard.png")
+    assert browser.save_screenshot(str(shot))
