@@ -294,6 +294,8 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str) -> Rende
 
 
 def _reduce(h: TritonHandler, rtype: str, value: TVal) -> TVal:
+    if h.kernel.rnumel == 1:
+        return value  # reducing one element leaves it as it is
     masked = h.emit(f"tl.where(xmask & rmask, {value.text}, {_identity(rtype, value.dtype)})", value.dtype)
     if rtype == "sum":
         return h.emit(f"tl.sum({masked.text}, 1)[:, None]", value.dtype)

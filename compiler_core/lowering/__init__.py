@@ -184,11 +184,16 @@ class GraphLowering:
             node = node.args[0] if isinstance(node.args[0], fx.Node) else None
         if node is None or not chain:
             return None
+        # The chain starts from the base's buffer, which need not carry the base node's name.
+        base_wire = self.wire[node].name if node in self.wire else node.name
+        base_ref = NodeRef(name=self.env[node].buffer.name)
         for n in reversed(chain):
             wire = self.wire[n]
-            if wire.name not in self._replayed:
-                self._replayed.add(wire.name)
-                self.program.append(ExternCall(wire.name, wire.target, list(wire.args), dict(wire.kwargs)))
+            key = f"{wire.name}@{base_ref.name}"
+            if key not in self._replayed:
+                self._replayed.add(key)
+                args = [base_ref if a == NodeRef(name=base_wire) else a for a in wire.args]
+                self.program.append(ExternCall(wire.name, wire.target, args, dict(wire.kwargs)))
         return NodeRef(name=self.wire[chain[0]].name)
 
     def bytes_not_materialized(self, unstored: list[Buffer]) -> int:
@@ -356,12 +361,39 @@ def _output(g: GraphLowering, a: Any, wire: Arg, env: dict[fx.Node, Any]) -> Arg
         return wire
     if val.numel() == 0:
         return g.extern_ref(value, a)
+    if not _laid_out_like(value, val) and a.target in VIEW_TARGETS:
+        viewed = _view_of_realized_base(g, a)
+        if viewed is not None:
+            return viewed
     want = dense_strides_like(tuple(val.shape), tuple(val.stride()))
     if isinstance(value, StridedView) and want is not None and not _same_layout(value, val):
         value = Lazy(value.dtype, value.sizes, make_loader(value))
     if isinstance(value, Lazy):
         return NodeRef(name=g.realize(value, want).buffer.name)
     return g.extern_ref(value, a)
+
+
+def _laid_out_like(value: TensorValue, val: torch.Tensor) -> bool:
+    return isinstance(value, StridedView) and _same_layout(value, val)
+
+
+def _view_of_realized_base(g: GraphLowering, node: fx.Node) -> NodeRef | None:
+    """An output that eager returns as a view of an intermediate: that intermediate written in
+    eager's layout, then the graph's own view ops on it, so strides match eager's."""
+    base = node
+    while base.op == "call_function" and base.target in VIEW_TARGETS and isinstance(base.args[0], fx.Node):
+        base = base.args[0]
+    value, val = g.env.get(base), base.meta.get("val")
+    if not isinstance(val, torch.Tensor) or base.op != "call_function":
+        return None
+    strides = dense_strides_like(tuple(val.shape), tuple(val.stride()))
+    if strides is None or not isinstance(value, (Lazy, StridedView)):
+        return None
+    if isinstance(value, StridedView) and not (value.is_whole_buffer() and value.buffer.kind == "computed"
+                                               and _same_layout(value, val)):
+        value = Lazy(value.dtype, value.sizes, make_loader(value))
+    g.env[base] = g.realize(value, strides)
+    return g._replay_views(node)
 
 
 def _same_layout(value: StridedView, val: torch.Tensor) -> bool:

@@ -43,7 +43,9 @@ def check(fn: Callable[..., Any], *inputs: torch.Tensor, atol: float | None = No
         torch.testing.assert_close(g, w, atol=atol, rtol=rtol, equal_nan=True)
         assert g.shape == w.shape and g.dtype == w.dtype
         if w.numel() > 1 and not any(s == 0 for s in w.stride()):
-            assert g.stride() == w.stride(), (g.stride(), w.stride())
+            # Strides of size-1 dims carry no meaning (and FakeTensor's can differ from eager's).
+            assert [st for st, n in zip(g.stride(), g.shape) if n > 1] == \
+                [st for st, n in zip(w.stride(), w.shape) if n > 1], (g.stride(), w.stride())
     return art
 
 

@@ -122,3 +122,10 @@ def test_layernorm_stats_outputs():
     want = aten.native_layer_norm(x, [10], w, w, 1e-5)
     for g, e in zip(got, want):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
+def test_reductions_over_a_single_element():
+    x = torch.randn(3, 1)
+    check(lambda a: torch.softmax(a, 1), x)
+    check(lambda a: torch.var_mean(a, 1, correction=0), x)
+    check(lambda a: torch.nn.functional.layer_norm(a, (1,)), x)

@@ -71,3 +71,16 @@ def test_arange():
     x = torch.randn(5)
     check(lambda a: a + torch.arange(5), x)
     check(lambda a: a * torch.arange(3, 13, 2, dtype=torch.float32), x)
+
+
+def test_output_that_is_a_view_of_an_intermediate_has_eager_strides():
+    x = torch.randn(4, 2, 3)
+    check(lambda a: torch.relu(a)[:, :, ::2], x)
+    check(lambda a: a.sin().unsqueeze(2).select(1, 0), x)
+    check(lambda a: (a.permute(2, 0, 1) + 1)[1:], x)
+
+
+def test_view_chains_from_an_alias_of_an_input():
+    x = torch.randn(4, 3)
+    check(lambda a: a.t().unsqueeze(1).select(2, 1), x)
+    check(lambda a: a.unsqueeze(2).select(0, 1).t(), x)
