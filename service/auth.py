@@ -64,22 +64,29 @@ class Authenticator:
         self._lock = threading.Lock()
 
     def principal(self, token: str | None) -> Principal | None:
-        """None when the token is missing or unknown (and anonymous access is off)."""
+        """None when the token is missing or unknown (and anonymous access is off). May ask the store."""
         if not token:
             return self.anonymous
+        known, principal = self.known(token)
+        if known:
+            return principal
+        record = self._stored(hash_token(token))
+        return None if record is None else Principal(record.name, record.role)
+
+    def known(self, token: str) -> tuple[bool, Principal | None]:
+        """What is known without asking the store: (True, principal or None) or (False, None)."""
         digest = hash_token(token)
         for t in self.configured:
             if hmac.compare_digest(t.sha256, digest):
-                return Principal(t.name, t.role)
-        record = self._stored(digest)
-        return None if record is None else Principal(record.name, record.role)
+                return True, Principal(t.name, t.role)
+        with self._lock:
+            hit = self._cache.get(digest)
+        if hit is not None and hit[0] > time.monotonic():
+            return True, None if hit[1] is None else Principal(hit[1].name, hit[1].role)
+        return False, None
 
     def _stored(self, digest: str) -> TokenRecord | None:
         now = time.monotonic()
-        with self._lock:
-            hit = self._cache.get(digest)
-        if hit is not None and hit[0] > now:
-            return hit[1]
         record = self.store.find_token(digest)
         with self._lock:
             if len(self._cache) > 10_000:

@@ -7,21 +7,24 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from service.auth import Authenticator, Principal
 from service.settings import Role, ServiceSettings
 from service.store import Store
 
 
-def get_store(request: Request) -> Store:
+# Note: dependencies that do no I/O are `async def`: FastAPI runs a sync dependency in its
+# threadpool, and a hop per dependency per request is most of the cost of a cache hit.
+async def get_store(request: Request) -> Store:
     return request.app.state.store
 
 
-def get_settings(request: Request) -> ServiceSettings:
+async def get_settings(request: Request) -> ServiceSettings:
     return request.app.state.settings
 
 
-def get_auth(request: Request) -> Authenticator:
+async def get_auth(request: Request) -> Authenticator:
     return request.app.state.auth
 
 
@@ -34,12 +37,14 @@ AuthDep = Annotated[Authenticator, Depends(get_auth)]
 _bearer = HTTPBearer(auto_error=False, description="an fxcc API token (role client or admin)")
 
 
-def authenticate(auth: AuthDep, request: Request,
-                 credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
+async def authenticate(auth: AuthDep, request: Request,
+                       credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
     """401 unless the request carries a known bearer token (or none at all, with anonymous access on)."""
     if credentials is not None:
         token = credentials.credentials.strip()
-        principal = auth.principal(token) if token else None
+        known, principal = auth.known(token) if token else (True, None)
+        if not known:  # a token made over the API, not looked up lately: ask the store
+            principal = await run_in_threadpool(auth.principal, token)
     else:
         # No header: anonymous, if allowed. Another scheme (Basic ...) is a wrong credential, not none.
         principal = None if request.headers.get("authorization") else auth.principal(None)
@@ -52,7 +57,7 @@ def authenticate(auth: AuthDep, request: Request,
 def require(role: Role):
     """A dependency that admits principals with `role` or above: 401 without a token, 403 below it."""
 
-    def check(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+    async def check(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
         if not principal.may(role):
             raise HTTPException(status_code=403, detail=f"this needs the {role} role; "
                                 f"token {principal.name!r} has {principal.role}")

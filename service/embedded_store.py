@@ -23,6 +23,7 @@ from service.store import (
     JobStage,
     JobState,
     Priority,
+    StoredArtifact,
     Submitted,
     TokenRecord,
     now_s,
@@ -80,6 +81,19 @@ class EmbeddedStore:
         art = load_artifact(self.root, key)
         self.count("hits" if art is not None else "misses")
         return art
+
+    def fetch_artifact(self, key: str, *, blobs: bool = True) -> StoredArtifact | None:
+        try:
+            data = self._manifest_path(key).read_bytes()
+        except FileNotFoundError:
+            data = None
+        art = load_artifact(self.root, key) if data is not None and blobs else None
+        manifest = art.manifest if art is not None else (self.get_manifest(key) if data is not None else None)
+        if manifest is None or (blobs and art is None):
+            self.count("misses")
+            return None
+        self.count("hits")
+        return StoredArtifact(manifest, data or b"", art.blobs if art else None, self.get_signature(key))
 
     def get_signature(self, key: str) -> str | None:
         try:

@@ -10,7 +10,7 @@ from compiler_core.artifact import Artifact, ArtifactManifest, manifest_from_jso
 from compiler_core.errors import ArtifactError
 from service import redis_scripts as lua
 from service.keys import RedisKeys
-from service.store import ArtifactTooLarge
+from service.store import ArtifactTooLarge, StoredArtifact
 
 log = logging.getLogger("fxcc.service.redis")
 
@@ -30,23 +30,38 @@ class RedisCache:
         return _parse(key, self.c.get(self.k.manifest(key)))
 
     def lookup_manifest(self, key: str) -> ArtifactManifest | None:
-        data, _ = self._lookup(keys=[self.k.manifest(key), self.k.signature(key), self.k.cache_counters])
-        return _parse(key, data)
+        found = self.fetch_artifact(key, blobs=False)
+        return None if found is None else found.manifest
 
     def get_artifact(self, key: str) -> Artifact | None:
-        data, _ = self._lookup(keys=[self.k.manifest(key), self.k.signature(key), self.k.cache_counters])
-        manifest = _parse(key, data)
+        found = self.fetch_artifact(key)
+        return None if found is None or found.blobs is None else Artifact(found.manifest, found.blobs)
+
+    def fetch_artifact(self, key: str, *, blobs: bool = True) -> StoredArtifact | None:
+        # Note: one round trip for a hit; the script finds blob digests by pattern, so what it
+        # returns is checked against the parsed manifest, and anything it missed is fetched here.
+        reply = self._lookup(keys=[self.k.manifest(key), self.k.signature(key), self.k.cache_counters],
+                             args=[self.k.blob(""), "1" if blobs else "0"])
+        if not reply:
+            return None
+        manifest = _parse(key, reply[0])
         if manifest is None:
             return None
-        digests = sorted({ref.digest for ref in manifest.blob_refs()})
-        values = self.c.mget([self.k.blob(d) for d in digests]) if digests else []
-        art = Artifact(manifest, {d: v for d, v in zip(digests, values) if v is not None})
+        signature = reply[1].decode() or None
+        if not blobs:
+            return StoredArtifact(manifest, reply[0], None, signature)
+        got = {reply[i].decode(): reply[i + 1] for i in range(2, len(reply), 2)}
+        digests = {ref.digest for ref in manifest.blob_refs()}
+        missing = sorted(d for d in digests if d not in got)
+        if missing:
+            got.update({d: v for d, v in zip(missing, self.c.mget([self.k.blob(d) for d in missing])) if v})
+        art = Artifact(manifest, {d: got[d] for d in digests if d in got})
         try:
             art.verify()
         except ArtifactError as e:
             log.warning("artifact %s is broken in Redis: %s", key[:12], e.message)
             return None
-        return art
+        return StoredArtifact(manifest, reply[0], art.blobs, signature)
 
     def get_signature(self, key: str) -> str | None:
         sig = self.c.get(self.k.signature(key))

@@ -109,9 +109,27 @@ if redis.call('GET', inflight) ~= ARGV[2] then return 0 end
 return redis.call('PEXPIRE', inflight, ARGV[3])
 """
 
-# A counted cache look-up in one round trip. KEYS: manifest, signature, counters.
+# A counted cache look-up in one round trip: the manifest, its signature ('' for none) and, when
+# ARGV[2] is '1', digest/blob pairs for the digests the manifest names (found by pattern; the caller
+# checks them against the parsed manifest and fetches whatever is missing).
+# KEYS: manifest, signature, counters. ARGV: blob key prefix, want blobs ('1' or '0').
 LOOKUP = """
 local m = redis.call('GET', KEYS[1])
-if m then redis.call('HINCRBY', KEYS[3], 'hits', 1) else redis.call('HINCRBY', KEYS[3], 'misses', 1) end
-return {m or false, redis.call('GET', KEYS[2]) or false}
+if not m then
+  redis.call('HINCRBY', KEYS[3], 'misses', 1)
+  return {}
+end
+redis.call('HINCRBY', KEYS[3], 'hits', 1)
+local out = {m, redis.call('GET', KEYS[2]) or ''}
+if ARGV[2] == '1' then
+  local seen = {}
+  for d in string.gmatch(m, '"digest":"(%x+)"') do
+    if not seen[d] then
+      seen[d] = true
+      out[#out + 1] = d
+      out[#out + 1] = redis.call('GET', ARGV[1] .. d) or ''
+    end
+  end
+end
+return out
 """

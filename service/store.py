@@ -108,6 +108,16 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class StoredArtifact:
+    """A cache hit as the artifacts route serves it: the manifest's stored JSON is passed on as is."""
+
+    manifest: ArtifactManifest
+    manifest_json: bytes
+    blobs: dict[str, bytes] | None  # None when only the manifest was asked for
+    signature: str | None
+
+
+@dataclass(frozen=True)
 class Submitted:
     """What submitting a request gave: the cached manifest, or the job that will produce it."""
 
@@ -150,6 +160,10 @@ class Store(Protocol):
         ...
 
     def get_signature(self, key: str) -> str | None: ...
+
+    def fetch_artifact(self, key: str, *, blobs: bool = True) -> StoredArtifact | None:
+        """Manifest, verified blobs (if asked) and signature, counted as a cache hit or miss."""
+        ...
 
     def put_artifact(self, artifact: Artifact, signature: str | None = None) -> None:
         """Store the blobs first and the manifest last, so that no reader sees a torn entry.

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import base64
-from typing import Annotated, Any
+import json
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 
 from service.deps import StoreDep, require
 
@@ -16,25 +17,22 @@ KEY_PATTERN = r"^[0-9a-f]{64}$"
 KeyPath = Annotated[str, Path(pattern=KEY_PATTERN, description="compile key (sha256 hex)")]
 
 
-@router.get("/artifacts/{key}", responses={404: {}})
+@router.get("/artifacts/{key}", responses={200: {"content": {"application/json": {}}}, 404: {}})
 def get_artifact(
     key: KeyPath,
     store: StoreDep,
     blobs: Annotated[bool, Query(description="include the blobs (base64); blobs=0 for the manifest only")] = True,
-) -> JSONResponse:
-    """`signature` is hex HMAC-SHA256 over the manifest's canonical JSON (sorted keys, no spaces)
-    under FXCC_SIGNING_KEY, or null when the worker that stored it signs nothing."""
-    body: dict[str, Any]
-    if blobs:
-        art = store.get_artifact(key)
-        if art is None:
-            raise HTTPException(status_code=404, detail=f"no artifact {key}")
-        body = {"manifest": art.manifest.model_dump(mode="json"),
-                "blobs": {d: base64.b64encode(b).decode() for d, b in art.blobs.items()}}
-    else:
-        manifest = store.lookup_manifest(key)
-        if manifest is None:
-            raise HTTPException(status_code=404, detail=f"no artifact {key}")
-        body = {"manifest": manifest.model_dump(mode="json")}
-    body["signature"] = store.get_signature(key)
-    return JSONResponse(body)
+) -> Response:
+    """`{"manifest": ..., "blobs": {digest: base64}, "signature": hex | null}`. The signature is
+    HMAC-SHA256 under FXCC_SIGNING_KEY over the manifest's canonical JSON (sorted keys, no spaces),
+    or null when the worker that stored it signs nothing."""
+    found = store.fetch_artifact(key, blobs=blobs)
+    if found is None:
+        raise HTTPException(status_code=404, detail=f"no artifact {key}")
+    # Note: a cache hit is the hot path; the manifest's stored JSON goes out as it is, unparsed.
+    parts = [b'{"manifest":', found.manifest_json]
+    if found.blobs is not None:
+        encoded = {d: base64.b64encode(b).decode() for d, b in found.blobs.items()}
+        parts += [b',"blobs":', json.dumps(encoded).encode()]
+    parts += [b',"signature":', json.dumps(found.signature).encode(), b"}"]
+    return Response(b"".join(parts), media_type="application/json")
