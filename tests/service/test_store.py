@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -12,7 +13,7 @@ from compiler_core.keys import compile_key
 from compiler_core.wire import CompileRequest
 from service.embedded_store import EmbeddedStore
 from service.settings import ServiceSettings
-from service.store import JobError, JobState, Store
+from service.store import JobError, JobStage, JobState, Store, TokenRecord
 
 
 @pytest.fixture(params=["redis", "embedded"])
@@ -118,3 +119,43 @@ def test_interactive_request_promotes_a_queued_precompile_job(store: Store,
     assert first.job_id == job_id  # ahead of the older precompile job
     assert store.mark_started(job_id, "c") is not None
     assert store.mark_started(job_id, "other") is None  # a second delivery may not start it again
+
+
+def test_cancel_list_and_count_jobs(store: Store, make_unary: Callable[..., CompileRequest]) -> None:
+    reqs = [make_unary(op) for op in ("aten.sin.default", "aten.cos.default", "aten.exp.default")]
+    ids = [store.submit(compile_key(r), r.model_dump_json(), "interactive").job_id for r in reqs]
+    assert store.cancel(ids[0]) == "cancelled" and store.cancel(ids[0]) == "conflict"
+    assert store.cancel("0" * 32) == "missing"
+    [claim] = store.claim("w", block_ms=50)
+    assert claim.job_id == ids[1]  # the cancelled job is not handed out
+    store.mark_started(ids[1], "w")
+    assert store.cancel(ids[1]) == "conflict"
+    assert [j.id for j in store.list_jobs(None, 10)] == ids[::-1]
+    assert [j.id for j in store.list_jobs(JobState.RUNNING, 10)] == [ids[1]]
+    assert store.job_counts() == {"queued": 1, "running": 1, "done": 0, "failed": 0, "cancelled": 1}
+    cancelled = store.get_job(ids[0])
+    assert cancelled.stage is JobStage.CANCELLED and cancelled.finished and list(cancelled.stages) == [
+        "queued", "cancelled"]
+
+
+def test_signature_purge_and_delete(store: Store, make_unary: Callable[..., CompileRequest]) -> None:
+    arts = [artifact_with_blobs(make_unary(op)) for op in ("aten.sin.default", "aten.cos.default")]
+    store.put_artifact(arts[0], signature="ab" * 32)
+    store.put_artifact(arts[1])
+    found = store.fetch_artifact(arts[0].manifest.key)
+    assert found.signature == "ab" * 32 and found.blobs == arts[0].blobs
+    assert json.loads(found.manifest_json) == arts[0].manifest.model_dump(mode="json")
+    assert store.fetch_artifact(arts[1].manifest.key, blobs=False).blobs is None
+    assert store.cache_entries() == 2 and sorted(store.list_artifacts(10)) == sorted(a.manifest.key for a in arts)
+    assert store.delete_artifact(arts[0].manifest.key) and not store.delete_artifact(arts[0].manifest.key)
+    assert store.get_signature(arts[0].manifest.key) is None and store.cache_entries() == 1
+    assert store.purge_cache() == 1 and store.cache_entries() == 0
+    assert store.get_artifact(arts[1].manifest.key) is None
+
+
+def test_api_tokens_are_kept_hashed(store: Store) -> None:
+    record = TokenRecord(name="ci", role="client", sha256="c" * 64, created_at=1.0)
+    assert store.add_token(record) and not store.add_token(record.model_copy(update={"sha256": "d" * 64}))
+    assert store.find_token("c" * 64) == record and store.find_token("e" * 64) is None
+    assert store.api_tokens() == [record]
+    assert store.delete_token("ci") and not store.delete_token("ci") and store.api_tokens() == []
