@@ -1,4 +1,4 @@
-"""One compile job, start to finish: start → lowering → (compile) → storing → done, or retry / fail."""
+"""One compile job, start to finish: lowering → building (CUDA targets) → storing → done, or retry / fail."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from compiler_core.build import build_artifact, cuda_build_unavailable
 from compiler_core.compile import compile_request
 from compiler_core.errors import FxccError, InvalidGraph
 from compiler_core.wire import CompileRequest
@@ -95,7 +96,12 @@ def compile_and_store(store: Store, job: JobRecord, policy: JobPolicy) -> None:
     request = load_request(store, job)
     if policy.compile_delay_s:
         time.sleep(policy.compile_delay_s)
-    artifact = compile_request(request)  # lowering → building → (autotuning) in one call for now
+    artifact = compile_request(request)  # lowering, scheduling and Triton source in one call
+    target = request.options.target
+    # Note: what compiler_core.build.compile_and_build does, split so that the job shows its stage.
+    if target.kind == "cuda" and artifact.manifest.kernels and cuda_build_unavailable() is None:
+        store.mark_stage(job.id, JobStage.BUILDING)
+        artifact = build_artifact(artifact, request, target.arch)
     if artifact.manifest.key != job.key:
         raise RuntimeError(f"compiler produced key {artifact.manifest.key[:12]} for job key {job.key[:12]}: "
                            "service and worker run different compiler_core, torch or triton versions")

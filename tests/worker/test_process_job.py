@@ -145,3 +145,17 @@ def test_requeue_gives_the_job_back_uncounted(store: Store, make_unary: Callable
 
 def test_unknown_job(store: Store) -> None:
     assert process_claim(store, Claim(job_id="0" * 32, stream="interactive", consumer="w")) is None
+
+
+def test_cuda_target_is_built_with_a_building_stage(store: Store, make_unary: Callable[..., CompileRequest]) -> None:
+    from compiler_core.build import arch_key, cuda_build_unavailable
+    from compiler_core.wire import CompileOptions, Target
+
+    if cuda_build_unavailable() is not None:
+        pytest.skip(cuda_build_unavailable())
+    req = make_unary().model_copy(update={"options": CompileOptions(target=Target(kind="cuda", arch=90))})
+    job = process_claim(store, queue(store, req))
+    assert job.state is JobState.DONE, job.error
+    assert list(job.stages) == ["queued", "lowering", "building", "storing", "done"]
+    art = store.get_artifact(job.key)
+    assert art.manifest.kernels and all(arch_key(90) in k.binaries for k in art.manifest.kernels)
