@@ -39,8 +39,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         app.state.settings = settings
         app.state.store = store
         app.state.auth = Authenticator(settings, store)
-        if settings.anonymous_allowed:
-            log.warning("anonymous requests are allowed (role %s)", settings.effective_anonymous_role)
+        log_auth_mode(settings, app.state.auth)
         stop = threading.Event()
         consumers = start_embedded_workers(store, settings, stop) if store.mode == "embedded" else []
         try:
@@ -60,6 +59,17 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
                    metrics.router, health.router, dashboard.router):
         app.include_router(router)  # each router declares the role it needs
     return app
+
+
+def log_auth_mode(settings: ServiceSettings, auth: Authenticator) -> None:
+    """Say at start-up who may call the API, and warn when nobody can."""
+    if settings.anonymous_allowed:
+        log.warning("anonymous requests are allowed (role %s)", settings.effective_anonymous_role)
+    elif not auth.configured:
+        log.warning("no API token is configured (FXCC_TOKEN, FXCC_TOKENS) and anonymous access is off "
+                    "(FXCC_ANONYMOUS): /v1 answers 401 to everyone but tokens made earlier over the API")
+    else:
+        log.info("API tokens from settings: %s", ", ".join(f"{t.name} ({t.role})" for t in auth.configured))
 
 
 def start_embedded_workers(store: Store, settings: ServiceSettings, stop: threading.Event) -> list:

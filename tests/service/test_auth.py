@@ -120,12 +120,14 @@ def test_legacy_fxcc_token_is_admin(redis_settings: ServiceSettings) -> None:
         assert c.get("/v1/stats", headers=bearer("s3cret")).status_code == 200
 
 
-def test_anonymous_rules(redis_settings: ServiceSettings, embedded_settings: ServiceSettings) -> None:
-    # Redis without tokens and without FXCC_ANONYMOUS: nobody gets in.
+def test_anonymous_rules(redis_settings: ServiceSettings, embedded_settings: ServiceSettings,
+                         caplog: pytest.LogCaptureFixture) -> None:
+    # Redis without tokens and without FXCC_ANONYMOUS: nobody gets in, and the log says so.
     closed = redis_settings.model_copy(update={"anonymous": None})
     assert not closed.anonymous_allowed
-    with TestClient(create_app(closed)) as c:
+    with caplog.at_level(logging.WARNING, logger="fxcc.service"), TestClient(create_app(closed)) as c:
         assert c.get("/v1/status").status_code == 401
+    assert "no API token is configured" in caplog.text
     # Explicit anonymous mode: anonymous_role (client by default), so admin routes are 403.
     open_ = redis_settings.model_copy(update={"anonymous": True, "anonymous_role": "client"})
     with TestClient(create_app(open_)) as c:
