@@ -56,8 +56,17 @@ VIEW_TARGETS = frozenset({
     aten.select.int, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default,
     aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.alias.default,
     aten.as_strided.default, prims.collapse_view.default, aten.split_with_sizes.default,
-    aten.split.Tensor, aten.unbind.int, operator.getitem,
+    aten.split.Tensor, aten.unbind.int,
 })
+
+
+def is_view(node: fx.Node) -> bool:
+    """Whether `node` is a view of its first argument (getitem counts only on a split)."""
+    if node.op != "call_function" or not node.args or not isinstance(node.args[0], fx.Node):
+        return False
+    if node.target is operator.getitem:
+        return node.args[0].op == "call_function" and node.args[0].target in VIEW_TARGETS
+    return node.target in VIEW_TARGETS
 REALIZE_OPS_ALWAYS = 96
 
 
@@ -178,7 +187,7 @@ class GraphLowering:
             value = self.env.get(node)
             if isinstance(value, StridedView) and value.is_whole_buffer():
                 break
-            if node.op != "call_function" or node.target not in VIEW_TARGETS or not node.args:
+            if not is_view(node):
                 return None
             chain.append(node)
             node = node.args[0] if isinstance(node.args[0], fx.Node) else None
@@ -361,7 +370,7 @@ def _output(g: GraphLowering, a: Any, wire: Arg, env: dict[fx.Node, Any]) -> Arg
         return wire
     if val.numel() == 0:
         return g.extern_ref(value, a)
-    if not _laid_out_like(value, val) and a.target in VIEW_TARGETS:
+    if not _laid_out_like(value, val) and is_view(a):
         viewed = _view_of_realized_base(g, a)
         if viewed is not None:
             return viewed
@@ -381,7 +390,7 @@ def _view_of_realized_base(g: GraphLowering, node: fx.Node) -> NodeRef | None:
     """An output that eager returns as a view of an intermediate: that intermediate written in
     eager's layout, then the graph's own view ops on it, so strides match eager's."""
     base = node
-    while base.op == "call_function" and base.target in VIEW_TARGETS and isinstance(base.args[0], fx.Node):
+    while is_view(base):
         base = base.args[0]
     value, val = g.env.get(base), base.meta.get("val")
     if not isinstance(val, torch.Tensor) or base.op != "call_function":

@@ -84,3 +84,8 @@ def test_view_chains_from_an_alias_of_an_input():
     x = torch.randn(4, 3)
     check(lambda a: a.t().unsqueeze(1).select(2, 1), x)
     check(lambda a: a.unsqueeze(2).select(0, 1).t(), x)
+
+
+def test_output_that_is_a_view_of_a_tuple_item():
+    x, w = torch.randn(3, 2, 4), torch.randn(4)
+    check(lambda a, b: torch.nn.functional.layer_norm(a, (4,), b, b)[:, 1], x, w)
