@@ -11,7 +11,18 @@ from fastapi import FastAPI
 
 from service.auth import Authenticator
 from service.handlers import BodySizeLimit, install_handlers
-from service.routes import admin, artifacts, cache, compile, dashboard, health, jobs, metrics, status
+from service.routes import (
+    admin,
+    artifacts,
+    cache,
+    compile,
+    dashboard,
+    dead_letters,
+    health,
+    jobs,
+    metrics,
+    status,
+)
 from service.settings import ServiceSettings
 from service.store import Store
 
@@ -55,8 +66,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
                   description="Compiler-as-a-service for PyTorch 2. Bearer tokens with roles client and admin.")
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     install_handlers(app)
-    for router in (compile.router, jobs.router, artifacts.router, status.router, cache.router, admin.router,
-                   metrics.router, health.router, dashboard.router):
+    for router in (compile.router, jobs.router, artifacts.router, status.router, cache.router,
+                   dead_letters.router, admin.router, metrics.router, health.router, dashboard.router):
         app.include_router(router)  # each router declares the role it needs
     return app
 

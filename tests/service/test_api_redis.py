@@ -110,6 +110,19 @@ def test_failed_compile_is_recorded(client: TestClient, make_sum: Callable[[int]
     assert retry.created and retry.job_id != job_id
 
 
+def test_dead_letters_route(client: TestClient, make_unary: Callable[..., CompileRequest]) -> None:
+    store = store_of(client)
+    queued = post(client, make_unary()).json()
+    [claim] = store.claim("w", block_ms=10)
+    for worker in ("dead-1", "dead-2", "dead-3"):  # three workers started it and died
+        store.mark_started(queued["job_id"], worker, takeover=True)
+    process_claim(store, claim, worker="w")
+    [dead] = client.get("/v1/dead-letters").json()
+    assert dead["job_id"] == queued["job_id"] and dead["key"] == queued["key"] and dead["attempts"] == 3
+    assert dead["error"]["error"] == "TooManyAttempts"
+    assert client.get(f"/v1/jobs/{queued['job_id']}").json()["state"] == "failed"
+
+
 def test_corrupt_request_in_queue_fails_cleanly(client: TestClient,
                                                make_unary: Callable[..., CompileRequest]) -> None:
     store = store_of(client)
