@@ -73,27 +73,27 @@ class EmbeddedStore:
             return None
 
     def lookup_manifest(self, key: str) -> ArtifactManifest | None:
-        manifest = self.get_manifest(key)
-        self.count("hits" if manifest is not None else "misses")
-        return manifest
+        found = self.fetch_artifact(key, blobs=False)
+        return None if found is None else found.manifest
 
     def get_artifact(self, key: str) -> Artifact | None:
         art = load_artifact(self.root, key)
         self.count("hits" if art is not None else "misses")
         return art
 
-    def fetch_artifact(self, key: str, *, blobs: bool = True) -> StoredArtifact | None:
+    def fetch_artifact(self, key: str, *, blobs: bool = True, count: bool = True) -> StoredArtifact | None:
         try:
             data = self._manifest_path(key).read_bytes()
         except FileNotFoundError:
             data = None
-        art = load_artifact(self.root, key) if data is not None and blobs else None
-        manifest = art.manifest if art is not None else (self.get_manifest(key) if data is not None else None)
-        if manifest is None or (blobs and art is None):
-            self.count("misses")
+        art = load_artifact(self.root, key) if data is not None else None  # None too when a blob is gone
+        if art is None:
+            if count:
+                self.count("misses")
             return None
-        self.count("hits")
-        return StoredArtifact(manifest, data or b"", art.blobs if art else None, self.get_signature(key))
+        if count:
+            self.count("hits")
+        return StoredArtifact(art.manifest, data or b"", art.blobs if blobs else None, self.get_signature(key))
 
     def get_signature(self, key: str) -> str | None:
         try:
@@ -154,9 +154,9 @@ class EmbeddedStore:
     # ------------------------------------------------------------ jobs
 
     def submit(self, key: str, request_json: str, priority: Priority) -> Submitted:
-        manifest = self.get_manifest(key)
-        if manifest is not None:
-            return Submitted(manifest=manifest)
+        found = self.fetch_artifact(key, blobs=False, count=False)
+        if found is not None:
+            return Submitted(manifest=found.manifest)
         with self._cond:
             existing = self._jobs.get(self._inflight.get(key, ""))
             if existing is not None and not existing.finished:

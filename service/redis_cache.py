@@ -37,11 +37,11 @@ class RedisCache:
         found = self.fetch_artifact(key)
         return None if found is None or found.blobs is None else Artifact(found.manifest, found.blobs)
 
-    def fetch_artifact(self, key: str, *, blobs: bool = True) -> StoredArtifact | None:
+    def fetch_artifact(self, key: str, *, blobs: bool = True, count: bool = True) -> StoredArtifact | None:
         # Note: one round trip for a hit; the script finds blob digests by pattern, so what it
         # returns is checked against the parsed manifest, and anything it missed is fetched here.
         reply = self._lookup(keys=[self.k.manifest(key), self.k.signature(key), self.k.cache_counters],
-                             args=[self.k.blob(""), "1" if blobs else "0"])
+                             args=[self.k.blob(""), "1" if blobs else "0", "1" if count else "0"])
         if not reply:
             return None
         manifest = _parse(key, reply[0])

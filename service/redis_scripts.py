@@ -109,27 +109,36 @@ if redis.call('GET', inflight) ~= ARGV[2] then return 0 end
 return redis.call('PEXPIRE', inflight, ARGV[3])
 """
 
-# A counted cache look-up in one round trip: the manifest, its signature ('' for none) and, when
-# ARGV[2] is '1', digest/blob pairs for the digests the manifest names (found by pattern; the caller
-# checks them against the parsed manifest and fetches whatever is missing).
-# KEYS: manifest, signature, counters. ARGV: blob key prefix, want blobs ('1' or '0').
+# A cache look-up in one round trip: the manifest, its signature ('' for none) and, when ARGV[2]
+# is '1', digest/blob pairs for the digests the manifest names (found by pattern; the caller checks
+# them against the parsed manifest). A manifest whose blobs are gone (evicted from an allkeys-lru
+# cache) is a miss. Counted as a hit or miss unless ARGV[3] is '0'.
+# KEYS: manifest, signature, counters. ARGV: blob key prefix, want blobs, count.
 LOOKUP = """
+local function counted(name)
+  if ARGV[3] ~= '0' then redis.call('HINCRBY', KEYS[3], name, 1) end
+end
 local m = redis.call('GET', KEYS[1])
 if not m then
-  redis.call('HINCRBY', KEYS[3], 'misses', 1)
+  counted('misses')
   return {}
 end
-redis.call('HINCRBY', KEYS[3], 'hits', 1)
 local out = {m, redis.call('GET', KEYS[2]) or ''}
-if ARGV[2] == '1' then
-  local seen = {}
-  for d in string.gmatch(m, '"digest":"(%x+)"') do
-    if not seen[d] then
-      seen[d] = true
+local seen = {}
+for d in string.gmatch(m, '"digest":"(%x+)"') do
+  if not seen[d] then
+    seen[d] = true
+    if ARGV[2] == '1' then
+      local blob = redis.call('GET', ARGV[1] .. d)
+      if not blob then counted('misses') return {} end
       out[#out + 1] = d
-      out[#out + 1] = redis.call('GET', ARGV[1] .. d) or ''
+      out[#out + 1] = blob
+    elseif redis.call('EXISTS', ARGV[1] .. d) == 0 then
+      counted('misses')
+      return {}
     end
   end
 end
+counted('hits')
 return out
 """

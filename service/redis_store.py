@@ -83,9 +83,9 @@ class RedisStore(RedisCache):
     # ------------------------------------------------------------ jobs
 
     def submit(self, key: str, request_json: str, priority: Priority) -> Submitted:
-        manifest = self.get_manifest(key)
-        if manifest is not None:
-            return Submitted(manifest=manifest)
+        found = self.fetch_artifact(key, blobs=False, count=False)
+        if found is not None:
+            return Submitted(manifest=found.manifest)
         job_id = uuid.uuid4().hex
         created = now_s()
         fields = {"id": job_id, "key": key, "stage": JobStage.QUEUED.value, "priority": priority,

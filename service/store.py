@@ -161,8 +161,9 @@ class Store(Protocol):
 
     def get_signature(self, key: str) -> str | None: ...
 
-    def fetch_artifact(self, key: str, *, blobs: bool = True) -> StoredArtifact | None:
-        """Manifest, verified blobs (if asked) and signature, counted as a cache hit or miss."""
+    def fetch_artifact(self, key: str, *, blobs: bool = True, count: bool = True) -> StoredArtifact | None:
+        """Manifest, verified blobs (if asked) and signature, counted as a cache hit or miss (if
+        asked). A manifest whose blobs are gone is a miss."""
         ...
 
     def put_artifact(self, artifact: Artifact, signature: str | None = None) -> None:

@@ -89,9 +89,9 @@ def process_claim(store: Store, claim: Claim, *, worker: str = "embedded",
 
 def compile_and_store(store: Store, job: JobRecord, policy: JobPolicy) -> None:
     """Compile the job's request (unless its artifact already exists), store it, mark it done."""
-    existing = store.get_manifest(job.key)
+    existing = store.fetch_artifact(job.key, blobs=False, count=False)  # whole, blobs and all
     if existing is not None:
-        store.mark_done(job.id, existing.stats.model_dump())
+        store.mark_done(job.id, existing.manifest.stats.model_dump())
         return
     request = load_request(store, job)
     if policy.compile_delay_s:

@@ -165,3 +165,23 @@ def test_status_shows_queue_workers_and_cache(client: TestClient,
     status = client.get("/v1/status").json()
     assert status["queue"]["interactive"] == {"waiting": 0, "running": 0}
     assert status["cache"]["misses"] == 2 and status["cache"]["puts"] == 1
+
+
+def test_a_manifest_whose_blob_was_evicted_is_compiled_again(client: TestClient,
+                                                             make_unary: Callable[..., CompileRequest]) -> None:
+    # A cache Redis under allkeys-lru may drop a blob and keep its manifest: that is a miss, not a hit
+    # that the client could never load.
+    req = make_unary()
+    queued = post(client, req).json()
+    store = store_of(client)
+    run_queued_jobs(store)
+    manifest = store.get_manifest(queued["key"])
+    assert manifest.kernels, "the test needs an artifact with a blob"
+    store.c.delete(store.k.blob(manifest.kernels[0].source.digest))
+    assert client.get(f"/v1/artifacts/{queued['key']}").status_code == 404
+    assert client.get(f"/v1/artifacts/{queued['key']}", params={"blobs": 0}).status_code == 404
+    again = post(client, req)
+    assert again.status_code == 202 and again.json()["job_id"] != queued["job_id"]
+    run_queued_jobs(store)
+    assert client.get(f"/v1/jobs/{again.json()['job_id']}").json()["state"] == "done"
+    assert client.get(f"/v1/artifacts/{queued['key']}").status_code == 200
