@@ -308,6 +308,11 @@ def _lower_node(g: GraphLowering, node: fx.Node, wire: Any, env: dict[fx.Node, A
             return _maybe_realize(g, node, out)
         except UnsupportedOp as e:
             log.debug("extern %s: %s", node.target, e)
+        except Exception as e:  # noqa: BLE001 - correctness first: a lowering that fails is an extern call
+            # Note: a failure here is a bug in a lowering (an edge case it did not foresee), never
+            # a reason to fail the compile; the node runs as its aten op and the log names it.
+            log.warning("lowering %s (node %s) failed, running it as an extern call: %s: %s",
+                        node.target, node.name, type(e).__name__, e)
     return _extern(g, node, wire, env)
 
 
