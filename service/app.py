@@ -57,6 +57,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             yield
         finally:
             stop.set()
+            await store.aclose()
             store.close()
             for c in consumers:
                 c.thread.join(timeout=60)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import shutil
@@ -94,6 +95,12 @@ class EmbeddedStore:
         if count:
             self.count("hits")
         return StoredArtifact(art.manifest, data or b"", art.blobs if blobs else None, self.get_signature(key))
+
+    async def fetch_artifact_async(self, key: str, *, blobs: bool = True) -> StoredArtifact | None:
+        return await asyncio.to_thread(self.fetch_artifact, key, blobs=blobs)
+
+    async def aclose(self) -> None:
+        """Nothing to close: files only."""
 
     def get_signature(self, key: str) -> str | None:
         try:

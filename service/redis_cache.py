@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
+from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 
 from compiler_core.artifact import Artifact, ArtifactManifest, manifest_from_json
 from compiler_core.errors import ArtifactError
@@ -20,11 +23,15 @@ _PURGE_BATCH = 500
 class RedisCache:
     """The artifact half of RedisStore, on the cache's Redis (`self.c`), which may be the queue's."""
 
-    def __init__(self, client: redis.Redis, keys: RedisKeys, max_artifact_bytes: int) -> None:
+    def __init__(self, client: redis.Redis, keys: RedisKeys, max_artifact_bytes: int, url: str) -> None:
         self.c = client
         self.k = keys
+        self.url = url
         self.max_artifact_bytes = max_artifact_bytes
         self._lookup = self.c.register_script(lua.LOOKUP)
+        # The cache-hit route's own asyncio connection pool, made in the event loop that uses it.
+        self._async: aioredis.Redis | None = None
+        self._alookup: Any = None
 
     def get_manifest(self, key: str) -> ArtifactManifest | None:
         return _parse(key, self.c.get(self.k.manifest(key)))
@@ -40,28 +47,51 @@ class RedisCache:
     def fetch_artifact(self, key: str, *, blobs: bool = True, count: bool = True) -> StoredArtifact | None:
         # Note: one round trip for a hit; the script finds blob digests by pattern, so what it
         # returns is checked against the parsed manifest, and anything it missed is fetched here.
-        reply = self._lookup(keys=[self.k.manifest(key), self.k.signature(key), self.k.cache_counters],
-                             args=[self.k.blob(""), "1" if blobs else "0", "1" if count else "0"])
+        reply = self._lookup(keys=self._lookup_keys(key), args=self._lookup_args(blobs, count))
+        found, missing = self._unpack(key, reply, blobs)
+        if found is None or found.blobs is None:
+            return found
+        extra = dict(zip(missing, self.c.mget([self.k.blob(d) for d in missing]))) if missing else {}
+        return _verified(key, found, extra)
+
+    async def fetch_artifact_async(self, key: str, *, blobs: bool = True) -> StoredArtifact | None:
+        """fetch_artifact on an asyncio connection, for the cache-hit route (no threadpool hop)."""
+        if self._async is None:
+            self._async = aioredis.Redis.from_url(self.url, protocol=2, health_check_interval=30)
+            self._alookup = self._async.register_script(lua.LOOKUP)
+        reply = await self._alookup(keys=self._lookup_keys(key), args=self._lookup_args(blobs, True))
+        found, missing = self._unpack(key, reply, blobs)
+        if found is None or found.blobs is None:
+            return found
+        extra = dict(zip(missing, await self._async.mget([self.k.blob(d) for d in missing]))) if missing else {}
+        return _verified(key, found, extra)
+
+    async def aclose(self) -> None:
+        if self._async is not None:
+            await self._async.aclose()
+            self._async = None
+
+    def _lookup_keys(self, key: str) -> list[str]:
+        return [self.k.manifest(key), self.k.signature(key), self.k.cache_counters]
+
+    def _lookup_args(self, blobs: bool, count: bool) -> list[str]:
+        return [self.k.blob(""), "1" if blobs else "0", "1" if count else "0"]
+
+    @staticmethod
+    def _unpack(key: str, reply: list[bytes], blobs: bool) -> tuple[StoredArtifact | None, list[str]]:
+        """The LOOKUP script's answer as a StoredArtifact (blobs as found, not yet verified) and
+        the digests its manifest names that the script did not return."""
         if not reply:
-            return None
+            return None, []
         manifest = _parse(key, reply[0])
         if manifest is None:
-            return None
+            return None, []
         signature = reply[1].decode() or None
         if not blobs:
-            return StoredArtifact(manifest, reply[0], None, signature)
+            return StoredArtifact(manifest, reply[0], None, signature), []
         got = {reply[i].decode(): reply[i + 1] for i in range(2, len(reply), 2)}
-        digests = {ref.digest for ref in manifest.blob_refs()}
-        missing = sorted(d for d in digests if d not in got)
-        if missing:
-            got.update({d: v for d, v in zip(missing, self.c.mget([self.k.blob(d) for d in missing])) if v})
-        art = Artifact(manifest, {d: got[d] for d in digests if d in got})
-        try:
-            art.verify()
-        except ArtifactError as e:
-            log.warning("artifact %s is broken in Redis: %s", key[:12], e.message)
-            return None
-        return StoredArtifact(manifest, reply[0], art.blobs, signature)
+        missing = sorted({ref.digest for ref in manifest.blob_refs()} - got.keys())
+        return StoredArtifact(manifest, reply[0], got, signature), missing
 
     def get_signature(self, key: str) -> str | None:
         sig = self.c.get(self.k.signature(key))
@@ -143,6 +173,19 @@ class RedisCache:
 
     def cache_entries(self) -> int:
         return int(self.c.scard(self.k.manifest_index))
+
+
+def _verified(key: str, found: StoredArtifact, extra: dict[str, bytes | None]) -> StoredArtifact | None:
+    """`found` with exactly the blobs its manifest names, each checked against its digest."""
+    blobs = {**(found.blobs or {}), **{d: v for d, v in extra.items() if v is not None}}
+    digests = {ref.digest for ref in found.manifest.blob_refs()}
+    art = Artifact(found.manifest, {d: blobs[d] for d in digests if d in blobs})
+    try:
+        art.verify()
+    except ArtifactError as e:
+        log.warning("artifact %s is broken in Redis: %s", key[:12], e.message)
+        return None
+    return replace(found, blobs=art.blobs)
 
 
 def _parse(key: str, data: bytes | None) -> ArtifactManifest | None:

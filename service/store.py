@@ -161,6 +161,14 @@ class Store(Protocol):
 
     def get_signature(self, key: str) -> str | None: ...
 
+    async def fetch_artifact_async(self, key: str, *, blobs: bool = True) -> StoredArtifact | None:
+        """fetch_artifact for the event loop (counted)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close what fetch_artifact_async opened (from the event loop that used it)."""
+        ...
+
     def fetch_artifact(self, key: str, *, blobs: bool = True, count: bool = True) -> StoredArtifact | None:
         """Manifest, verified blobs (if asked) and signature, counted as a cache hit or miss (if
         asked). A manifest whose blobs are gone is a miss."""

@@ -18,7 +18,7 @@ KeyPath = Annotated[str, Path(pattern=KEY_PATTERN, description="compile key (sha
 
 
 @router.get("/artifacts/{key}", responses={200: {"content": {"application/json": {}}}, 404: {}})
-def get_artifact(
+async def get_artifact(
     key: KeyPath,
     store: StoreDep,
     blobs: Annotated[bool, Query(description="include the blobs (base64); blobs=0 for the manifest only")] = True,
@@ -26,7 +26,7 @@ def get_artifact(
     """`{"manifest": ..., "blobs": {digest: base64}, "signature": hex | null}`. The signature is
     HMAC-SHA256 under FXCC_SIGNING_KEY over the manifest's canonical JSON (sorted keys, no spaces),
     or null when the worker that stored it signs nothing."""
-    found = store.fetch_artifact(key, blobs=blobs)
+    found = await store.fetch_artifact_async(key, blobs=blobs)
     if found is None:
         raise HTTPException(status_code=404, detail=f"no artifact {key}")
     # Note: a cache hit is the hot path; the manifest's stored JSON goes out as it is, unparsed.

@@ -225,5 +225,7 @@ def test_redis_outage_is_503_then_recovers(tmp_path: Path, make_unary: Callable[
             after = submit(url, make_unary("aten.cos.default"))
             assert after.status_code == 202, after.text
             assert job(url, after.json()["job_id"], wait_s=60)["state"] == "done"  # the worker recovered too
+            r = httpx.get(f"{url}/v1/artifacts/{after.json()['key']}", headers=AUTH, timeout=30)
+            assert r.status_code == 200 and r.json()["manifest"]["key"] == after.json()["key"]
     finally:
         cluster.stop()
