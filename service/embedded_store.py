@@ -33,6 +33,8 @@ from service.store import (
 
 log = logging.getLogger("fxcc.service.embedded")
 
+RECENT_WINDOW = 1000  # jobs counted per state for /v1/stats, as RedisStore counts them
+
 
 class EmbeddedStore:
     """One process's store. A single lock guards jobs, queues and single flight."""
@@ -202,7 +204,8 @@ class EmbeddedStore:
 
     def job_counts(self) -> dict[str, int]:
         with self._cond:
-            counts = Counter(j.state.value for j in self._jobs.values())
+            recent = sorted(self._jobs.values(), key=lambda j: j.created_at, reverse=True)[:RECENT_WINDOW]
+            counts = Counter(j.state.value for j in recent)
         return {s.value: counts.get(s.value, 0) for s in JobState}
 
     def _forget_old_jobs(self) -> None:

@@ -33,7 +33,9 @@ from service.store import (
 
 log = logging.getLogger("fxcc.service.redis")
 
-_SCAN_RECENT = 1000  # at most this many recent jobs are read to answer a filtered GET /v1/jobs
+# At most this many recent jobs are read to answer a filtered GET /v1/jobs, and counted per state
+# for /v1/stats and /metrics (which dashboards poll every second).
+RECENT_WINDOW = 1000
 
 
 def connect(url: str) -> redis.Redis:
@@ -111,7 +113,7 @@ class RedisStore(RedisCache):
         return None if data is None else data.decode()
 
     def list_jobs(self, state: JobState | None, limit: int) -> list[JobRecord]:
-        ids = self.r.zrevrange(self.k.recent_jobs, 0, (limit if state is None else _SCAN_RECENT) - 1)
+        ids = self.r.zrevrange(self.k.recent_jobs, 0, (limit if state is None else RECENT_WINDOW) - 1)
         pipe = self.r.pipeline(transaction=False)
         for job_id in ids:
             pipe.hgetall(self.k.job(job_id.decode()))
@@ -119,7 +121,7 @@ class RedisStore(RedisCache):
         return [j for j in jobs if state is None or j.state is state][:limit]
 
     def job_counts(self) -> dict[str, int]:
-        ids = self.r.zrange(self.k.recent_jobs, 0, -1)
+        ids = self.r.zrevrange(self.k.recent_jobs, 0, RECENT_WINDOW - 1)
         pipe = self.r.pipeline(transaction=False)
         for job_id in ids:
             pipe.hget(self.k.job(job_id.decode()), "stage")

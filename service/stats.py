@@ -46,7 +46,7 @@ def render_metrics(stats: dict[str, Any]) -> str:
     metric("fxcc_worker_heartbeat_age_seconds", "gauge", "Seconds since each worker's last heartbeat.",
            [({"worker": str(w["id"]), "device": str(w["device"])}, w["heartbeat_age_s"])
             for w in stats["workers"] if w["heartbeat_age_s"] is not None])
-    metric("fxcc_jobs", "gauge", "Recent jobs per state.", [({"state": s}, n) for s, n in stats["jobs"].items()])
+    metric("fxcc_jobs", "gauge", "The last 1000 jobs per state.", [({"state": s}, n) for s, n in stats["jobs"].items()])
     cache = stats["cache"]
     metric("fxcc_cache_entries", "gauge", "Artifacts in the cache.", [({}, cache["entries"])])
     metric("fxcc_cache_bytes", "gauge", "Bytes stored by puts (blobs and manifests).", [({}, cache["bytes"])])

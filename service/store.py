@@ -208,7 +208,7 @@ class Store(Protocol):
         ...
 
     def job_counts(self) -> dict[str, int]:
-        """Recent jobs per state."""
+        """The most recent 1000 jobs, counted per state."""
         ...
 
     def mark_started(self, job_id: str, worker: str, *, takeover: bool = False) -> JobRecord | None:

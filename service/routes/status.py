@@ -21,5 +21,5 @@ def get_status(store: StoreDep) -> dict[str, Any]:
 @router.get("/stats", dependencies=[Depends(require("admin"))])
 def get_stats(store: StoreDep) -> dict[str, Any]:
     """Queue depth per priority (and the dead-letter stream), live workers with heartbeat age and
-    device, recent jobs per state, cache entries, bytes, counters and hit rate."""
+    device, the last 1000 jobs per state, cache entries, bytes, counters and hit rate."""
     return gather_stats(store)
