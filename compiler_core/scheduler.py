@@ -31,9 +31,11 @@ class Kernel:
     nodes: list[ComputedBuffer] = field(default_factory=list)
     stored: set[str] = field(default_factory=set)
 
+    column: bool = False  # reduces along a strided dim while outputs are contiguous
+
     @property
     def looped(self) -> bool:
-        return self.rnumel > PERSISTENT_RNUMEL_MAX
+        return self.rnumel > PERSISTENT_RNUMEL_MAX or self.column
 
     def names(self) -> set[str]:
         return {n.name for n in self.nodes}
@@ -58,7 +60,7 @@ def node_coords(node: ComputedBuffer, xnumel: int, rnumel: int) -> Coords | None
     sizes = data.ranges
     n = numel(sizes)
     if rnumel == 1:
-        return Coords(unflatten(XINDEX, sizes), [], False) if n == xnumel else None
+        return Coords(_in_storage_order(XINDEX, sizes, node.buffer.strides), [], False) if n == xnumel else None
     if n == xnumel:
         return Coords(unflatten(XINDEX, sizes), [], False)
     if n != xnumel * rnumel:
@@ -67,6 +69,17 @@ def node_coords(node: ComputedBuffer, xnumel: int, rnumel: int) -> Coords | None
         if numel(sizes[:k]) == xnumel and numel(sizes[k:]) == rnumel:
             return Coords(unflatten(XINDEX, sizes[:k]) + unflatten(RINDEX, sizes[k:]), [], True)
     return None
+
+
+def _in_storage_order(flat: Expr, sizes: Sequence[int], strides: Sequence[int]) -> list[Expr]:
+    """Per-dim indices for position `flat` of a walk over a buffer in its memory order, so a
+    kernel writing a transposed (eager-strided) buffer still reads and writes contiguously."""
+    order = sorted(range(len(sizes)), key=lambda d: (-strides[d], d))
+    walk = unflatten(flat, [sizes[d] for d in order])
+    index: list[Expr] = list(walk)
+    for k, d in enumerate(order):
+        index[d] = walk[k]
+    return index
 
 
 def kernel_index(expr: Expr, kernel: Kernel) -> Expr:
@@ -112,6 +125,24 @@ def _fits(kernel: Kernel, node: ComputedBuffer) -> bool:
     return True
 
 
+def is_column_reduction(node: ComputedBuffer) -> bool:
+    """A reduction whose input is contiguous across outputs and strided along the reduced dim
+    (e.g. a bias gradient, sum over rows): it wants wide XBLOCK tiles and a loop over r, since
+    one row per program would read memory a column at a time."""
+    if not node.is_reduction():
+        return False
+    x, r = node.numels()
+    kernel = Kernel(x, r)
+    coords = node_coords(node, x, r)
+    if coords is None or x < 8:
+        return False
+    for _, index in _reads(node, coords):
+        e = kernel_index(index, kernel)
+        if e.coeff(XINDEX) == 1 and e.coeff(RINDEX) != 1 and e.has(RINDEX):
+            return True
+    return False
+
+
 def _retarget(kernel: Kernel, node: ComputedBuffer) -> Kernel | None:
     """A pointwise kernel widened to a reduction's (x, r) space, if all its nodes fit there."""
     if kernel.rnumel != 1 or not node.is_reduction():
@@ -147,7 +178,7 @@ def fuse_nodes(program: Sequence[ComputedBuffer | ExternCall]) -> list[Kernel | 
                 continue
             out.append(open_kernel)
         x, r = item.numels()
-        open_kernel = Kernel(x, r, [item])
+        open_kernel = Kernel(x, r, [item], column=is_column_reduction(item))
     if open_kernel is not None:
         out.append(open_kernel)
     return out

@@ -219,6 +219,8 @@ def launch_config(kernel: Kernel) -> tuple[dict[str, int], int]:
     if kernel.rnumel == 1:
         xblock = min(1024, max(16, next_pow2(kernel.xnumel)))
         return {"XBLOCK": xblock}, 4 if xblock >= 512 else 2
+    if kernel.column:
+        return {"XBLOCK": 16 if kernel.xnumel >= 2048 else 8, "RBLOCK": 128}, 4
     if kernel.looped:
         return {"XBLOCK": 1, "RBLOCK": 2048}, 8
     rblock = next_pow2(kernel.rnumel)

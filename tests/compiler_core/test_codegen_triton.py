@@ -33,8 +33,11 @@ def test_contiguous_loads_index_by_xindex():
 
 
 def test_broadcast_and_transpose_index_math():
-    (src,) = sources(compile_fn(lambda x, b: x.t() + b, torch.randn(8, 4), torch.randn(8)))
+    (src,) = sources(compile_fn(lambda x, b: x.t().contiguous() + b, torch.randn(8, 4), torch.randn(8)))
     assert "(xindex % 8)" in src and "(xindex // 8)" in src
+    # eager keeps x.t()'s layout for x.t() + b: walk memory order, broadcast b along it
+    (src,) = sources(compile_fn(lambda x, b: x.t() + b, torch.randn(8, 4), torch.randn(8)))
+    assert "tl.load(in_ptr1 + ((xindex // 4)), xmask)" in src
 
 
 def test_low_precision_computes_in_fp32_and_casts_on_store():
@@ -51,3 +54,10 @@ def test_cuda_target_uses_libdevice():
     (src,) = sources(art)
     assert "libdevice.tanh(" in src and "libdevice.log1p(" in src
     assert "from triton.language.extra import libdevice" in src
+
+
+def test_transposed_outputs_are_written_in_memory_order():
+    x = torch.randn(16, 8).t()  # eager keeps this layout for pointwise results
+    (src,) = sources(compile_fn(lambda a: a.sin() * 2, x))
+    assert "tl.load(in_ptr0 + (xindex), xmask)" in src
+    assert "tl.store(out_ptr0 + (xindex), " in src

@@ -13,7 +13,7 @@ from client.capture import capture_graph
 from client.runtime import load_plan
 from compiler_core.artifact import Artifact
 from compiler_core.compile import compile_request
-from compiler_core.wire import CompileRequest
+from compiler_core.wire import CompileOptions, CompileRequest, Target
 
 
 class TransformerBlock(nn.Module):
@@ -34,7 +34,11 @@ def fxcc_backend(artifacts: list[Artifact]) -> Any:
     """A minimal torch.compile backend: AOTAutograd, then compile_request and the client runtime."""
     def compiler(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
         cap = capture_graph(gm, inputs)
-        art = compile_request(CompileRequest(graph=cap.spec))
+        target = Target()
+        if any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs):
+            major, minor = torch.cuda.get_device_capability()
+            target = Target(kind="cuda", arch=major * 10 + minor)
+        art = compile_request(CompileRequest(graph=cap.spec, options=CompileOptions(target=target)))
         artifacts.append(art)
         runner = load_plan(art)
 

@@ -76,3 +76,17 @@ def test_fusion_counts_on_cuda():
     assert check_cuda(bias_gelu_layernorm, x, v, v, v).manifest.stats.kernels == 1
     assert check_cuda(lambda a: F.softmax(a, -1), x).manifest.stats.kernels == 1
     assert check_cuda(lambda a: a.sin().cos(), x).manifest.stats.kernels == 1
+
+
+def test_transformer_block_training_on_cuda():
+    from tests.compiler_core.test_compile import TransformerBlock, fxcc_backend
+
+    torch.manual_seed(0)
+    model = TransformerBlock(64, 4).cuda().train()
+    x = torch.randn(4, 16, 64, device="cuda", requires_grad=True)
+    arts: list[Any] = []
+    torch.compile(model, backend=fxcc_backend(arts))(x).square().sum().backward()
+    got = x.grad.clone()
+    x.grad = None
+    model(x).square().sum().backward()
+    torch.testing.assert_close(got, x.grad, atol=1e-3, rtol=1e-3)

@@ -80,3 +80,17 @@ def test_graph_with_mutation_runs_as_externs():
     want = f(x.clone())
     (got,) = run(art, x.clone())
     torch.testing.assert_close(got, want)
+
+
+def test_column_reductions_loop_over_rows_with_wide_tiles():
+    from compiler_core.scheduler import PERSISTENT_RNUMEL_MAX
+
+    x = torch.randn(300, 40)
+    art = check(lambda a: a.sum(0), x, atol=1e-4, rtol=1e-5)
+    (src,) = [b.decode() for b in art.blobs.values()]
+    assert "for roffset in range(0, rnumel, RBLOCK):" in src
+    assert 300 < PERSISTENT_RNUMEL_MAX
+    (info,) = art.manifest.kernels
+    assert info.constexprs["XBLOCK"] > 1
+    check(lambda a: (a * 2).sum(0) + 1, x, atol=1e-4, rtol=1e-5)
+    check(lambda a: a.amax(0), x)
