@@ -17,6 +17,7 @@ STREAM_PRECOMPILE = "jobs:precompile"
 DEAD_LETTER = "jobs:dead"  # stream of jobs that failed job_max_attempts times, with their error
 RECENT_JOBS = "jobs:recent"  # sorted set: job id scored by creation time (GET /v1/jobs)
 WORKER = "worker:{worker_id}"  # heartbeat: JSON info, expires unless renewed
+LIVE_WORKERS = "workers:live"  # sorted set: worker id scored by its last heartbeat (no SCAN needed)
 TOKENS = "tokens"  # hash: sha256 of a token made over the API -> JSON TokenRecord (never the token)
 
 GROUP = "workers"  # the one consumer group every worker reads the job streams through
@@ -35,6 +36,7 @@ class RedisKeys:
         self.cache_counters = prefix + CACHE_COUNTERS
         self.manifest_index = prefix + MANIFEST_INDEX
         self.tokens = prefix + TOKENS
+        self.live_workers = prefix + LIVE_WORKERS
 
     def blob(self, digest: str) -> str:
         return self.prefix + BLOB.format(digest=digest)

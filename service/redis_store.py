@@ -258,18 +258,23 @@ class RedisStore(RedisCache):
         return out
 
     def workers(self) -> list[dict[str, Any]]:
-        names = sorted(self.r.scan_iter(match=self.k.worker("*"), count=1000))
-        values = self.r.mget(names) if names else []
+        ids = self.r.zrangebyscore(self.k.live_workers, time.time() - self.settings.worker_ttl_s, "+inf")
+        values = self.r.mget([self.k.worker(w.decode()) for w in ids]) if ids else []
         return [json.loads(v) for v in values if v is not None]
 
     def forget_worker(self, worker: str) -> None:
-        self.r.delete(self.k.worker(worker))
+        pipe = self.r.pipeline(transaction=False)
+        pipe.delete(self.k.worker(worker))
+        pipe.zrem(self.k.live_workers, worker)
+        pipe.execute()
 
     def heartbeat(self, worker: str, info: dict[str, Any], claims: list[Claim]) -> None:
         """Renew the worker's TTL key, reset the idle time of its entries, renew their single flight."""
+        now = time.time()
         pipe = self.r.pipeline(transaction=False)
-        pipe.set(self.k.worker(worker), json.dumps({**info, "beat_at": time.time()}),
-                 ex=self.settings.worker_ttl_s)
+        pipe.set(self.k.worker(worker), json.dumps({**info, "beat_at": now}), ex=self.settings.worker_ttl_s)
+        pipe.zadd(self.k.live_workers, {worker: now})
+        pipe.zremrangebyscore(self.k.live_workers, "-inf", now - self.settings.worker_ttl_s)
         for c in claims:
             pipe.xclaim(c.stream, GROUP, c.consumer, 0, [c.entry_id], justid=True)
             self._renew(keys=[self.k.job(c.job_id)], client=pipe,

@@ -35,7 +35,7 @@ def test_bad_value_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_every_key_is_under_the_prefix() -> None:
     k = RedisKeys("p:")
     names = [k.blob("d"), k.manifest("m"), k.signature("m"), k.job("j"), k.inflight("m"), k.worker("w"),
-             k.cache_counters, k.manifest_index, k.dead_letter, k.recent_jobs, k.tokens, *k.streams()]
+             k.cache_counters, k.manifest_index, k.dead_letter, k.recent_jobs, k.tokens, k.live_workers, *k.streams()]
     assert all(n.startswith("p:") for n in names)
     assert k.streams() == ("p:jobs:interactive", "p:jobs:precompile")
 
