@@ -157,7 +157,13 @@ class TritonHandler(OpsHandler):
         index = kernel_index(index, self.kernel)
         mask = self.mask_for(index)
         buf_dtype = self.buffer_dtypes[name]
-        text = f"tl.load({self.args[name]} + ({render_index(index)})" + (f", {mask})" if mask else ")")
+        where = render_index(index)
+        if mask is None:
+            # Note: an address that depends on no index (a 0-d input, a broadcast scalar) still loads
+            # a block: a scalar load mixes badly with blocks in Triton's interpreter (logical and
+            # where on scalars), and the hardware serves the repeated address from cache.
+            where, mask = f"{where} + 0 * xindex", "xmask"
+        text = f"tl.load({self.args[name]} + ({where}), {mask})"
         comp = compute_dtype(buf_dtype)
         if comp != buf_dtype:
             text += f".to({TL_DTYPES[comp]})"

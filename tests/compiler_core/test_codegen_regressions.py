@@ -74,3 +74,24 @@ def test_same_body_different_block_sizes_are_different_kernels():
         torch.testing.assert_close(g, e)
     names = [k.name for k in art.manifest.kernels]
     assert len(names) == len(set(names))
+
+
+def test_zero_dim_inputs_load_as_blocks():
+    """relu and logical_and of 0-d tensors (scalar loads used to break Triton's interpreter)."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from client.capture import capture_graph
+    from client.runtime import load_plan
+    from compiler_core.compile import compile_request
+    from compiler_core.wire import CompileRequest
+
+    def f(a, b, c):
+        return torch.relu(a), torch.logical_and(a, b), a * c
+
+    args = [torch.tensor(-1.5), torch.tensor(2.0), torch.randn(4, 3)]
+    gm = make_fx(f)(*args)
+    art = compile_request(CompileRequest(graph=capture_graph(gm, args).spec))
+    assert art.manifest.stats.nodes_extern == 0
+    for got, exp in zip(load_plan(art)(args), f(*args)):
+        torch.testing.assert_close(got, exp)
