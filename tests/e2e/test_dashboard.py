@@ -74,7 +74,10 @@ def test_dashboard_shows_a_job_compile_and_finish(browser, service, tmp_path):
     from selenium.webdriver.support.ui import WebDriverWait
 
     browser.get(service + "/")
-    wait = WebDriverWait(browser, 30, poll_frequency=0.1)
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    # The page redraws its tables every second: an element read mid-redraw is stale, not wrong.
+    wait = WebDriverWait(browser, 30, poll_frequency=0.1, ignored_exceptions=[StaleElementReferenceException])
     wait.until(lambda d: "store: embedded" in d.find_element(By.ID, "store").text)
 
     answer = httpx.post(f"{service}/v1/compile", content=_request(),
@@ -84,7 +87,7 @@ def test_dashboard_shows_a_job_compile_and_finish(browser, service, tmp_path):
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, row)
                and d.find_element(By.CSS_SELECTOR, row).text in ("queued", "running"))
     wait.until(lambda d: d.find_element(By.CSS_SELECTOR, row).text == "done")
-    cells = browser.find_element(By.CSS_SELECTOR, f'tr[data-job="{job}"]').text
+    cells = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, f'tr[data-job="{job}"]').text)
     assert answer["key"][:12] in cells and "embedded" in cells
     assert browser.find_element(By.ID, "error").text == ""
     shot = Path(os.environ.get("FXCC_DASHBOARD_SCREENSHOT") or tmp_path / "dashboard.png")

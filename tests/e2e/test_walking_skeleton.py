@@ -16,6 +16,7 @@ import redis
 from client.demo import free_port, wait_healthy
 
 pytestmark = pytest.mark.e2e
+TOKEN = "e2e-test-token"
 
 
 def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
@@ -38,8 +39,9 @@ def cluster(redis_url: str, redis_prefix: str, tmp_path: Path):
     """A real service and a real worker process on the test's Redis prefix."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FXCC_")}
+    # A cluster service: Redis, and a token its clients must present.
     env.update(TRITON_INTERPRET="1", FXCC_REDIS_URL=redis_url, FXCC_REDIS_PREFIX=redis_prefix,
-               FXCC_DATA_DIR=str(tmp_path / "data"), FXCC_CLAIM_BLOCK_MS="200")
+               FXCC_DATA_DIR=str(tmp_path / "data"), FXCC_CLAIM_BLOCK_MS="200", FXCC_TOKEN=TOKEN)
     server = _spawn(["serve", "--port", str(port)], env, tmp_path / "serve.log")
     worker = _spawn(["worker"], env, tmp_path / "worker.log")
     url = f"http://127.0.0.1:{port}"
@@ -81,5 +83,6 @@ def test_seed_examples_compile_remotely_then_hit_shared_cache(cluster, redis_url
     # The job records say what happened, through the HTTP API.
     key = next(k for k in r.scan_iter(match=f"{redis_prefix}job:*"))
     job_id = key.decode().rsplit(":", 1)[1]
-    job = httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10).json()
+    assert httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10).status_code == 401
+    job = httpx.get(f"{url}/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()
     assert job["state"] == "done" and job["worker"]
