@@ -134,7 +134,7 @@ class GraphCompiler:
             from client.remote import RemoteService
 
             remote = RemoteService(self.settings.url, self.settings.token,
-                                   self.settings.request_timeout_s)
+                                   self.settings.request_timeout_s, self.settings.signing_key)
             try:
                 art, source = remote.compile(request, key, self.settings.compile_timeout_s)
             finally:

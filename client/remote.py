@@ -11,6 +11,7 @@ import httpx
 
 from compiler_core.artifact import Artifact, manifest_from_json
 from compiler_core.errors import ArtifactError, FxccError
+from compiler_core.signing import verify_manifest
 from compiler_core.wire import CompileRequest
 
 log = logging.getLogger("fxcc.remote")
@@ -25,9 +26,11 @@ class CompileFailed(FxccError):
 
 
 class RemoteService:
-    def __init__(self, url: str, token: str | None = None, timeout_s: float = 30.0) -> None:
+    def __init__(self, url: str, token: str | None = None, timeout_s: float = 30.0,
+                 signing_key: str | None = None) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url
+        self.signing_key = signing_key.encode() if signing_key else None
         self.http = httpx.Client(base_url=url, headers=headers, timeout=timeout_s)
 
     def close(self) -> None:
@@ -46,6 +49,9 @@ class RemoteService:
             return None
         _check(r)
         body = r.json()
+        if self.signing_key is not None and not verify_manifest(body["manifest"], body.get("signature"),
+                                                                self.signing_key):
+            raise ArtifactError(f"artifact {key[:12]} has no valid signature under FXCC_SIGNING_KEY")
         blobs = {d: base64.b64decode(b) for d, b in body.get("blobs", {}).items()}
         art = Artifact(manifest_from_json(_json_bytes(body["manifest"])), blobs)
         if art.manifest.key != key:

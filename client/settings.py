@@ -16,6 +16,8 @@ class ClientSettings:
 
     url: the compile service (FXCC_URL); None compiles in-process (the embedded default).
     token: bearer token for the service (FXCC_TOKEN); never logged.
+    signing_key: when set (FXCC_SIGNING_KEY), every artifact from the service must carry a valid
+        HMAC signature by the workers' shared key, or it is refused.
     cache_dir: local artifact cache (FXCC_CACHE_DIR, default ~/.cache/fxcc).
     mode: compile mode sent to the service (FXCC_MODE: default | max-autotune).
     fallback: what to do when fxcc cannot serve a graph (FXCC_FALLBACK: eager | inductor | error).
@@ -26,6 +28,7 @@ class ClientSettings:
 
     url: str | None = None
     token: str | None = None
+    signing_key: str | None = None
     cache_dir: Path = Path.home() / ".cache" / "fxcc"
     mode: Literal["default", "max-autotune"] = "default"
     fallback: Fallback = "eager"
@@ -43,6 +46,8 @@ class ClientSettings:
             values["url"] = env["FXCC_URL"].rstrip("/")
         if env.get("FXCC_TOKEN"):
             values["token"] = env["FXCC_TOKEN"]
+        if env.get("FXCC_SIGNING_KEY"):
+            values["signing_key"] = env["FXCC_SIGNING_KEY"]
         if env.get("FXCC_CACHE_DIR"):
             values["cache_dir"] = Path(env["FXCC_CACHE_DIR"])
         if env.get("FXCC_MODE"):

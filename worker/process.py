@@ -11,9 +11,9 @@ from pydantic import ValidationError
 from compiler_core.build import build_artifact, cuda_build_unavailable
 from compiler_core.compile import compile_request
 from compiler_core.errors import FxccError, InvalidGraph
+from compiler_core.signing import sign_manifest
 from compiler_core.wire import CompileRequest
 from service.settings import ServiceSettings
-from service.signing import sign_manifest
 from service.store import ArtifactTooLarge, Claim, JobError, JobRecord, JobStage, Store
 
 log = logging.getLogger("fxcc.worker")

@@ -17,6 +17,7 @@ from client.demo import free_port, wait_healthy
 
 pytestmark = pytest.mark.e2e
 TOKEN = "e2e-test-token"
+SIGNING_KEY = "e2e-signing-key"
 
 
 def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
@@ -41,7 +42,8 @@ def cluster(redis_url: str, redis_prefix: str, tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FXCC_")}
     # A cluster service: Redis, and a token its clients must present.
     env.update(TRITON_INTERPRET="1", FXCC_REDIS_URL=redis_url, FXCC_REDIS_PREFIX=redis_prefix,
-               FXCC_DATA_DIR=str(tmp_path / "data"), FXCC_CLAIM_BLOCK_MS="200", FXCC_TOKEN=TOKEN)
+               FXCC_DATA_DIR=str(tmp_path / "data"), FXCC_CLAIM_BLOCK_MS="200", FXCC_TOKEN=TOKEN,
+               FXCC_SIGNING_KEY=SIGNING_KEY)
     server = _spawn(["serve", "--port", str(port)], env, tmp_path / "serve.log")
     worker = _spawn(["worker"], env, tmp_path / "worker.log")
     url = f"http://127.0.0.1:{port}"
@@ -79,6 +81,12 @@ def test_seed_examples_compile_remotely_then_hit_shared_cache(cluster, redis_url
     assert [row["key"] for row in second] == [row["key"] for row in first]
     assert all(row["max_abs_err"] < 1e-4 for row in second), second
     assert _job_count(r, redis_prefix) == jobs_after_first, "the second client caused a new compile job"
+
+    # A client holding another signing key refuses every artifact and runs eagerly, correctly.
+    forged = _client_pass(dict(client_env, FXCC_CACHE_DIR=str(tmp_path / "client-c"), FXCC_SIGNING_KEY="other"),
+                          tmp_path / "c.json")
+    assert all(row["source"] == "fallback" and "signature" in row["error"] for row in forged), forged
+    assert all(row["max_abs_err"] == 0 for row in forged)
 
     # The job records say what happened, through the HTTP API.
     key = next(k for k in r.scan_iter(match=f"{redis_prefix}job:*"))

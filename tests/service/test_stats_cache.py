@@ -12,11 +12,11 @@ import redis
 from fastapi.testclient import TestClient
 
 from compiler_core.artifact import canonical_json
+from compiler_core.signing import verify_manifest
 from compiler_core.wire import CompileRequest
 from service.app import create_app
 from service.redis_store import RedisStore
 from service.settings import ServiceSettings
-from service.signing import verify_manifest
 from worker.process import JobPolicy, process_claim
 
 

@@ -10,10 +10,10 @@ import pytest
 
 from compiler_core.compile import compile_request
 from compiler_core.keys import compile_key
+from compiler_core.signing import verify_manifest
 from compiler_core.wire import CompileRequest
 from service.embedded_store import EmbeddedStore
 from service.settings import ServiceSettings
-from service.signing import verify_manifest
 from service.store import Claim, JobStage, JobState, Store
 from worker.process import JobPolicy, process_claim
 

@@ -1,4 +1,4 @@
-"""Manifest signatures: hex HMAC-SHA256 under FXCC_SIGNING_KEY over the manifest's canonical JSON.
+"""Manifest signatures: hex HMAC-SHA256 under the workers' shared key over canonical manifest JSON.
 
 Canonical JSON is `json.dumps(manifest, sort_keys=True, separators=(",", ":"))` of the manifest
 as the API returns it, so a client can verify what it received without our models.
