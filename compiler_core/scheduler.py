@@ -138,7 +138,12 @@ def is_column_reduction(node: ComputedBuffer) -> bool:
         return False
     for _, index in _reads(node, coords):
         e = kernel_index(index, kernel)
-        if e.coeff(XINDEX) == 1 and e.coeff(RINDEX) != 1 and e.has(RINDEX):
+        if not e.has(RINDEX):
+            continue
+        at = e.subs({XINDEX: 0, RINDEX: 0})
+        step_x = e.subs({XINDEX: 1, RINDEX: 0}) - at
+        step_r = e.subs({XINDEX: 0, RINDEX: 1}) - at
+        if step_x == 1 and step_r != 1:
             return True
     return False
 

@@ -136,7 +136,29 @@ def simplify_index(expr: Expr, bounds: dict[sympy.Symbol, int]) -> Expr:
     return expr
 
 
+def _split_small(a: Expr, div: Expr, bounds: dict[sympy.Symbol, int]) -> tuple[Expr, int] | None:
+    """(W, g) with a == g*W + R, g dividing div and 0 <= R < g: then a // div == W // (div/g)."""
+    if not a.is_Add or not div.is_Integer:
+        return None
+    for term in a.args:
+        g = term.as_coeff_Mul()[0]
+        if not g.is_Integer or g <= 1 or int(div) % int(g):
+            continue
+        whole = [t for t in a.args if _divides(t, g)]
+        rest = sympy.Add(*[t for t in a.args if not _divides(t, g)])
+        hi = upper_bound(rest, bounds)
+        if hi is not None and hi <= int(g):
+            return sympy.Add(*whole) / g, int(g)
+    return None
+
+
 def _drop_wrap(e: Expr, bounds: dict[sympy.Symbol, int]) -> Expr:
+    split = _split_small(e.args[0], e.args[1], bounds)
+    if split is not None:
+        whole, g = split
+        if isinstance(e, ModularIndexing):
+            return ModularIndexing(sympy.expand(whole), e.args[1] / g, e.args[2])
+        return FloorDiv(sympy.expand(whole), e.args[1] / g)
     if isinstance(e, ModularIndexing):
         a, div, mod = e.args
         hi = upper_bound(a, bounds)

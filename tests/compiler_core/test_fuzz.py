@@ -109,3 +109,18 @@ def test_random_chains_match_eager(sizes: list[int], ops: list[tuple[str, int]])
         return y * 1.0 + 0.0 if y is a else y
 
     check(f, x, atol=1e-5, rtol=1e-5)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 40), st.integers(0, 5), st.integers(1, 48), st.integers(1, 7),
+       st.integers(1, 8), st.integers(1, 6))
+def test_simplify_two_symbols(cx: int, cr: int, c0: int, div: int, mod: int, nx: int, nr: int) -> None:
+    from compiler_core.sizevars import RINDEX
+
+    a = cx * XINDEX + cr * RINDEX + c0
+    for expr in (FloorDiv(a, div), ModularIndexing(a, div, mod), FloorDiv(a, div) * 3 + ModularIndexing(a, 1, div)):
+        simple = simplify_index(expr, {XINDEX: nx, RINDEX: nr})
+        for x in range(nx):
+            for r in range(nr):
+                want = int(expr.subs({XINDEX: x, RINDEX: r}))
+                assert int(simple.subs({XINDEX: x, RINDEX: r})) == want, (expr, simple, x, r)

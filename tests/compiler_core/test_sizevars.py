@@ -50,3 +50,11 @@ def test_dense_strides():
     assert dense_strides_like((3, 4), (1, 3)) == (1, 3)
     assert dense_strides_like((3, 4), (0, 1)) is None
     assert dense_strides_like((3, 4), (8, 1)) is None
+
+
+def test_floordiv_drops_a_bounded_remainder():
+    # (x + 3072*r) // 24576 == r // 8 when x < 3072
+    expr = FloorDiv(XINDEX + 3072 * RINDEX, 24576)
+    assert simplify_index(expr, {XINDEX: 3072, RINDEX: 4096}) == FloorDiv(RINDEX, 8)
+    expr = ModularIndexing(XINDEX + 64 * RINDEX, 64, 5)
+    assert simplify_index(expr, {XINDEX: 64, RINDEX: 100}) == ModularIndexing(RINDEX, 1, 5)
