@@ -35,6 +35,19 @@ def peak_mb(fn: Callable[[], Any]) -> float:
     return round(peak / 2**20, 1)
 
 
+def host_ms(fn: Callable[[], Any], calls: int = 20) -> float:
+    """Median host time of one call with an idle GPU queue: above the runtime, a call is host-bound."""
+    fn()
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return round(sorted(times)[len(times) // 2] * 1000, 3)
+
+
 def copy_gbps() -> float:
     """Device-to-device copy bandwidth (bytes read + written) on 1 GiB: the memory-bound ceiling."""
     src = torch.randn(1 << 28, device="cuda")
@@ -92,6 +105,7 @@ def measure(name: str) -> dict[str, Any]:
         del out
         res["inductor_ms"] = bench_ms(lambda: ind(*inputs))
         res["inductor_peak_mb"] = peak_mb(lambda: ind(*inputs))
+        res["inductor_host_ms"] = host_ms(lambda: ind(*inputs))
 
         torch._dynamo.reset()
         backend.clear_events()
@@ -111,6 +125,8 @@ def measure(name: str) -> dict[str, Any]:
         del out
         res["fxcc_ms"] = bench_ms(lambda: fx(*inputs))
         res["fxcc_peak_mb"] = peak_mb(lambda: fx(*inputs))
+        res["fxcc_host_ms"] = host_ms(lambda: fx(*inputs))
+        res["fxcc_extern_ops"] = sorted({o for e in evs if e.stats for o in e.stats.extern_ops})
         res["artifact_bytes"] = artifact_bytes(Path(os.environ["FXCC_CACHE_DIR"]),
                                                [e.key for e in evs if e.key])
         res["fxcc_cubin_modules_loaded"] = cuda_loader.stats.modules_loaded
