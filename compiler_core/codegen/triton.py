@@ -93,6 +93,14 @@ def _fxcc_max(a, b):
 @triton.jit
 def _fxcc_min(a, b):
     return tl.where((a < b) | (a != a), a, b)
+
+
+@triton.jit
+def _fxcc_round_bf16(x):
+    # fp32 rounded to the nearest bf16 (ties to even), so that a truncating conversion is exact.
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
 """
 
 
@@ -104,9 +112,11 @@ class TVal:
     dtype: torch.dtype
 
 
-def cast(text: str, dtype: torch.dtype) -> str:
-    """`text` converted to `dtype` (float downcasts round to nearest even on GPUs; Triton's CPU
-    interpreter truncates fp32 → bf16, so interpreted bf16 results can differ by one ulp)."""
+def cast(text: str, dtype: torch.dtype, target: str = "cuda", source: torch.dtype | None = None) -> str:
+    """`text` converted to `dtype`. Float downcasts round to nearest even on GPUs; Triton's CPU
+    interpreter truncates fp32 → bf16, so there the value is rounded first (as torch rounds)."""
+    if target == "interpret" and dtype == torch.bfloat16 and source == torch.float32:
+        return f"_fxcc_round_bf16({text}).to(tl.bfloat16)"
     return f"{text}.to({TL_DTYPES[dtype]})"
 
 
@@ -184,7 +194,7 @@ class TritonHandler(OpsHandler):
             return self.emit(cast(x.text, dtype), dtype)
         if dtype == torch.bfloat16 and x.dtype != torch.float32:
             x = self.emit(cast(x.text, torch.float32), torch.float32)
-        return self.emit(cast(x.text, dtype), dtype)
+        return self.emit(cast(x.text, dtype, self.target, x.dtype), dtype)
 
     def unary(self, op: str, x: TVal) -> TVal:
         template = unary_table(self.target).get(op)
@@ -265,9 +275,10 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str) -> Rende
                 mask = "xmask & rmask" if (coords.full and not node.is_reduction() and reduction) else "xmask"
                 out = value.text
                 if value.dtype != node.buffer.dtype:
+                    source = value.dtype
                     if node.buffer.dtype == torch.bfloat16 and value.dtype != torch.float32:
-                        out = cast(out, torch.float32)
-                    out = cast(out, node.buffer.dtype)
+                        out, source = cast(out, torch.float32), torch.float32
+                    out = cast(out, node.buffer.dtype, target, source)
                 where = render_index(index)
                 if not index.has(XINDEX):
                     where += " + 0 * xindex"  # a block of pointers, even for a single element

@@ -95,3 +95,25 @@ def test_zero_dim_inputs_load_as_blocks():
     assert art.manifest.stats.nodes_extern == 0
     for got, exp in zip(load_plan(art)(args), f(*args)):
         torch.testing.assert_close(got, exp)
+
+
+def test_interpreted_bf16_stores_round_to_nearest_even():
+    """Triton's interpreter truncates fp32 → bf16; kernels round first, so results equal torch's."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from client.capture import capture_graph
+    from client.runtime import load_plan
+    from compiler_core.compile import compile_request
+    from compiler_core.wire import CompileRequest
+
+    def f(x):
+        return (x * 1.0001).to(torch.bfloat16)
+
+    x = torch.randn(4096) * 100
+    x[:4] = torch.tensor([float("nan"), float("inf"), -6.0615, 3.4e38])
+    gm = make_fx(f)(x)
+    art = compile_request(CompileRequest(graph=capture_graph(gm, [x]).spec))
+    assert art.manifest.stats.kernels == 1
+    (got,) = load_plan(art)([x])
+    torch.testing.assert_close(got, f(x), rtol=0, atol=0, equal_nan=True)

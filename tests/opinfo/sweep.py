@@ -77,6 +77,11 @@ def compile_and_run(fn, tensors: list[torch.Tensor]):
     return list(out), art.manifest.stats
 
 
+def _float64_reference(fn, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    up = [t.double() if t.is_floating_point() else t for t in tensors]
+    return [o.double() if isinstance(o, torch.Tensor) else o for o in pytree.tree_leaves(fn(*up))]
+
+
 def run_sample(opinfo, sample) -> tuple[str, str]:
     leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
     positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
@@ -99,12 +104,24 @@ def run_sample(opinfo, sample) -> tuple[str, str]:
         return "failed", f"{name}: {str(e).splitlines()[0][:160] if str(e) else ''}"
     try:
         assert len(got) == len(expected), f"{len(got)} outputs, eager has {len(expected)}"
-        for g, e in zip(got, expected):
-            if isinstance(e, torch.Tensor):
-                torch.testing.assert_close(g, e, equal_nan=True)
-                assert g.shape == e.shape and g.dtype == e.dtype
-            else:
+        reference = None
+        for i, (g, e) in enumerate(zip(got, expected)):
+            if not isinstance(e, torch.Tensor):
                 assert g == e, f"{g!r} != {e!r}"
+                continue
+            assert g.shape == e.shape and g.dtype == e.dtype, f"{g.dtype}{list(g.shape)} vs {e.dtype}{list(e.shape)}"
+            try:
+                torch.testing.assert_close(g, e, equal_nan=True)
+            except AssertionError:
+                # Note: in bf16/fp16 fxcc computes in fp32 and rounds once; eager may round every
+                # step. Like Inductor's tests, accept a result at least as close as eager's to the
+                # same computation in float64.
+                if e.dtype not in (torch.bfloat16, torch.float16):
+                    raise
+                reference = reference or _float64_reference(fn, tensors)
+                truth = reference[i]
+                assert (g.double() - truth).abs().nan_to_num(0).max() <= \
+                       (e.double() - truth).abs().nan_to_num(0).max(), "less accurate than eager"
     except AssertionError as err:
         return "failed", str(err).splitlines()[0][:160] if str(err) else "mismatch"
     if stats.nodes_extern == 0:
