@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import sys
 import time
 from typing import Any
 
@@ -66,20 +67,28 @@ class RemoteService:
         _check(r)
         return r.json()
 
-    def wait(self, job_id: str, timeout_s: float) -> dict[str, Any]:
+    def wait(self, job_id: str, timeout_s: float, progress: Progress | None = None) -> dict[str, Any]:
         """Long-poll a job until it is done or failed, or raise ServiceError after timeout_s."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ServiceError(f"compile job {job_id} not finished after {timeout_s:.0f} s")
-            wait = max(1, min(30, int(left)))
-            r = self._request("GET", f"/v1/jobs/{job_id}", params={"wait": wait},
-                              timeout=wait + self.http.timeout.read)
-            _check(r)
-            job = r.json()
-            if job["state"] in ("done", "failed", "cancelled"):
-                return job
+        start = time.monotonic()
+        deadline = start + timeout_s
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ServiceError(f"compile job {job_id} not finished after {timeout_s:.0f} s")
+                # With a progress line, poll every second so that it moves; else long-poll.
+                wait = 1 if progress else max(1, min(30, int(left)))
+                r = self._request("GET", f"/v1/jobs/{job_id}", params={"wait": wait},
+                                  timeout=wait + self.http.timeout.read)
+                _check(r)
+                job = r.json()
+                if progress:
+                    progress.update(job, time.monotonic() - start)
+                if job["state"] in ("done", "failed", "cancelled"):
+                    return job
+        finally:
+            if progress:
+                progress.close()
 
     def compile(self, request: CompileRequest, key: str, timeout_s: float) -> tuple[Artifact, str]:
         """The artifact for `request`: from the shared cache, or compiled by the service's workers.
@@ -95,7 +104,7 @@ class RemoteService:
                                "versions of compiler_core, torch or triton differ")
         source = "remote-hit"
         if answer["status"] != "done":
-            job = self.wait(answer["job_id"], timeout_s)
+            job = self.wait(answer["job_id"], timeout_s, Progress.for_stderr(key))
             if job["state"] != "done":
                 err = job.get("error") or {}
                 raise CompileFailed(f"compile job {job['id']} {job['state']}: "
@@ -106,6 +115,32 @@ class RemoteService:
         if art is None:
             raise ServiceError(f"job for {key[:12]} finished but its artifact is missing")
         return art, source
+
+
+class Progress:
+    """One line on a terminal's stderr while a compile is awaited; nothing when stderr is not a tty."""
+
+    def __init__(self, key: str, stream: Any) -> None:
+        self.key, self.stream, self.shown = key, stream, False
+
+    @classmethod
+    def for_stderr(cls, key: str) -> Progress | None:
+        return cls(key, sys.stderr) if sys.stderr.isatty() else None
+
+    def update(self, job: dict[str, Any], elapsed_s: float) -> None:
+        # Quiet for quick compiles; a line once a wait is long enough to wonder about.
+        if elapsed_s < 2 and job["state"] not in ("done", "failed", "cancelled"):
+            return
+        stage = job.get("stage") or job["state"]
+        worker = job.get("worker") or "-"
+        self.stream.write(f"\rfxcc: compiling graph {self.key[:12]}: {stage} on {worker}, {elapsed_s:4.0f} s ")
+        self.stream.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 def _json_bytes(obj: Any) -> bytes:
