@@ -7,6 +7,8 @@ import logging
 import time
 from collections.abc import Sequence
 
+from torch import fx
+
 import compiler_core
 from compiler_core.artifact import (
     Artifact,
@@ -20,7 +22,7 @@ from compiler_core.artifact import (
     add_blob,
 )
 from compiler_core.codegen.triton import RenderedKernel, render_kernel
-from compiler_core.errors import UnsupportedOp
+from compiler_core.errors import InvalidGraph, UnsupportedOp
 from compiler_core.graph import rebuild_graph
 from compiler_core.keys import compile_key
 from compiler_core.lowering import ExternCall, GraphLowering, lower_graph
@@ -35,25 +37,34 @@ def compile_request(request: CompileRequest) -> Artifact:
     """Compile one graph for its target. Raises FxccError subclasses on bad input."""
     t0 = time.perf_counter()
     key = compile_key(request)
-    target = request.options.target.kind
     gm = rebuild_graph(request.graph)
     blobs: dict[str, bytes] = {}
     try:
-        lowered = lower_graph(gm, request.graph, target)
+        plan, kernels, stats = compile_graph(gm, request.graph, request.options.target.kind, blobs)
+    except InvalidGraph:
+        raise
     except UnsupportedOp as e:
         log.info("whole graph runs as extern calls: %s", e)
-        plan, stats = extern_plan(request.graph)
-        kernels: list[KernelInfo] = []
-    else:
-        items = schedule(lowered)
-        rendered = render_kernels(lowered, items, target)
-        plan = build_plan(lowered, items, rendered)
-        kernels = kernel_infos(rendered.values(), blobs)
-        stats = compile_stats(request.graph, lowered, items, kernels)
+        (plan, stats), kernels, blobs = extern_plan(request.graph), [], {}
+    except Exception as e:  # noqa: BLE001 - the user's program never dies because of fxcc
+        # Note: reaching this is a compiler bug; the graph still runs, every node as its aten op.
+        log.warning("compiling failed, the whole graph runs as extern calls: %s: %s", type(e).__name__, e)
+        (plan, stats), kernels, blobs = extern_plan(request.graph), [], {}
     stats = stats.model_copy(update={"compile_s": round(time.perf_counter() - t0, 4)})
     manifest = ArtifactManifest(key=key, versions=local_versions(), target=request.options.target,
                                 plan=plan, kernels=kernels, stats=stats)
     return Artifact(manifest, blobs)
+
+
+def compile_graph(gm: fx.GraphModule, graph: GraphSpec, target: str,
+                  blobs: dict[str, bytes]) -> tuple[Plan, list[KernelInfo], CompileStats]:
+    """The pipeline, one step per line: loop IR, fused kernels, Triton source, plan (blobs filled)."""
+    lowered = lower_graph(gm, graph, target)
+    items = schedule(lowered)
+    rendered = render_kernels(lowered, items, target)
+    plan = build_plan(lowered, items, rendered)
+    kernels = kernel_infos(rendered.values(), blobs)
+    return plan, kernels, compile_stats(graph, lowered, items, kernels)
 
 
 def render_kernels(g: GraphLowering, items: Sequence[Kernel | ExternCall], target: str) -> dict[int, RenderedKernel]:

@@ -81,3 +81,14 @@ def test_transformer_block_training_gradients() -> None:
     for n, p in model.named_parameters():
         torch.testing.assert_close(got_w[n], p.grad, atol=1e-4, rtol=1e-4, msg=n)
     assert len(arts) == 2 and all(a.manifest.stats.kernels > 0 for a in arts)
+
+
+def test_a_compiler_bug_degrades_to_an_all_extern_plan(monkeypatch) -> None:
+    import compiler_core.compile as compile_mod
+    from tests.compiler_core.helpers import check
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("simulated codegen bug")
+    monkeypatch.setattr(compile_mod, "render_kernels", broken)
+    art = check(lambda a: a.sin().cos(), torch.randn(4, 4))
+    assert art.manifest.stats.kernels == 0 and art.manifest.stats.nodes_extern == 2
