@@ -13,7 +13,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,7 +32,7 @@ class BlobRef(_Model):
     size: int = Field(ge=0)
 
 
-KernelArg = Annotated[Union[NodeRef, IntArg], Field(discriminator="kind")]
+KernelArg = Annotated[NodeRef | IntArg, Field(discriminator="kind")]
 
 
 class KernelStep(_Model):
@@ -69,7 +69,7 @@ class FreeStep(_Model):
     names: list[Name]
 
 
-Step = Annotated[Union[KernelStep, ExternStep, AllocStep, FreeStep], Field(discriminator="kind")]
+Step = Annotated[KernelStep | ExternStep | AllocStep | FreeStep, Field(discriminator="kind")]
 
 
 class Plan(_Model):

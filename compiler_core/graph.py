@@ -11,13 +11,27 @@ import operator
 from typing import Any
 
 import torch
-import torch.fx as fx
+from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from compiler_core.errors import InvalidGraph
 from compiler_core.wire import (
-    Arg, BoolArg, DeviceArg, DtypeArg, FloatArg, GraphSpec, IntArg, LayoutArg, ListArg,
-    MemoryFormatArg, NodeRef, NoneArg, StrArg, TensorSpec, resolve_target, torch_dtype,
+    Arg,
+    BoolArg,
+    DeviceArg,
+    DtypeArg,
+    FloatArg,
+    GraphSpec,
+    IntArg,
+    LayoutArg,
+    ListArg,
+    MemoryFormatArg,
+    NodeRef,
+    NoneArg,
+    StrArg,
+    TensorSpec,
+    resolve_target,
+    torch_dtype,
 )
 
 _MEMORY_FORMATS = {

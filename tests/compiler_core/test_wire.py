@@ -7,7 +7,15 @@ from compiler_core.errors import InvalidGraph
 from compiler_core.graph import rebuild_graph
 from compiler_core.keys import compile_key
 from compiler_core.wire import (
-    CompileRequest, FloatArg, GraphSpec, IntArg, ListArg, Node, NodeRef, Placeholder, TensorSpec,
+    CompileRequest,
+    FloatArg,
+    GraphSpec,
+    IntArg,
+    ListArg,
+    Node,
+    NodeRef,
+    Placeholder,
+    TensorSpec,
     resolve_target,
 )
 
