@@ -8,7 +8,9 @@ client looks the function up at call time, so the swap takes effect for every la
 from __future__ import annotations
 
 import compiler_core.compile as _compile
+from compiler_core.artifact import Artifact
 from compiler_core.build import build_artifact, cuda_build_unavailable
+from compiler_core.wire import CompileRequest
 
 _original = _compile.compile_request
 
@@ -18,7 +20,7 @@ def enable_cubin_build() -> bool:
     if cuda_build_unavailable() is not None:
         return False
 
-    def compile_and_build(request):  # type: ignore[no-untyped-def]
+    def compile_and_build(request: CompileRequest) -> Artifact:
         artifact = _original(request)
         target = request.options.target
         if target.kind == "cuda" and artifact.manifest.kernels and not _has_binaries(artifact, target.arch):
@@ -33,5 +35,5 @@ def disable_cubin_build() -> None:
     _compile.compile_request = _original
 
 
-def _has_binaries(artifact, arch: int) -> bool:  # type: ignore[no-untyped-def]
+def _has_binaries(artifact: Artifact, arch: int) -> bool:
     return all(f"sm_{arch}" in k.binaries for k in artifact.manifest.kernels)
