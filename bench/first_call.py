@@ -1,6 +1,6 @@
 """First-call latency in a fresh process: torch.compile + the first call, until its result is ready.
 
-`python -m bench.first_call --workload cos_sin --compiler inductor|fxcc [--build]`. Caches come
+`python -m bench.first_call --workload cos_sin --compiler inductor|fxcc`. Caches come
 from the environment (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, FXCC_CACHE_DIR), so the
 parent decides cold (empty) or warm (filled). CUDA start-up and input creation happen before
 the clock starts; imports of torch._dynamo / _inductor / fxcc happen after it (they are part of
@@ -22,7 +22,6 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--workload", required=True)
     p.add_argument("--compiler", choices=("inductor", "fxcc"), required=True)
-    p.add_argument("--build", action="store_true", help="fxcc: build cubins in the in-process compile")
     a = p.parse_args()
 
     from bench.workloads import make_workload
@@ -35,10 +34,6 @@ def main() -> None:
     importlib.import_module("torch._dynamo")  # timed apart: both compilers pay it
 
     if a.compiler == "fxcc":
-        if a.build:
-            from bench.fxcc_build_hook import enable_cubin_build
-
-            enable_cubin_build()
         from client.backend import fxcc_backend
     t_imports = time.perf_counter() - t0
     compiled = torch.compile(w.fn) if a.compiler == "inductor" else torch.compile(w.fn, backend=fxcc_backend)

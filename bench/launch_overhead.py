@@ -30,7 +30,6 @@ def per_call_us(fn: Callable[[], Any], calls: int = 5000) -> float:
 
 
 def main() -> None:
-    from bench.fxcc_build_hook import enable_cubin_build
     from bench.handmade import cos_sin_artifact, cos_sin_request
     from client import cuda_loader
     from client.backend import fxcc_backend
@@ -67,7 +66,6 @@ def main() -> None:
         return torch.cos(torch.sin(t))
 
     with torch.no_grad():
-        enable_cubin_build()
         fx = torch.compile(cos_sin, backend=fxcc_backend)
         res["fxcc_compiled_call_us"] = per_call_us(lambda: fx(x))
         torch._dynamo.reset()

@@ -75,10 +75,10 @@ def artifact_bytes(cache_dir: Path, keys: list[str]) -> int:
 
 
 def measure(name: str) -> dict[str, Any]:
-    from bench.fxcc_build_hook import enable_cubin_build
     from bench.workloads import make_workload
     from client import backend, cuda_loader
     from client.backend import fxcc_backend
+    from compiler_core.build import cuda_build_unavailable
 
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -109,7 +109,7 @@ def measure(name: str) -> dict[str, Any]:
 
         torch._dynamo.reset()
         backend.clear_events()
-        res["fxcc_builds_cubins"] = enable_cubin_build()
+        res["fxcc_builds_cubins"] = cuda_build_unavailable() is None
         t0 = time.perf_counter()
         fx = torch.compile(fn, backend=fxcc_backend)
         out = fx(*inputs)

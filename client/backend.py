@@ -140,9 +140,9 @@ class GraphCompiler:
             finally:
                 remote.close()
         else:
-            from compiler_core.compile import compile_request
+            from compiler_core.build import compile_and_build
 
-            art, source = compile_request(request), "compiled-in-process"
+            art, source = compile_and_build(request), "compiled-in-process"
         self.cache.put(art)
         return art, source
 

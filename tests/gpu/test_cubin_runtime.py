@@ -107,7 +107,6 @@ def test_cubins_built_on_another_machine_run_here():
 
 @pytest.mark.parametrize("index", [0, 1, 2], ids=["cos_sin", "bias_gelu_ln", "transformer_block"])
 def test_seed_workloads_through_torch_compile_match_eager(index, tmp_path, monkeypatch):
-    from bench.fxcc_build_hook import disable_cubin_build, enable_cubin_build
     from client import backend
     from client.backend import fxcc_backend
     from client.examples import seed_workloads
@@ -119,14 +118,12 @@ def test_seed_workloads_through_torch_compile_match_eager(index, tmp_path, monke
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     torch._dynamo.reset()
     backend.clear_events()
-    enable_cubin_build()
     try:
         w = seed_workloads("cuda", small=True)[index]
         with torch.no_grad():
             expected = w.fn(*w.inputs)
             got = torch.compile(w.fn, backend=fxcc_backend)(*w.inputs)
     finally:
-        disable_cubin_build()
         torch._dynamo.reset()
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     evs = backend.events()

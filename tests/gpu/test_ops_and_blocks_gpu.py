@@ -132,7 +132,6 @@ def _blocks():  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def _fxcc_on_gpu(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
-    from bench.fxcc_build_hook import disable_cubin_build, enable_cubin_build
     from client import backend
 
     for k in ("FXCC_URL", "FXCC_BLOCKING", "FXCC_PRECOMPILE"):
@@ -143,9 +142,7 @@ def _fxcc_on_gpu(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     torch._dynamo.reset()
     backend.reset()
-    enable_cubin_build()
     yield
-    disable_cubin_build()
     torch._dynamo.reset()
 
 
