@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("worker", help="run a compile worker on the Redis queue (needs FXCC_REDIS_URL)")
     w.add_argument("--concurrency", type=int, default=1, help="jobs compiled at once")
-    w.add_argument("--device", default="auto", help="GPU to autotune on: auto, cpu, or an index")
+    w.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or a GPU index N (one worker per GPU)")
     w.set_defaults(fn=_worker)
 
     d = sub.add_parser("demo", help="compile the seed examples through a local service and print a table")

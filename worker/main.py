@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -23,7 +24,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fxcc.worker")
 
-DEVICES = ("auto", "cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda", "cuda:N", "N")
+_DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d{1,3})?|\d{1,3}")
 
 
 def worker_main(concurrency: int = 1, device: str = "auto") -> None:
@@ -37,7 +39,7 @@ def worker_main(concurrency: int = 1, device: str = "auto") -> None:
     if not settings.redis_url:
         log.error("fxcc worker needs a Redis to take jobs from: set FXCC_REDIS_URL (e.g. redis://host:6379/0)")
         sys.exit(2)
-    if device not in DEVICES or concurrency < 1:
+    if not _DEVICE_RE.fullmatch(device) or concurrency < 1:
         log.error("bad worker options: device must be one of %s, concurrency >= 1 (got %r, %d)",
                   DEVICES, device, concurrency)
         sys.exit(2)
@@ -125,6 +127,9 @@ def install_signal_handlers(stop: threading.Event, hard_stop: threading.Event) -
 
 
 def resolve_device(device: str) -> str:
+    """`auto` → cuda or cpu; a bare GPU index N → cuda:N (one worker per GPU)."""
+    if device.isdigit():
+        return f"cuda:{device}"
     if device != "auto":
         return device
     import torch

@@ -91,3 +91,10 @@ def test_consumer_takes_over_a_dead_workers_job(redis_settings: ServiceSettings,
         consumer.thread.join(timeout=10)
     assert job.state is JobState.DONE and job.worker == "rescuer" and job.attempt == 2
     assert store.r.xpending(store.k.interactive, "workers")["pending"] == 0
+
+
+def test_device_option_accepts_gpu_indices_and_rejects_others():
+    from worker.main import _DEVICE_RE, resolve_device
+
+    assert [resolve_device(d) for d in ("0", "3", "cuda:1", "cpu")] == ["cuda:0", "cuda:3", "cuda:1", "cpu"]
+    assert not any(_DEVICE_RE.fullmatch(d) for d in ("gpu", "cuda:", "0;rm -rf", "-1"))
