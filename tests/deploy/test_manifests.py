@@ -65,6 +65,22 @@ def test_ports_and_probe_paths_match_the_service():
     assert compose["services"]["api"]["environment"]["FXCC_PORT"] == str(port)
 
 
+def test_compose_has_queue_and_cache_redis_and_prometheus_scrapes_metrics():
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    services = compose["services"]
+    queue = " ".join(services["redis-queue"]["command"])
+    cache = " ".join(services["redis-cache"]["command"])
+    assert "--appendonly yes" in queue and "noeviction" in queue
+    assert "allkeys-lru" in cache and "--maxmemory " in cache
+    env = services["api"]["environment"]
+    assert env["FXCC_REDIS_URL"].startswith("redis://redis-queue")
+    assert env["FXCC_CACHE_REDIS_URL"].startswith("redis://redis-cache")
+    prom = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    (job,) = prom["scrape_configs"]
+    assert job["metrics_path"] in routes()
+    assert job["static_configs"][0]["targets"] == [f"api:{ServiceSettings().port}"]
+
+
 def test_keda_watches_the_worker_stream():
     (keda,) = [d for _, d in docs() if d.get("kind") == "ScaledObject"]
     meta = keda["spec"]["triggers"][0]["metadata"]
