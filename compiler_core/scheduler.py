@@ -20,6 +20,8 @@ from compiler_core.wire import Arg, _refs
 
 # Rows up to this long are reduced in registers in one pass (and may fuse prologue/epilogue).
 PERSISTENT_RNUMEL_MAX = 4096
+# Reductions along a strided dim loop over r in wide x tiles once rows are longer than this.
+COLUMN_RNUMEL_MIN = 256
 
 
 @dataclass
@@ -32,6 +34,9 @@ class Kernel:
     stored: set[str] = field(default_factory=set)
 
     column: bool = False  # reduces along a strided dim while outputs are contiguous
+    # (sizes, reduced dims) of the tensor the kernel's reductions walk: pointwise nodes of
+    # those sizes map kept dims to xindex and reduced dims to rindex.
+    partition: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
     @property
     def looped(self) -> bool:
@@ -50,7 +55,8 @@ class Coords:
     full: bool
 
 
-def node_coords(node: ComputedBuffer, xnumel: int, rnumel: int) -> Coords | None:
+def node_coords(node: ComputedBuffer, xnumel: int, rnumel: int,
+                partition: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> Coords | None:
     """Where `node` sits in a kernel of `xnumel` × `rnumel`, or None when it does not fit."""
     data = node.data
     if isinstance(data, Reduction):
@@ -65,6 +71,12 @@ def node_coords(node: ComputedBuffer, xnumel: int, rnumel: int) -> Coords | None
         return Coords(unflatten(XINDEX, sizes), [], False)
     if n != xnumel * rnumel:
         return None
+    if partition is not None and partition[0] == tuple(sizes):
+        kept = [d for d in range(len(sizes)) if d not in partition[1]]
+        index: list[Expr] = [*unflatten(XINDEX, [sizes[d] for d in kept]),
+                             *unflatten(RINDEX, [sizes[d] for d in partition[1]])]
+        order = kept + list(partition[1])
+        return Coords([index[order.index(d)] for d in range(len(sizes))], [], True)
     for k in range(len(sizes) + 1):
         if numel(sizes[:k]) == xnumel and numel(sizes[k:]) == rnumel:
             return Coords(unflatten(XINDEX, sizes[:k]) + unflatten(RINDEX, sizes[k:]), [], True)
@@ -107,7 +119,7 @@ def _fits(kernel: Kernel, node: ComputedBuffer) -> bool:
     """Can `node` join `kernel`, reading every in-kernel value from registers?"""
     if node.is_reduction() and numel(node.data.reduction_ranges) > PERSISTENT_RNUMEL_MAX:
         return False
-    coords = node_coords(node, kernel.xnumel, kernel.rnumel)
+    coords = node_coords(node, kernel.xnumel, kernel.rnumel, kernel.partition)
     if coords is None:
         return False
     if kernel.looped and (node.is_reduction() or coords.full):
@@ -117,7 +129,7 @@ def _fits(kernel: Kernel, node: ComputedBuffer) -> bool:
         producer = inside.get(name)
         if producer is None:
             continue
-        pc = node_coords(producer, kernel.xnumel, kernel.rnumel)
+        pc = node_coords(producer, kernel.xnumel, kernel.rnumel, kernel.partition)
         if pc is None or kernel_index(index, kernel) != store_index(producer, pc, kernel):
             return False
         if pc.full and not producer.is_reduction() and not coords.full:
@@ -148,6 +160,13 @@ def is_column_reduction(node: ComputedBuffer) -> bool:
     return False
 
 
+def _partition(node: ComputedBuffer) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    data = node.data
+    if not isinstance(data, Reduction) or not data.source_sizes:
+        return None
+    return data.source_sizes, data.reduced_dims
+
+
 def _retarget(kernel: Kernel, node: ComputedBuffer) -> Kernel | None:
     """A pointwise kernel widened to a reduction's (x, r) space, if all its nodes fit there."""
     if kernel.rnumel != 1 or not node.is_reduction():
@@ -155,8 +174,9 @@ def _retarget(kernel: Kernel, node: ComputedBuffer) -> Kernel | None:
     x, r = node.numels()
     if x * r != kernel.xnumel:
         return None
-    wide = Kernel(x, r, list(kernel.nodes))
-    if any(node_coords(n, x, r) is None or not node_coords(n, x, r).full for n in wide.nodes):
+    wide = Kernel(x, r, list(kernel.nodes), partition=_partition(node))
+    coords = [node_coords(n, x, r, wide.partition) for n in wide.nodes]
+    if any(c is None or not c.full for c in coords):
         return None
     return wide if _fits(wide, node) else None
 
@@ -183,7 +203,9 @@ def fuse_nodes(program: Sequence[ComputedBuffer | ExternCall]) -> list[Kernel | 
                 continue
             out.append(open_kernel)
         x, r = item.numels()
-        open_kernel = Kernel(x, r, [item], column=is_column_reduction(item))
+        # Short strided rows still fit a persistent tile at least 8 outputs wide (see launch_config).
+        column = r > COLUMN_RNUMEL_MIN and is_column_reduction(item)
+        open_kernel = Kernel(x, r, [item], column=column, partition=_partition(item))
     if open_kernel is not None:
         out.append(open_kernel)
     return out

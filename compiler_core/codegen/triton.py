@@ -260,7 +260,7 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str) -> Rende
     reduction = kernel.rnumel > 1
     with use_handler(h):
         for node in kernel.nodes:
-            coords = node_coords(node, kernel.xnumel, kernel.rnumel)
+            coords = node_coords(node, kernel.xnumel, kernel.rnumel, kernel.partition)
             if coords is None:
                 raise CodegenError(f"{node.name} does not fit its kernel")
             if kernel.looped and node.is_reduction():

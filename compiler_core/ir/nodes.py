@@ -46,13 +46,19 @@ class Pointwise:
 
 @dataclass(frozen=True)
 class Reduction:
-    """out[index] = reduce_{rindex} inner_fn(index, rindex), reducing over trailing `reduction_ranges`."""
+    """out[index] = reduce_{rindex} inner_fn(index, rindex) over `reduction_ranges`.
+
+    `source_sizes`/`reduced_dims` say which dims of the reduced tensor rindex walks, so that
+    pointwise work over that tensor can share the kernel even when the dims are not trailing.
+    """
 
     dtype: torch.dtype
     ranges: tuple[int, ...]
     reduction_ranges: tuple[int, ...]
     reduction_type: str
     inner_fn: Callable[[Sequence[Expr], Sequence[Expr]], Any]
+    source_sizes: tuple[int, ...] = ()
+    reduced_dims: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ def reduce(x: TensorValue, dims: Sequence[int], keepdim: bool, rtype: str, acc: 
             full[d] = rindex[k]
         v = ops.to_dtype(load(full), acc)
         return prologue(v, full) if prologue else v
-    return current_graph().add_computed(Reduction(acc, out, rsizes, rtype, inner))
+    return current_graph().add_computed(Reduction(acc, out, rsizes, rtype, inner, tuple(sizes), tuple(dims)))
 
 
 def _epilogue(dtype: torch.dtype, sizes: Sequence[int], fn: Callable[..., Any], *bufs: TensorValue) -> Lazy:

@@ -40,3 +40,10 @@ def test_batch_norm_training_functional(dtype: torch.dtype) -> None:
     assert art.manifest.stats.nodes_extern == 0
     for g, e in zip(run(art, x, w, b, rm, rv), f(x, w, b, rm, rv)):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
+def test_batch_norm_training_normalizes_in_the_statistics_kernel():
+    def f(x, w, b, rm, rv):
+        return aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True, 0.1, 1e-5)[0]
+    art = check(f, X, W, B, RM, RV, decompose=False)
+    assert art.manifest.stats.kernels == 1

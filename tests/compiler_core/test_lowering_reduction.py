@@ -129,3 +129,9 @@ def test_reductions_over_a_single_element():
     check(lambda a: torch.softmax(a, 1), x)
     check(lambda a: torch.var_mean(a, 1, correction=0), x)
     check(lambda a: torch.nn.functional.layer_norm(a, (1,)), x)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_softmax_over_any_dim_is_one_kernel(dim: int) -> None:
+    art = check(lambda a: F.softmax(a, dim), X)
+    assert len(kernel_steps(art)) == 1
