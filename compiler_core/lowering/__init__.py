@@ -29,6 +29,7 @@ from compiler_core.ir.nodes import (
     count_ops,
     make_loader,
 )
+from compiler_core.ir.ops import ops
 from compiler_core.sizevars import contiguous_strides, dense_strides_like
 from compiler_core.wire import (
     Arg,
@@ -305,7 +306,7 @@ def _lower_node(g: GraphLowering, node: fx.Node, wire: Any, env: dict[fx.Node, A
                 out = fn(*args, **kwargs)
             _check(node, out)
             g.nodes_lowered += 1
-            return _maybe_realize(g, node, out)
+            return _maybe_realize(g, node, _round_like_eager(out))
         except UnsupportedOp as e:
             log.debug("extern %s: %s", node.target, e)
         except Exception as e:  # noqa: BLE001 - correctness first: a lowering that fails is an extern call
@@ -314,6 +315,20 @@ def _lower_node(g: GraphLowering, node: fx.Node, wire: Any, env: dict[fx.Node, A
             log.warning("lowering %s (node %s) failed, running it as an extern call: %s: %s",
                         node.target, node.name, type(e).__name__, e)
     return _extern(g, node, wire, env)
+
+
+def _round_like_eager(out: Any) -> Any:
+    """fp16/bf16 results rounded to their dtype where eager's op would round them.
+
+    Note: fused code computes in fp32; without this, a chain of fp16 ops would skip the rounding
+    eager does after each op, and a later cast to an integer could land on the other side.
+    """
+    if isinstance(out, tuple):
+        return tuple(_round_like_eager(o) for o in out)
+    if not isinstance(out, Lazy) or out.dtype not in (torch.float16, torch.bfloat16):
+        return out
+    inner, dtype = out.loader, out.dtype
+    return Lazy(dtype, out.sizes, lambda index: ops.to_dtype(ops.to_dtype(inner(index), dtype), torch.float32))
 
 
 def _check(node: fx.Node, out: Any) -> None:

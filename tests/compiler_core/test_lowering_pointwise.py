@@ -135,3 +135,9 @@ def test_scalars_round_to_the_promoted_dtype_first():
     check(lambda a: a < 0.1, x)
     check(lambda a: a == 0.1, x)
     check(lambda a: a + 0.1, x)
+
+
+def test_fp16_chains_round_after_each_op_like_eager():
+    # Without rounding each fused op's result to fp16, some products land across an integer.
+    x = torch.randn(4096)
+    check(lambda a: ((a.half() * 1.5).sin() * 100).to(torch.int32), x, atol=0, rtol=0)
