@@ -17,7 +17,7 @@ from compiler_core.ir.nodes import Lazy, Reduction, StridedView, TensorValue, ma
 from compiler_core.ir.ops import compute_dtype, ops
 from compiler_core.lowering import aten, current_graph, node_val, register_lowering
 from compiler_core.lowering.common import broadcast_loader, check_dtypes, require
-from compiler_core.sizevars import Expr, numel
+from compiler_core.sizevars import Expr, numel, unflatten
 
 Prologue = Callable[[Any, Sequence[Expr]], Any]
 
@@ -51,7 +51,37 @@ def reduce(x: TensorValue, dims: Sequence[int], keepdim: bool, rtype: str, acc: 
             full[d] = rindex[k]
         v = ops.to_dtype(load(full), acc)
         return prologue(v, full) if prologue else v
+    split = _split_factor(numel(out), numel(rsizes))
+    if split:
+        return _split_reduce(out, rsizes, rtype, acc, split, inner)
     return current_graph().add_computed(Reduction(acc, out, rsizes, rtype, inner, tuple(sizes), tuple(dims)))
+
+
+# A few outputs over very long rows: reduce in two stages so the first has many programs.
+SPLIT_MIN_RNUMEL = 1 << 16
+SPLIT_MAX_OUTPUTS = 64
+
+
+def _split_factor(outputs: int, rnumel: int) -> int | None:
+    if outputs > SPLIT_MAX_OUTPUTS or rnumel < SPLIT_MIN_RNUMEL:
+        return None
+    return next((s for s in (1024, 512, 256, 128, 64) if rnumel % s == 0), None)
+
+
+def _split_reduce(out: tuple[int, ...], rsizes: tuple[int, ...], rtype: str, acc: torch.dtype, split: int,
+                  inner: Callable[[Sequence[Expr], Sequence[Expr]], Any]) -> StridedView:
+    """reduce(rows) == reduce over `split` chunks of reduce(chunk): exact for max/min, reassociated
+    for sum/prod (as any parallel reduction is)."""
+    chunk = numel(rsizes) // split
+    g = current_graph()
+
+    def first(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
+        flat = index[-1] * chunk + rindex[0]
+        return inner(index[:-1], unflatten(flat, rsizes))
+    partial = g.add_computed(Reduction(acc, (*out, split), (chunk,), rtype, first))
+    load = make_loader(partial)
+    return g.add_computed(Reduction(acc, out, (split,), rtype,
+                                    lambda index, rindex: load([*index, rindex[0]])))
 
 
 def _epilogue(dtype: torch.dtype, sizes: Sequence[int], fn: Callable[..., Any], *bufs: TensorValue) -> Lazy:

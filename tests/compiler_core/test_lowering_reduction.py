@@ -135,3 +135,11 @@ def test_reductions_over_a_single_element():
 def test_softmax_over_any_dim_is_one_kernel(dim: int) -> None:
     art = check(lambda a: F.softmax(a, dim), X)
     assert len(kernel_steps(art)) == 1
+
+
+def test_few_outputs_over_long_rows_reduce_in_two_stages():
+    x = torch.randn(1 << 17)
+    art = check(lambda a: a.sum(), x, atol=1e-3, rtol=1e-4)
+    assert len(kernel_steps(art)) == 2
+    check(lambda a: a.amax(), x)
+    check(lambda a: a.view(2, 4, -1).var((0, 2)), x, atol=1e-4, rtol=1e-4)
