@@ -58,6 +58,7 @@ CASES = {
     "bias_gelu_ln": (bias_gelu_layernorm, [(1024, 768), (768,), (768,), (768,)]),
     "var_mean": (lambda x: torch.var_mean(x, -1), [(300, 3000)]),
     "sum_dim0": (lambda x: x.sum(0), [(3000, 77)]),
+    "sum_all_split": (lambda x: x.sum() / x.numel() + x.amax(), [(1 << 22,)]),
 }
 
 
