@@ -183,7 +183,10 @@ class TritonHandler(OpsHandler):
         return self.emit(f"tl.full([1], {literal(value, dtype)}, {TL_DTYPES[dtype]})", dtype)
 
     def index_expr(self, expr: Expr, dtype: torch.dtype) -> TVal:
-        return self.emit(f"({render_index(kernel_index(expr, self.kernel))}).to({TL_DTYPES[dtype]})", dtype)
+        index = kernel_index(expr, self.kernel)
+        if index.is_Integer:  # a Python int has no .to(): a one-element arange, say
+            return self.emit(f"tl.full([1], {int(index)}, {TL_DTYPES[dtype]})", dtype)
+        return self.emit(f"({render_index(index)}).to({TL_DTYPES[dtype]})", dtype)
 
     def to_dtype(self, x: TVal, dtype: torch.dtype) -> TVal:
         if x.dtype == dtype:

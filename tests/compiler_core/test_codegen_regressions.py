@@ -117,3 +117,22 @@ def test_interpreted_bf16_stores_round_to_nearest_even():
     assert art.manifest.stats.kernels == 1
     (got,) = load_plan(art)([x])
     torch.testing.assert_close(got, f(x), rtol=0, atol=0, equal_nan=True)
+
+
+def test_single_element_float_arange():
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from client.capture import capture_graph
+    from client.runtime import load_plan
+    from compiler_core.compile import compile_request
+    from compiler_core.wire import CompileRequest
+
+    def f(x):
+        return torch.arange(1, dtype=torch.float32) + x, torch.arange(0, 3, dtype=torch.float32) * x
+
+    args = [torch.randn(1)]
+    gm = make_fx(f)(*args)
+    art = compile_request(CompileRequest(graph=capture_graph(gm, args).spec))
+    for got, exp in zip(load_plan(art)(args), f(*args)):
+        torch.testing.assert_close(got, exp)
