@@ -12,7 +12,6 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-import redis
 
 
 def _free_port() -> int:
@@ -24,6 +23,8 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real Redis: FXCC_TEST_REDIS_URL if set, else a private redis-server on a free port."""
+    import redis  # here, not at the top: the GPU machine runs tests/gpu without redis-py
+
     url = os.environ.get("FXCC_TEST_REDIS_URL")
     if url:
         yield url
@@ -58,6 +59,8 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture
 def redis_prefix(redis_url: str) -> Iterator[str]:
     """A key prefix of this test's own; afterwards every key under it (and only those) is deleted."""
+    import redis
+
     prefix = f"fxcc-test:{uuid.uuid4().hex}:"
     yield prefix
     client = redis.Redis.from_url(redis_url)
