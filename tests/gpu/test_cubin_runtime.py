@@ -106,7 +106,7 @@ def test_cubins_built_on_another_machine_run_here():
 
 
 @pytest.mark.parametrize("index", [0, 1, 2], ids=["cos_sin", "bias_gelu_ln", "transformer_block"])
-def test_seed_workloads_through_torch_compile_match_eager(index, tmp_path, monkeypatch):
+def test_seed_workloads_through_torch_compile_match_eager(index, tmp_path, monkeypatch, no_tf32):
     from client import backend
     from client.backend import fxcc_backend
     from client.examples import seed_workloads
@@ -114,8 +114,6 @@ def test_seed_workloads_through_torch_compile_match_eager(index, tmp_path, monke
     monkeypatch.setenv("FXCC_CACHE_DIR", str(tmp_path))
     for k in ("FXCC_URL", "FXCC_FALLBACK"):
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     torch._dynamo.reset()
     backend.clear_events()
     try:

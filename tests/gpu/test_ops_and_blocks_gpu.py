@@ -131,15 +131,13 @@ def _blocks():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def _fxcc_on_gpu(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+def _fxcc_on_gpu(tmp_path, monkeypatch, no_tf32):  # type: ignore[no-untyped-def]
     from client import backend
 
     for k in ("FXCC_URL", "FXCC_BLOCKING", "FXCC_PRECOMPILE"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("FXCC_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("FXCC_FALLBACK", "error")
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     torch._dynamo.reset()
     backend.reset()
     yield
