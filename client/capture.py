@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 from torch import fx
 
-from compiler_core.errors import UnsupportedOp
+from compiler_core.errors import InvalidGraph, UnsupportedOp
 from compiler_core.wire import (
     Arg,
     BoolArg,
@@ -97,7 +98,17 @@ def encode_arg(a: Any, node: str) -> Arg:
 
 
 def capture_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
-    """The GraphSpec of `gm`. get_attr constants become extra placeholders after the inputs."""
+    """The GraphSpec of `gm`. get_attr constants become extra placeholders after the inputs.
+
+    Raises UnsupportedOp for anything the wire format cannot carry (the caller runs it eagerly).
+    """
+    try:
+        return _capture(gm, example_inputs)
+    except (InvalidGraph, ValidationError) as e:  # a dtype or argument that cannot travel
+        raise UnsupportedOp(f"graph cannot travel: {str(e).splitlines()[0]}") from None
+
+
+def _capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
     placeholders: list[Placeholder] = []
     nodes: list[Node] = []
     outputs: list[Arg] = []

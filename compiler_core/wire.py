@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import operator
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -77,10 +77,11 @@ class NoneArg(_Model):
 
 
 class StrArg(_Model):
-    """Short enum-like strings some aten ops take (e.g. gelu's approximate='tanh')."""
+    """Short enum-like strings some aten ops take (gelu's approximate='tanh', an api_name such as
+    'linalg.solve'). Only ever passed to an op as a value, never interpreted."""
 
     kind: Literal["str"] = "str"
-    value: str = Field(max_length=64, pattern=r"^[A-Za-z0-9_\-]*$")
+    value: str = Field(max_length=64, pattern=r"^[A-Za-z0-9_.\-]*$")
 
 
 class DtypeArg(_Model):
@@ -116,8 +117,7 @@ class ListArg(_Model):
 
 
 Arg = Annotated[
-    Union[NodeRef, IntArg, FloatArg, BoolArg, NoneArg, StrArg, DtypeArg, DeviceArg, LayoutArg,
-          MemoryFormatArg, ListArg],
+    NodeRef | IntArg | FloatArg | BoolArg | NoneArg | StrArg | DtypeArg | DeviceArg | LayoutArg | MemoryFormatArg | ListArg,
     Field(discriminator="kind"),
 ]
 ListArg.model_rebuild()

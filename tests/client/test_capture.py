@@ -64,3 +64,20 @@ def test_runtime_rejects_tampered_blobs():
     bad = Artifact(art.manifest, {**art.blobs, digest: art.blobs[digest] + b"\nimport os\n"})
     with pytest.raises(ArtifactError):
         load_plan(bad)
+
+
+def test_what_cannot_travel_is_unsupported_not_an_error():
+    x = torch.randn(4, dtype=torch.complex128)
+    gm = make_fx(lambda t: t * 2)(x)
+    with pytest.raises(UnsupportedOp, match="cannot travel"):
+        capture_graph(gm, [x])
+
+
+def test_dotted_string_arguments_travel():
+    from pydantic import ValidationError
+
+    from compiler_core.wire import StrArg
+
+    assert StrArg(value="linalg.solve").value == "linalg.solve"
+    with pytest.raises(ValidationError):
+        StrArg(value="a;b")

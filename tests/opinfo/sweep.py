@@ -31,6 +31,8 @@ NONDETERMINISTIC = {
     "nn.functional.feature_alpha_dropout", "nn.functional.fractional_max_pool2d",
     "nn.functional.fractional_max_pool3d", "svd_lowrank", "pca_lowrank", "item", "hash_tensor",
     "resize_", "resize_as_",
+    # Their samples use dropout_p > 0: eager and compiled draw different random masks.
+    "nn.functional.scaled_dot_product_attention", "nn.functional.multi_head_attention_forward",
 }
 
 # The CI subset: every op family the compiler lowers, a few samples each.
@@ -120,15 +122,19 @@ def run_sample(opinfo, sample) -> tuple[str, str]:
             try:
                 torch.testing.assert_close(g, e, equal_nan=True)
             except AssertionError:
-                # Note: in bf16/fp16 fxcc computes in fp32 and rounds once; eager may round every
-                # step. Like Inductor's tests, accept a result at least as close as eager's to the
-                # same computation in float64.
+                # Note: in bf16/fp16 fxcc computes in fp32; eager rounds where its kernels end.
+                # Like Inductor's tests (reference_in_float), accept a result at least as close as
+                # eager's to the same computation in float64, or close to that float64 result
+                # rounded to the dtype with the dtype's default tolerances.
                 if e.dtype not in (torch.bfloat16, torch.float16):
                     raise
                 reference = reference or _float64_reference(fn, tensors)
                 truth = reference[i]
-                assert (g.double() - truth).abs().nan_to_num(0).max() <= \
-                       (e.double() - truth).abs().nan_to_num(0).max(), "less accurate than eager"
+                ours = (g.double() - truth).abs().nan_to_num(0).max()
+                theirs = (e.double() - truth).abs().nan_to_num(0).max()
+                if ours > theirs:  # else: closer to float64 than eager is
+                    torch.testing.assert_close(g, truth.to(g.dtype), equal_nan=True,
+                                               msg="further from float64 than eager, and not close to it")
     except AssertionError as err:
         return "failed", str(err).splitlines()[0][:160] if str(err) else "mismatch"
     if stats.nodes_extern == 0:
