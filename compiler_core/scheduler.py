@@ -4,6 +4,12 @@ Note: a kernel iterates `xnumel` outputs (rows) × `rnumel` reduced elements. A 
 kernel when its index space maps onto the kernel's, and every value it reads from that kernel
 is the one the kernel holds in registers at the same (xindex, rindex): same index after
 simplification. Anything else starts a new kernel, so fusion never changes what is computed.
+
+Note: after in-order fusion, a pointwise kernel may move into an earlier kernel of the same
+iteration space (horizontal fusion), as extra outputs: only when everything it reads already
+exists at that point (graph inputs, earlier kernels and extern calls, or values the target
+kernel holds at the same index) and no extern call it moves past may write memory. Buffers are
+written once, so nothing before its old place can read what it writes.
 """
 
 from __future__ import annotations
@@ -211,6 +217,62 @@ def fuse_nodes(program: Sequence[ComputedBuffer | ExternCall]) -> list[Kernel | 
     return out
 
 
+def hoist_kernels(items: Sequence[Kernel | ExternCall]) -> list[Kernel | ExternCall]:
+    """Horizontal fusion: each pointwise kernel joins the nearest earlier kernel it fits in, if any."""
+    out: list[Kernel | ExternCall] = []
+    made_at: dict[str, int] = {}  # buffer → position in `out` of the item that writes it
+    for item in items:
+        if isinstance(item, Kernel) and item.rnumel == 1:
+            hoisted = _hoist_target(out, made_at, item)
+            if hoisted is not None:
+                at, merged = hoisted
+                out[at] = merged
+                made_at.update((n.name, at) for n in item.nodes)
+                continue
+        if isinstance(item, ExternCall):
+            made_at[item.out] = len(out)
+        else:
+            made_at.update((n.name, len(out)) for n in item.nodes)
+        out.append(item)
+    return out
+
+
+def _hoist_target(out: Sequence[Kernel | ExternCall], made_at: dict[str, int],
+                  kernel: Kernel) -> tuple[int, Kernel] | None:
+    """(position, merged kernel) for the nearest kernel in `out` that can take all of `kernel`."""
+    own = kernel.names()
+    reads = {name for node in kernel.nodes for name, _ in _body_loads(node) if name not in own}
+    # Inputs (absent from made_at) exist from the start; a value written at `earliest` can be read
+    # there only from the target's registers, which _fits checks.
+    earliest = max((made_at.get(name, -1) for name in reads), default=-1)
+    for at in range(len(out) - 1, max(earliest, 0) - 1, -1):
+        target = out[at]
+        if isinstance(target, ExternCall):
+            if _may_write(target):
+                return None  # reads moved above it could see memory before it changes
+            continue
+        merged = Kernel(target.xnumel, target.rnumel, list(target.nodes), column=target.column,
+                        partition=target.partition)
+        for node in kernel.nodes:
+            if not _fits(merged, node):
+                break
+            merged.nodes.append(node)
+        else:
+            return at, merged
+    return None
+
+
+def _may_write(call: ExternCall) -> bool:
+    """Whether an extern call might write into an existing tensor (in-place or out= overloads).
+
+    Note: lower_graph sends graphs with mutating ops wholly to extern calls, so this never holds
+    in a scheduled graph today; it keeps hoisting correct should that change.
+    """
+    parts = call.op.split(".")
+    name = parts[1] if len(parts) > 2 else parts[-1]
+    return name.endswith("_") or "out" in call.kwargs or (len(parts) > 2 and parts[-1].startswith("out"))
+
+
 def eliminate_dead(g: GraphLowering) -> list[ComputedBuffer | ExternCall]:
     """The program without computed buffers and extern calls that nothing needs."""
     needed = set(_refs(g.outputs))
@@ -247,8 +309,8 @@ def mark_stores(schedule: list[Kernel | ExternCall], outputs: Sequence[Arg]) -> 
 
 
 def schedule(g: GraphLowering) -> list[Kernel | ExternCall]:
-    """Dead code out, nodes fused into kernels, stores decided."""
-    items = fuse_nodes(eliminate_dead(g))
+    """Dead code out, nodes fused into kernels, pointwise kernels hoisted into earlier ones, stores decided."""
+    items = hoist_kernels(fuse_nodes(eliminate_dead(g)))
     mark_stores(items, g.outputs)
     return items
 

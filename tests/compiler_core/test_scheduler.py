@@ -94,3 +94,78 @@ def test_column_reductions_loop_over_rows_with_wide_tiles():
     assert info.constexprs["XBLOCK"] > 1
     check(lambda a: (a * 2).sum(0) + 1, x, atol=1e-4, rtol=1e-5)
     check(lambda a: a.amax(0), x)
+
+
+def _transformer_block_graph():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from client.backend import decomposition_table
+    from client.capture import capture_graph
+    from client.examples import TransformerBlock
+
+    torch.manual_seed(0)
+    m = TransformerBlock(64, 4).eval()
+    x = torch.randn(2, 32, 64)
+    params = dict(m.named_parameters())
+
+    def f(x, *ps):
+        return torch.func.functional_call(m, dict(zip(params, ps)), (x,))
+
+    inputs = [x, *params.values()]
+    with torch.no_grad():
+        gm = make_fx(f, decomposition_table=decomposition_table())(*inputs)
+        want = m(x)
+    return capture_graph(gm, inputs).spec, inputs, want
+
+
+def test_transformer_block_needs_no_more_kernels_than_inductor():
+    from compiler_core.compile import compile_request
+    from compiler_core.wire import CompileRequest
+    from tests.compiler_core.helpers import run
+
+    spec, inputs, want = _transformer_block_graph()
+    art = compile_request(CompileRequest(graph=spec))
+    assert art.manifest.stats.kernels <= 7  # Inductor's count for this block
+    (got,) = run(art, *inputs)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    again = compile_request(CompileRequest(graph=spec))
+    assert again.blobs == art.blobs and again.manifest.plan == art.manifest.plan
+
+
+def test_independent_chain_after_an_extern_joins_the_earlier_kernel():
+    # atan2 is an extern call that reads the first chain, so in-order fusion closes that kernel;
+    # the second chain reads only inputs and moves up into it as a second output.
+    y = torch.randn(33, 17)
+    art = check(lambda a, b: (torch.atan2(a.sin() * 2, b), (b.cos() + 1).exp()), X, y)
+    assert len(kernel_steps(art)) == 1
+    steps = [s.kind for s in art.manifest.plan.steps if s.kind in ("kernel", "extern")]
+    assert steps == ["kernel", "extern"]
+
+
+def test_chain_reading_a_later_extern_result_is_not_hoisted():
+    y = torch.randn(33, 17)
+    art = check(lambda a, b: torch.atan2(a.sin() * 2, b).cos() + b, X, y)
+    kinds = [s.kind for s in art.manifest.plan.steps if s.kind in ("kernel", "extern")]
+    assert kinds == ["kernel", "extern", "kernel"]
+
+
+def _heavy(x):
+    # Over REALIZE_OPS_SHARED with two readers: written to a buffer that later kernels load.
+    for _ in range(14):
+        x = (x.sin() * 1.01 + 0.1).cos()
+    return x
+
+
+def test_hoisted_chain_reads_the_target_value_from_registers_at_the_same_index():
+    sq = torch.randn(16, 16)
+    art = check(lambda a, b: (torch.atan2(h := _heavy(a), b), h * 3), sq, sq.clone(), atol=1e-5, rtol=1e-5)
+    assert [s.kind for s in art.manifest.plan.steps if s.kind in ("kernel", "extern")] == ["kernel", "extern"]
+
+
+def test_chain_reading_the_target_at_another_index_is_not_hoisted():
+    # Inside one kernel, h.t() (written contiguously) would read an element another program
+    # writes: that chain stays a kernel of its own.
+    sq = torch.randn(16, 16)
+    art = check(lambda a, b: (torch.atan2(h := _heavy(a), b), h.t().contiguous() * 3), sq, sq.clone(), atol=1e-5, rtol=1e-5)
+    kinds = [s.kind for s in art.manifest.plan.steps if s.kind in ("kernel", "extern")]
+    assert kinds == ["kernel", "extern", "kernel"]
