@@ -193,10 +193,11 @@ class TritonHandler(OpsHandler):
             return x
         if dtype == torch.bool:
             return self.emit(f"({x.text} != 0)", dtype)
-        if x.dtype == torch.bfloat16 or not x.dtype.is_floating_point:
-            return self.emit(cast(x.text, dtype), dtype)
         if dtype == torch.bfloat16 and x.dtype != torch.float32:
+            # Note: through fp32 (Triton's interpreter turns a bool or int straight into bf16 bits).
             x = self.emit(cast(x.text, torch.float32), torch.float32)
+        elif x.dtype == torch.bfloat16 or not x.dtype.is_floating_point:
+            return self.emit(cast(x.text, dtype), dtype)
         return self.emit(cast(x.text, dtype, self.target, x.dtype), dtype)
 
     def unary(self, op: str, x: TVal) -> TVal:

@@ -136,3 +136,24 @@ def test_single_element_float_arange():
     art = compile_request(CompileRequest(graph=capture_graph(gm, args).spec))
     for got, exp in zip(load_plan(art)(args), f(*args)):
         torch.testing.assert_close(got, exp)
+
+
+def test_bool_and_int_to_bf16():
+    """bool/int → bf16 went straight to bf16 bits in the interpreter (a dropout mask became 0)."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from client.capture import capture_graph
+    from client.runtime import load_plan
+    from compiler_core.compile import compile_request
+    from compiler_core.wire import CompileRequest
+
+    def f(g, mask, i):
+        return g * mask * 2.0, i.to(torch.bfloat16) + g
+
+    args = [torch.randn(64).bfloat16(), torch.rand(64) > 0.5, torch.randint(-300, 300, (64,))]
+    gm = make_fx(f)(*args)
+    art = compile_request(CompileRequest(graph=capture_graph(gm, args).spec))
+    assert art.manifest.stats.kernels >= 1
+    for got, exp in zip(load_plan(art)(args), f(*args)):
+        torch.testing.assert_close(got, exp)

@@ -25,7 +25,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # Ops whose results are random or uninitialised: no eager result to compare against.
 NONDETERMINISTIC = {
     "cauchy", "exponential", "geometric", "log_normal", "normal", "uniform", "randn", "randn_like",
-    "rand_like", "randint", "randint_like", "bernoulli", "multinomial", "rrelu", "empty", "empty_like",
+    "rand_like", "randint", "randint_like", "bernoulli", "multinomial", "rrelu", "nn.functional.rrelu",
+    "empty", "empty_like",
     "new_empty", "new_empty_strided", "empty_strided", "empty_permuted", "nn.functional.dropout",
     "nn.functional.dropout2d", "nn.functional.dropout3d", "nn.functional.alpha_dropout",
     "nn.functional.feature_alpha_dropout", "nn.functional.fractional_max_pool2d",
