@@ -133,6 +133,17 @@ class PlanRunner:
         spec = step.spec
         dtype = torch_dtype(spec.dtype)
 
+        if step.reuse is not None:
+            reuse = step.reuse
+
+            def take(env: dict[str, Any]) -> None:
+                # Same storage, offset 0: the base pointer (and so its alignment) is the old one's.
+                old = env.pop(reuse)
+                if old.dtype != dtype:
+                    raise ArtifactError(f"{step.out} reuses {reuse} of dtype {old.dtype}, not {dtype}")
+                env[step.out] = old.as_strided(spec.sizes, spec.strides, 0)
+            return take
+
         def run(env: dict[str, Any]) -> None:
             env[step.out] = torch.empty_strided(spec.sizes, spec.strides, dtype=dtype,
                                                 device=env["__device__"])

@@ -55,11 +55,16 @@ class ExternStep(_Model):
 
 
 class AllocStep(_Model):
-    """Allocate an uninitialised buffer (torch.empty_strided) for a kernel to write."""
+    """Allocate an uninitialised buffer (torch.empty_strided) for a kernel to write.
+
+    With `reuse`, take instead the storage of that dead buffer (same dtype, at least as many
+    bytes, same device) and drop its name: no FreeStep drops it, this step does.
+    """
 
     kind: Literal["alloc"] = "alloc"
     out: Name
     spec: TensorSpec
+    reuse: Name | None = None
 
 
 class FreeStep(_Model):

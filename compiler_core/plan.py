@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import itertools
+import operator
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from compiler_core.artifact import AllocStep, ExternStep, FreeStep, KernelStep, Plan
 from compiler_core.codegen.triton import RenderedKernel
 from compiler_core.ir.nodes import Buffer
 from compiler_core.lowering import ExternCall, GraphLowering
 from compiler_core.scheduler import Kernel
-from compiler_core.wire import IntArg, NodeRef, TensorSpec, _refs, dtype_name
+from compiler_core.wire import IntArg, NodeRef, TensorSpec, _refs, dtype_name, resolve_target, torch_dtype
 
 Step = AllocStep | ExternStep | KernelStep | FreeStep
 
@@ -35,7 +39,8 @@ def build_plan(g: GraphLowering, items: Sequence[Kernel | ExternCall],
             args.append(IntArg(value=rk.rnumel))
         steps.append(KernelStep(kernel=rk.name, args=args, grid=rk.grid))
         reads.append(list(rk.args))
-    return Plan(inputs=list(g.inputs), steps=_with_frees(steps, reads, g.outputs), outputs=g.outputs)
+    planned = _with_frees(steps, reads, g.outputs)
+    return Plan(inputs=list(g.inputs), steps=reuse_buffers(planned, g.outputs), outputs=g.outputs)
 
 
 def _spec(b: Buffer) -> TensorSpec:
@@ -55,3 +60,234 @@ def _with_frees(steps: list[Step], reads: list[list[str]], outputs: Sequence) ->
         if dead:
             out.append(FreeStep(names=dead))
     return out
+
+
+# ---------------------------------------------------------------- buffer reuse
+
+
+def reuse_buffers(steps: Sequence[Step], outputs: Sequence) -> list[Step]:
+    """Let an AllocStep take the storage of a dead AllocStep buffer of its dtype, big enough,
+    where holding that storage until then does not raise the plan's peak of live bytes.
+
+    Note: a storage is dead once every name bound to it (the buffer and every alias an extern
+    made of it: view, permute, getitem, ...) has been freed and none of them is a graph output.
+    The plan keeps the storage's last owner out of its FreeStep; the AllocStep that names it in
+    `reuse` takes the storage and drops that name. Extern results are never reused (torch owns
+    them), an extern that might return an alias counts as aliasing all of its inputs, and graph
+    outputs always get storage of their own (the caller keeps them; they must not be views).
+    One plan runs on one device, so every AllocStep storage is on the same device.
+    """
+    live = live_bytes(steps, outputs)
+    budget = max(live, default=0)
+    # externs_before[t]: how many steps before step t may allocate memory torch owns.
+    externs_before = list(itertools.accumulate((_allocates(s) for s in steps), initial=0))
+    first = _track(steps, outputs)
+    dies_at = _death_steps(steps, outputs)
+    storages = _StorageTracker(outputs)
+    pool: dict[str, int] = {}  # dead storage -> the step that freed it
+    taken: set[str] = set()  # owners whose storage a later AllocStep takes: not freed
+    out: list[Step] = []
+    for at, step in enumerate(steps):
+        if isinstance(step, AllocStep) and step.out not in first.pinned:
+            need, end = spec_nbytes(step.spec), dies_at[step.out]
+            for have, s in sorted((storages.capacity[s], s) for s in pool):
+                if storages.dtype[s] != step.spec.dtype or have < need:
+                    continue
+                # Held from its death until here, then `have - need` more than before until `end`.
+                # Note: an allocating extern in either span could have had that memory had it
+                # been freed, so reuse there would raise the device's peak though not the plan's.
+                freed = pool[s]
+                if externs_before[at] > externs_before[freed] or \
+                        (have > need and externs_before[end] > externs_before[at]):
+                    continue
+                if max(live[freed:at], default=0) + have > budget or \
+                        max(live[at:end], default=0) + have - need > budget:
+                    continue
+                live[freed:at] = [b + have for b in live[freed:at]]
+                live[at:end] = [b + have - need for b in live[at:end]]
+                del pool[s]
+                taken.add(storages.owners[s])
+                step = step.model_copy(update={"reuse": storages.owners[s]})
+                break
+        if isinstance(step, AllocStep):
+            storages.bind_alloc(step)
+        elif isinstance(step, ExternStep):
+            storages.bind_extern(step)
+        elif isinstance(step, FreeStep):
+            for s in storages.free(step.names):
+                if s not in storages.pinned and s not in first.pinned:
+                    pool[s] = at
+        out.append(step)
+    return _drop_frees(out, taken)
+
+
+def peak_alloc_bytes(steps: Sequence[Step], outputs: Sequence) -> int:
+    """The most bytes of AllocStep storage the plan holds at once (extern results not counted)."""
+    return max(live_bytes(steps, outputs), default=0)
+
+
+def live_bytes(steps: Sequence[Step], outputs: Sequence) -> list[int]:
+    """Bytes of AllocStep storage held after each step.
+
+    A storage counts while any name bound to it (its buffer, an alias of it, a buffer that
+    reuses it) is in the plan's environment, as the runtime holds it.
+    """
+    storages = _StorageTracker(outputs)
+    live, held = 0, []
+    for step in steps:
+        if isinstance(step, AllocStep):
+            if step.reuse is None:
+                live += spec_nbytes(step.spec)
+            storages.bind_alloc(step)
+        elif isinstance(step, ExternStep):
+            storages.bind_extern(step)
+        elif isinstance(step, FreeStep):
+            live -= sum(storages.capacity[s] for s in storages.free(step.names))
+        held.append(live)
+    return held
+
+
+def _death_steps(steps: Sequence[Step], outputs: Sequence) -> dict[str, int]:
+    """For each AllocStep buffer of a plan without reuse: the step that frees its storage (or the end)."""
+    storages = _StorageTracker(outputs)
+    dies = {s.out: len(steps) for s in steps if isinstance(s, AllocStep)}
+    for at, step in enumerate(steps):
+        if isinstance(step, AllocStep):
+            storages.bind_alloc(step)
+        elif isinstance(step, ExternStep):
+            storages.bind_extern(step)
+        elif isinstance(step, FreeStep):
+            for s in storages.free(step.names):
+                dies[s] = at
+    return dies
+
+
+def _track(steps: Sequence[Step], outputs: Sequence) -> _StorageTracker:
+    """The tracker after binding every name of `steps` (frees ignored)."""
+    storages = _StorageTracker(outputs)
+    for step in steps:
+        if isinstance(step, AllocStep):
+            storages.bind_alloc(step)
+        elif isinstance(step, ExternStep):
+            storages.bind_extern(step)
+    return storages
+
+
+def spec_nbytes(spec: TensorSpec) -> int:
+    """Bytes of storage a tensor of `spec` spans (offset 0)."""
+    if any(n == 0 for n in spec.sizes):
+        return 0
+    span = 1 + sum((n - 1) * st for n, st in zip(spec.sizes, spec.strides))
+    return span * torch_dtype(spec.dtype).itemsize
+
+
+class _StorageTracker:
+    """Which AllocStep storages each name of the plan may point into, and which names hold them."""
+
+    def __init__(self, outputs: Sequence) -> None:
+        self.outputs = set(_refs(list(outputs)))
+        self.roots: dict[str, frozenset[str]] = {}  # name -> storages (named by their first buffer)
+        self.holders: dict[str, set[str]] = {}  # storage -> names bound to it now
+        self.owners: dict[str, str] = {}  # storage -> the AllocStep buffer that has it now
+        self.capacity: dict[str, int] = {}
+        self.dtype: dict[str, str] = {}
+        self.pinned: set[str] = set()  # storages a graph output may point into
+
+    def bind_alloc(self, step: AllocStep) -> None:
+        if step.reuse is not None:
+            (storage,) = self.roots[step.reuse]
+            self._unbind(step.reuse)
+        else:
+            storage = step.out
+            self.capacity[storage] = spec_nbytes(step.spec)
+            self.dtype[storage] = step.spec.dtype
+        self.owners[storage] = step.out
+        self._bind(step.out, frozenset([storage]))
+
+    def bind_extern(self, step: ExternStep) -> None:
+        roots: frozenset[str] = frozenset()
+        if _may_alias(step.op):
+            refs = _refs(step.args + list(step.kwargs.values()))
+            roots = frozenset(s for r in refs for s in self.roots.get(r, ()))
+        self._bind(step.out, roots)
+
+    def free(self, names: Iterable[str]) -> list[str]:
+        """Unbind `names`; the storages no name is bound to any more."""
+        return [s for n in names for s in self._unbind(n)]
+
+    def _bind(self, name: str, roots: frozenset[str]) -> None:
+        self.roots[name] = roots
+        for s in roots:
+            self.holders.setdefault(s, set()).add(name)
+        if name in self.outputs:
+            self.pinned |= roots
+
+    def _unbind(self, name: str) -> list[str]:
+        emptied = []
+        for s in self.roots.get(name, ()):
+            held = self.holders[s]
+            if name in held:
+                held.discard(name)
+                if not held:
+                    emptied.append(s)
+        return emptied
+
+
+def _drop_frees(steps: list[Step], taken: set[str]) -> list[Step]:
+    """The steps with `taken` names left out of FreeSteps (their AllocStep successor drops them)."""
+    out: list[Step] = []
+    for step in steps:
+        if isinstance(step, FreeStep) and taken.intersection(step.names):
+            names = [n for n in step.names if n not in taken]
+            if not names:
+                continue
+            step = FreeStep(names=names)
+        out.append(step)
+    return out
+
+
+def _allocates(step: Step) -> bool:
+    """Whether a step may allocate memory outside the plan's AllocSteps (any extern but a view)."""
+    return isinstance(step, ExternStep) and not _returns_view(step.op)
+
+
+@functools.lru_cache(maxsize=1024)
+def _returns_view(op: str) -> bool:
+    """Whether an extern op only returns views of its inputs (getitem, view, permute, ...)."""
+    import torch
+
+    if op == "getitem":
+        return True
+    try:
+        fn: Any = resolve_target(op)
+    except Exception:  # noqa: BLE001 - an op we cannot inspect may allocate
+        return False
+    returns = fn._schema.returns if isinstance(fn, torch._ops.OpOverload) else []
+    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+
+
+# Ops whose result shares its input's storage although their schema does not say so.
+_UNANNOTATED_VIEWS = frozenset({"_unsafe_view", "_reshape_alias", "lift_fresh"})
+
+
+@functools.lru_cache(maxsize=1024)
+def _may_alias(op: str) -> bool:
+    """Whether an extern op's result may share storage with one of its inputs (when unsure: yes).
+
+    An op is trusted to return fresh tensors only when it is an aten/prims overload whose schema
+    marks no return as an alias, that has no CompositeImplicitAutograd kernel (those may return
+    an input as is, like type_as), and that is not a known unannotated view.
+    """
+    import torch
+
+    try:
+        fn: Any = resolve_target(op)
+    except Exception:  # noqa: BLE001 - an op we cannot inspect may alias
+        return True
+    if fn is operator.getitem or not isinstance(fn, torch._ops.OpOverload):
+        return True
+    if fn._schema.name.split("::")[-1] in _UNANNOTATED_VIEWS:
+        return True
+    if any(r.alias_info is not None for r in fn._schema.returns):
+        return True
+    return torch._C._dispatch_has_kernel_for_dispatch_key(fn.name(), "CompositeImplicitAutograd")
