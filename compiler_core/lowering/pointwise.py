@@ -281,8 +281,9 @@ def _to_copy(x: TensorValue, *, dtype: Any = None, layout: Any = None, device: A
     return _cast(x)
 
 
-@register_lowering(aten.clone.default)
+@register_lowering(aten.clone.default, aten.lift_fresh_copy.default)
 def _clone(x: TensorValue, *, memory_format: Any = None) -> Lazy:
+    # lift_fresh_copy: a copy of a tensor constant (torch.tensor(...) inside a traced function).
     if memory_format not in (None, torch.preserve_format, torch.contiguous_format):
         raise UnsupportedOp(f"clone to {memory_format}")
     return _cast(x)

@@ -157,3 +157,25 @@ def test_bool_and_int_to_bf16():
     assert art.manifest.stats.kernels >= 1
     for got, exp in zip(load_plan(art)(args), f(*args)):
         torch.testing.assert_close(got, exp)
+
+
+def test_tensor_constants_are_copied_by_a_kernel():
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from client.backend import decomposition_table
+    from client.capture import capture_graph
+    from client.runtime import load_plan
+    from compiler_core.compile import compile_request
+    from compiler_core.wire import CompileRequest
+
+    def f(x):
+        return x * torch.tensor([1.5, -2.0, 3.0])
+
+    x = torch.randn(4, 3)
+    gm = make_fx(f, decomposition_table=decomposition_table())(x)
+    assert any(n.target is torch.ops.aten.lift_fresh_copy.default for n in gm.graph.nodes)
+    cap = capture_graph(gm, [x])
+    art = compile_request(CompileRequest(graph=cap.spec))
+    assert "aten.lift_fresh_copy.default" not in art.manifest.stats.extern_ops
+    torch.testing.assert_close(load_plan(art)([x] + cap.constants)[0], f(x))
