@@ -22,7 +22,7 @@ def _version(dist: str) -> str | None:
 
 def checks(settings: ClientSettings) -> list[dict[str, Any]]:
     """Each check: name, ok (True/False/None for 'not applicable'), detail."""
-    import compiler_core
+    from compiler_core.keys import compiler_fingerprint
 
     out: list[dict[str, Any]] = []
 
@@ -30,7 +30,7 @@ def checks(settings: ClientSettings) -> list[dict[str, Any]]:
         out.append({"name": name, "ok": ok, "detail": detail})
 
     add("python", True, platform.python_version())
-    add("compiler_core", True, compiler_core.__version__)
+    add("compiler_core", True, compiler_fingerprint())
     for dist, minimum in (("torch", (2, 11)), ("triton", (3, 6))):
         v = _version(dist)
         ok = v is not None and tuple(int(p) for p in v.split("+")[0].split(".")[:2]) >= minimum

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 
 from torch import fx
 
-import compiler_core
 from compiler_core.artifact import (
     Artifact,
     ArtifactManifest,
@@ -24,7 +23,7 @@ from compiler_core.artifact import (
 from compiler_core.codegen.triton import RenderedKernel, render_kernel
 from compiler_core.errors import InvalidGraph, UnsupportedOp
 from compiler_core.graph import rebuild_graph
-from compiler_core.keys import compile_key
+from compiler_core.keys import compile_key, compiler_fingerprint
 from compiler_core.lowering import ExternCall, GraphLowering, lower_graph
 from compiler_core.plan import build_plan
 from compiler_core.scheduler import Kernel, schedule
@@ -122,7 +121,7 @@ def last_uses(graph: GraphSpec) -> dict[str, str]:
 
 def local_versions() -> Versions:
     return Versions(
-        compiler_core=compiler_core.__version__,
+        compiler_core=compiler_fingerprint(),
         torch=importlib.metadata.version("torch"),
         triton=importlib.metadata.version("triton"),
     )

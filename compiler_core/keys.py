@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 import compiler_core
@@ -55,7 +57,22 @@ def compile_key(request: CompileRequest) -> str:
         "schema": request.schema_version,
         "graph": canonical_graph(request.graph),
         "options": request.options.model_dump(),
-        "compiler_core": compiler_core.__version__,
+        "compiler_core": compiler_fingerprint(),
     }
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()
+
+
+@functools.cache
+def compiler_fingerprint() -> str:
+    """The compiler_core version plus a hash of its sources.
+
+    Note: a version string alone would let a changed compiler serve artifacts an older one made
+    under the same key (Inductor keys on its own source hash for the same reason).
+    """
+    root = Path(compiler_core.__file__).parent
+    h = hashlib.sha256(compiler_core.__version__.encode())
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return f"{compiler_core.__version__}+{h.hexdigest()[:16]}"

@@ -107,3 +107,13 @@ def test_rebuild_rederives_shapes_and_rejects_mismatch():
     )
     with pytest.raises(InvalidGraph):
         rebuild_graph(wrong_arg)
+
+
+def test_key_covers_the_compiler_sources(monkeypatch):
+    from compiler_core import keys
+
+    req = CompileRequest(graph=sin_graph())
+    before = compile_key(req)
+    assert keys.compiler_fingerprint().startswith("0.")
+    monkeypatch.setattr(keys, "compiler_fingerprint", lambda: "0.1.0+another-compiler")
+    assert compile_key(req) != before
