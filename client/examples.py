@@ -196,3 +196,14 @@ class ResNet50(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.layers(self.stem(x)), 1), 1))
+
+
+def model_blocks(seed: int = 0) -> dict[str, tuple[nn.Module, torch.Tensor]]:
+    """The model blocks at test size, each with an input: the same models and weights per seed."""
+    torch.manual_seed(seed)
+    return {
+        "transformer": (TransformerBlock(64, 4), torch.randn(2, 16, 64)),
+        "gpt2": (GPT2Block(64, 4), torch.randn(2, 16, 64)),
+        "llama": (LlamaBlock(64, 4, 172, 32), torch.randn(2, 16, 64)),
+        "bottleneck": (Bottleneck(32, 8, 2), torch.randn(2, 32, 8, 8)),
+    }

@@ -119,15 +119,9 @@ def test_ci_ops_from_cubins_match_eager(dtype):
 
 
 def _blocks():  # type: ignore[no-untyped-def]
-    from client.examples import Bottleneck, GPT2Block, LlamaBlock, TransformerBlock
+    from client.examples import model_blocks
 
-    torch.manual_seed(0)
-    return {
-        "transformer": (TransformerBlock(64, 4), torch.randn(2, 16, 64)),
-        "gpt2": (GPT2Block(64, 4), torch.randn(2, 16, 64)),
-        "llama": (LlamaBlock(64, 4, 172, 32), torch.randn(2, 16, 64)),
-        "bottleneck": (Bottleneck(32, 8, 2), torch.randn(2, 32, 8, 8)),
-    }
+    return model_blocks()
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from client import backend
-from client.examples import Bottleneck, GPT2Block, LlamaBlock, TransformerBlock
+from client.examples import model_blocks
 
 
 @pytest.fixture(autouse=True)
@@ -19,19 +19,9 @@ def _isolated(tmp_path, monkeypatch):
     torch._dynamo.reset()
 
 
-def _blocks():
-    torch.manual_seed(0)
-    return {
-        "transformer": (TransformerBlock(64, 4), torch.randn(2, 16, 64)),
-        "gpt2": (GPT2Block(64, 4), torch.randn(2, 16, 64)),
-        "llama": (LlamaBlock(64, 4, 172, 32), torch.randn(2, 16, 64)),
-        "bottleneck": (Bottleneck(32, 8, 2), torch.randn(2, 32, 8, 8)),
-    }
-
-
 @pytest.mark.parametrize("name", ["transformer", "gpt2", "llama", "bottleneck"])
 def test_inference_matches_eager(name):
-    model, x = _blocks()[name]
+    model, x = model_blocks()[name]
     model.eval()
     with torch.no_grad():
         expected = model(x)
@@ -46,8 +36,8 @@ def test_inference_matches_eager(name):
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "bottleneck"])
 def test_training_step_matches_eager(name):
-    model, x = _blocks()[name]
-    ref, _ = _blocks()[name]
+    model, x = model_blocks()[name]
+    ref, _ = model_blocks()[name]
     model.train()
     ref.train()
     compiled = torch.compile(model, backend="fxcc")
