@@ -29,6 +29,7 @@ from compiler_core.artifact import (
 )
 from compiler_core.errors import ArtifactError
 from compiler_core.graph import decode_arg
+from compiler_core.triton_lock import TRITON_LOCK
 from compiler_core.wire import IntArg, NodeRef, resolve_target, torch_dtype
 
 log = logging.getLogger("fxcc.runtime")
@@ -62,7 +63,8 @@ def load_kernel(info: KernelInfo, source: bytes, interpret: bool = False) -> Any
                 raise ArtifactError(f"cannot load kernel module {path}")
             mod = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = mod
-            spec.loader.exec_module(mod)
+            with TRITON_LOCK:
+                spec.loader.exec_module(mod)
             _modules[digest] = mod
     fn = getattr(mod, info.name, None)
     if fn is None:
@@ -123,10 +125,16 @@ class PlanRunner:
         names = [(a.name if isinstance(a, NodeRef) else None, a.value if isinstance(a, IntArg) else None)
                  for a in step.args]
         launch_kw = dict(info.constexprs, num_warps=info.num_warps, num_stages=info.num_stages)
+        launch = fn[grid]
+        if not _is_interpreted(fn):
+            def run(env: dict[str, Any]) -> None:
+                launch(*(env[n] if n is not None else v for n, v in names), **launch_kw)
+            return run
 
-        def run(env: dict[str, Any]) -> None:
-            fn[grid](*(env[n] if n is not None else v for n, v in names), **launch_kw)
-        return run
+        def run_interpreted(env: dict[str, Any]) -> None:
+            with TRITON_LOCK:  # the interpreter patches triton.language module-wide
+                launch(*(env[n] if n is not None else v for n, v in names), **launch_kw)
+        return run_interpreted
 
     @staticmethod
     def _alloc(step: AllocStep) -> Callable[[dict[str, Any]], None]:
@@ -220,6 +228,12 @@ def _cubin_step(step: KernelStep, info: KernelInfo, artifact: Artifact, arch: st
             jit.append(PlanRunner._kernel(step, info, load_kernel(info, source)))
         jit[0](env)
     return run
+
+
+def _is_interpreted(fn: Any) -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(fn, InterpretedFunction)
 
 
 def load_plan(artifact: Artifact) -> PlanRunner:

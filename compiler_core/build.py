@@ -34,6 +34,7 @@ from compiler_core.artifact import (
     add_blob,
 )
 from compiler_core.errors import BuildError
+from compiler_core.triton_lock import TRITON_LOCK
 from compiler_core.wire import CompileRequest, IntArg, NodeRef
 
 log = logging.getLogger("fxcc.build")
@@ -134,7 +135,7 @@ def compile_cubin(fn: Any, info: KernelInfo, sig: KernelSignature, arch: int) ->
     attrs = {(i,): [["tt.divisibility", 16]] for i in sorted(sig.divisible16)}
     src = ASTSource(fn, signature, constexprs, attrs)
     t0 = time.perf_counter()
-    with warnings.catch_warnings():
+    with TRITON_LOCK, warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # knob-default notices from newer Tritons
         compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                                   options={"num_warps": info.num_warps, "num_stages": info.num_stages})
@@ -280,12 +281,13 @@ def _jit_not_interpreted() -> Iterator[None]:
     """triton.jit as the compiler needs it, also under TRITON_INTERPRET=1 (helpers included)."""
     from triton import knobs
 
-    saved = knobs.runtime.interpret
-    knobs.runtime.interpret = False
-    try:
-        yield
-    finally:
-        knobs.runtime.interpret = saved
+    with TRITON_LOCK:
+        saved = knobs.runtime.interpret
+        knobs.runtime.interpret = False
+        try:
+            yield
+        finally:
+            knobs.runtime.interpret = saved
 
 
 def cuda_build_unavailable() -> str | None:
