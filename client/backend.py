@@ -24,7 +24,7 @@ from torch import fx
 
 from client.cache import LocalCache
 from client.capture import capture_graph
-from client.runtime import load_plan
+from client.runtime import GuardFailed, load_plan
 from client.settings import ClientSettings
 from compiler_core.artifact import Artifact, CompileStats
 from compiler_core.keys import compile_key
@@ -114,17 +114,18 @@ class GraphCompiler:
                 graph=capture.spec,
                 options=CompileOptions(mode=self.settings.mode, target=target_for(example_inputs)),
                 priority="precompile" if self.settings.precompile else "interactive",
+                hints=capture.hints,
             )
             key = compile_key(request)
             art = self.cache.get(key)
             if art is not None:
-                return self._ready(art, "local-hit", capture, eager, t0)
+                return self._ready(art, "local-hit", capture, eager, t0, request)
             if self.settings.precompile:
                 return self._precompile(request, key, eager, t0)
             if not self.settings.blocking:
                 return self._background(request, key, capture, eager, t0)
             art, source = self.fetch(request, key)
-            return self._ready(art, source, capture, eager, t0)
+            return self._ready(art, source, capture, eager, t0, request)
         except Exception as e:  # noqa: BLE001 - the user's program must keep running
             return self._fallback(gm, example_inputs, eager, e, t0)
 
@@ -146,13 +147,32 @@ class GraphCompiler:
         self.cache.put(art)
         return art, source
 
-    def _ready(self, art: Artifact, source: str, capture: Any, eager: Callable, t0: float) -> Callable:
-        runner = load_plan(art)
+    def _ready(self, art: Artifact, source: str, capture: Any, eager: Callable, t0: float,
+               request: CompileRequest | None = None) -> Callable:
+        runner: Callable = load_plan(art)
         key = art.manifest.key
         _record(CompileEvent(key=key, source=source, seconds=time.perf_counter() - t0,
                              stats=art.manifest.stats, graph_nodes=len(capture.spec.nodes)))
         log.info("fxcc: graph %s from %s (%d kernels)", key[:12], source, art.manifest.stats.kernels)
+        if request is not None and request.graph.symbols:
+            runner = Variants(runner, lambda args: self._variant(request, capture, args))
         return _guarded(runner, capture.constants, eager, key)
+
+    def _variant(self, request: CompileRequest, capture: Any, args: list[Any]) -> Callable:
+        """A plan for sizes that every known plan's guards reject: compiled with the call's sizes
+        as hints, under its own key (local cache first, then the service or in-process)."""
+        t0 = time.perf_counter()
+        hints = read_symbols(request, args)
+        variant = request.model_copy(update={"hints": hints, "variant": True})
+        key = compile_key(variant)
+        art = self.cache.get(key)
+        source = "local-hit"
+        if art is None:
+            art, source = self.fetch(variant, key)
+        _record(CompileEvent(key=key, source="variant", seconds=time.perf_counter() - t0,
+                             stats=art.manifest.stats, graph_nodes=len(capture.spec.nodes)))
+        log.info("fxcc: variant %s of a dynamic graph for %s (%s)", key[:12], hints, source)
+        return load_plan(art)
 
     def _precompile(self, request: CompileRequest, key: str, eager: Callable, t0: float) -> Callable:
         """Submit without waiting (or, with no service, compile now into the local cache)."""
@@ -187,7 +207,7 @@ class GraphCompiler:
                     return eager(args)
                 try:
                     art, source = future.result()
-                    fn = self._ready(art, source, capture, eager, t0)
+                    fn = self._ready(art, source, capture, eager, t0, request)
                 except Exception as e:  # noqa: BLE001
                     warn_once(_cause(e), f"running a graph eagerly: {_cause_text(e)}")
                     fn = eager
@@ -243,6 +263,45 @@ def _boxed(gm: fx.GraphModule) -> Callable[[list[Any]], Any]:
     return run
 
 
+MAX_VARIANTS = 8
+
+
+class Variants:
+    """The plans of one dynamic graph: the first whose guards hold runs; when none holds, one
+    more variant is compiled for the call's sizes (at most MAX_VARIANTS; then GuardFailed)."""
+
+    def __init__(self, first: Callable, compile_variant: Callable[[list[Any]], Callable]) -> None:
+        self.plans = [first]
+        self.compile_variant = compile_variant
+        self.lock = threading.Lock()
+
+    def __call__(self, args: list[Any]) -> Any:
+        for plan in list(self.plans):
+            try:
+                return plan(args)
+            except GuardFailed:
+                continue
+        with self.lock:
+            if len(self.plans) >= MAX_VARIANTS:
+                raise GuardFailed(f"{len(self.plans)} variants and none serves these sizes")
+            plan = self.compile_variant(args)
+            self.plans.append(plan)
+        return plan(args)
+
+
+def read_symbols(request: CompileRequest, args: list[Any]) -> dict[str, int]:
+    """The size symbols' values in a call (each read where the graph's inputs define it)."""
+    out: dict[str, int] = {}
+    for p, a in zip(request.graph.placeholders, args):
+        if p.symbol is not None:
+            out.setdefault(p.symbol, int(a))
+        elif p.spec is not None:
+            for size, actual in zip(p.spec.sizes, a.shape):
+                if isinstance(size, str) and size in {s.name for s in request.graph.symbols}:
+                    out.setdefault(size, int(actual))
+    return out
+
+
 def _guarded(runner: Callable, constants: list[torch.Tensor], eager: Callable, key: str) -> Callable:
     """The artifact's runner; if it fails at run time, this graph switches to eager for good."""
     state = {"runner": runner}
@@ -253,6 +312,10 @@ def _guarded(runner: Callable, constants: list[torch.Tensor], eager: Callable, k
             return eager(args)
         try:
             return fn(list(args) + constants)
+        except GuardFailed as e:
+            # Sizes no variant serves (or one more variant would be too many): this call only.
+            warn_once(f"guard:{key}", f"a dynamic graph runs eagerly for some sizes: {e}")
+            return eager(args)
         except Exception as e:  # noqa: BLE001
             warn_once(f"run:{key}", f"artifact {key[:12]} failed to run ({type(e).__name__}: {e}); "
                       "running this graph eagerly from now on")

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
+import sympy
 import torch
 from pydantic import ValidationError
 from torch import fx
 
 from compiler_core.errors import InvalidGraph, UnsupportedOp
+from compiler_core.symbolic import from_torch, size_symbol
+from compiler_core.symexpr import dump
 from compiler_core.wire import (
     Arg,
     BoolArg,
@@ -28,6 +32,8 @@ from compiler_core.wire import (
     NoneArg,
     Placeholder,
     StrArg,
+    SymArg,
+    SymbolSpec,
     TensorSpec,
     dtype_name,
     target_name,
@@ -47,30 +53,77 @@ class Capture:
 
     spec: GraphSpec
     constants: list[torch.Tensor]
+    hints: dict[str, int] = field(default_factory=dict)  # example values of the size symbols
 
 
-def tensor_spec(t: torch.Tensor) -> TensorSpec:
-    """The spec of a concrete or fake tensor; raises UnsupportedOp for symbolic or odd tensors."""
+class Symbols:
+    """The graph's size symbols: Dynamo's ShapeEnv symbols renamed s0, s1, … in order of first
+    appearance, with their ranges and the example's values (hints)."""
+
+    def __init__(self) -> None:
+        self.rename: dict[str, sympy.Symbol] = {}
+        self.specs: list[SymbolSpec] = []
+        self.hints: dict[str, int] = {}
+
+    def text(self, v: Any) -> int | str:
+        """An int, or a SymInt's expression as fxcc text (new symbols declared on the way)."""
+        if not isinstance(v, torch.SymInt):
+            return int(v)
+        expr = v.node.expr
+        shape_env = v.node.shape_env
+        for sym in sorted(expr.free_symbols, key=lambda s: s.name):
+            if sym.name not in self.rename:
+                self._declare(sym, shape_env)
+        ours = from_torch(expr, self.rename)
+        return int(ours) if ours.is_Integer else dump(ours)
+
+    def _declare(self, sym: sympy.Symbol, shape_env: Any) -> None:
+        name = f"s{len(self.specs)}"
+        self.rename[sym.name] = size_symbol(name)
+        vr = shape_env.var_to_range.get(sym)
+        lo = int(vr.lower) if vr is not None and vr.lower.is_Integer else 2
+        hi = int(vr.upper) if vr is not None and vr.upper.is_Integer else None
+        values = getattr(shape_env, "backed_var_to_val", None) or shape_env.var_to_val
+        hint = values.get(sym)
+        if hint is None:
+            raise UnsupportedOp(f"size symbol {sym} has no example value (data-dependent size)")
+        self.specs.append(SymbolSpec(name=name, lo=max(lo, 0), hi=hi))
+        self.hints[name] = int(hint)
+
+
+def tensor_spec(t: torch.Tensor, symbols: Symbols | None = None) -> TensorSpec:
+    """The spec of a concrete or fake tensor; raises UnsupportedOp for odd tensors (and for
+    symbolic ones without `symbols`)."""
     if t.layout != torch.strided:
         raise UnsupportedOp(f"{t.layout} tensors are not supported")
     if t.device.type not in ("cpu", "cuda"):
         raise UnsupportedOp(f"device {t.device.type} is not supported")
-    try:
-        sizes = [int(s) for s in t.shape]
-        strides = [int(s) for s in t.stride()]
-        offset = int(t.storage_offset())
-    except (TypeError, RuntimeError) as e:
-        raise UnsupportedOp(f"symbolic shapes are not supported yet: {e}") from None
-    if any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride())):
-        raise UnsupportedOp("symbolic shapes are not supported yet")
+    values = (*t.shape, *t.stride(), t.storage_offset())
+    if any(isinstance(s, torch.SymInt) for s in values) and symbols is None:
+        raise UnsupportedOp("symbolic shapes are not supported here")
+    sym = symbols or Symbols()
+    sizes = [sym.text(s) for s in t.shape]
+    strides = [sym.text(s) for s in t.stride()]
+    offset = sym.text(t.storage_offset())
+    if isinstance(offset, str):
+        raise UnsupportedOp("a symbolic storage offset is not supported")
     return TensorSpec(dtype=dtype_name(t.dtype), sizes=sizes, strides=strides,
                       storage_offset=offset, device=t.device.type)
 
 
-def encode_arg(a: Any, node: str) -> Arg:
+def encode_arg(a: Any, node: str, symbols: Symbols | None = None) -> Arg:
     """A Python argument of an aten call as a wire argument."""
     if isinstance(a, fx.Node):
+        val = a.meta.get("val")
+        if isinstance(val, torch.SymInt) and symbols is not None:
+            return _sym_arg(val, symbols)
         return NodeRef(name=a.name)
+    if isinstance(a, torch.SymInt):
+        if symbols is None:
+            raise UnsupportedOp("a symbolic size argument outside a symbolic graph", node=node)
+        return _sym_arg(a, symbols)
+    if isinstance(a, (torch.SymFloat, torch.SymBool)):
+        raise UnsupportedOp(f"a {type(a).__name__} argument cannot travel", node=node)
     if isinstance(a, bool):
         return BoolArg(value=a)
     if isinstance(a, int):
@@ -93,8 +146,13 @@ def encode_arg(a: Any, node: str) -> Arg:
     if isinstance(a, torch.memory_format):
         return MemoryFormatArg(value=_MEMORY_FORMATS[a])
     if isinstance(a, (list, tuple)):
-        return ListArg(items=[encode_arg(x, node) for x in a])
+        return ListArg(items=[encode_arg(x, node, symbols) for x in a])
     raise UnsupportedOp(f"argument of type {type(a).__name__} cannot travel", node=node)
+
+
+def _sym_arg(v: torch.SymInt, symbols: Symbols) -> Arg:
+    text = symbols.text(v)
+    return IntArg(value=text) if isinstance(text, int) else SymArg(expr=text)
 
 
 def capture_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
@@ -114,19 +172,28 @@ def _capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
     outputs: list[Arg] = []
     constants: list[torch.Tensor] = []
     const_placeholders: list[Placeholder] = []
+    symbols = Symbols()
     inputs = iter(example_inputs)
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             ex = next(inputs)
+            if isinstance(ex, torch.SymInt):
+                text = symbols.text(ex)
+                if not isinstance(text, str) or not re.fullmatch(r"s[0-9]+", text):
+                    raise UnsupportedOp(f"graph input {n.name} is the size expression {text}")
+                placeholders.append(Placeholder(name=n.name, symbol=text))
+                continue
             if not isinstance(ex, torch.Tensor):
                 raise UnsupportedOp(f"graph input {n.name} is a {type(ex).__name__}, not a tensor")
-            placeholders.append(Placeholder(name=n.name, spec=tensor_spec(ex)))
+            placeholders.append(Placeholder(name=n.name, spec=tensor_spec(ex, symbols)))
         elif n.op == "get_attr":
             value = operator.attrgetter(n.target)(gm)
             if not isinstance(value, torch.Tensor):
                 raise UnsupportedOp(f"graph attribute {n.target} is not a tensor", node=n.name)
             constants.append(value)
             const_placeholders.append(Placeholder(name=n.name, spec=tensor_spec(value)))
+        elif n.op == "call_function" and isinstance(n.meta.get("val"), torch.SymInt):
+            continue  # a size computation (sym_size, s0 * 64): its users carry its expression
         elif n.op == "call_function":
             if n.target is not operator.getitem and not isinstance(n.target, torch._ops.OpOverload):
                 raise UnsupportedOp(f"call of {n.target} is not an aten op", node=n.name)
@@ -134,14 +201,15 @@ def _capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
                 raise UnsupportedOp(f"op {n.target} is outside aten/prims", op=str(n.target), node=n.name)
             nodes.append(Node(
                 name=n.name, target=target_name(n.target),
-                args=[encode_arg(a, n.name) for a in n.args],
-                kwargs={k: encode_arg(v, n.name) for k, v in n.kwargs.items()},
+                args=[encode_arg(a, n.name, symbols) for a in n.args],
+                kwargs={k: encode_arg(v, n.name, symbols) for k, v in n.kwargs.items()},
             ))
         elif n.op == "output":
             (result,) = n.args
             outs = result if isinstance(result, (list, tuple)) else [result]
-            outputs = [encode_arg(o, "output") for o in outs]
+            outputs = [encode_arg(o, "output", symbols) for o in outs]
         else:
             raise UnsupportedOp(f"FX node kind {n.op} is not supported", node=n.name)
-    spec = GraphSpec(placeholders=placeholders + const_placeholders, nodes=nodes, outputs=outputs)
-    return Capture(spec, constants)
+    spec = GraphSpec(symbols=symbols.specs, placeholders=placeholders + const_placeholders,
+                     nodes=nodes, outputs=outputs)
+    return Capture(spec, constants, symbols.hints)

@@ -206,6 +206,7 @@ class StepLauncher:
         self._buf = ctypes.create_string_buffer(8 * max(1, n_slots))
         base = ctypes.addressof(self._buf)
         slot_of: list[int] = []
+        self._int_slots: list[tuple[int, str]] = []  # (slot, struct format) of each int argument
         ptr_i, int_i = 0, n_ptr + n_scratch
         for a, ty in zip(args, meta.signature):
             if isinstance(a, str):
@@ -218,6 +219,7 @@ class StepLauncher:
                 if fmt is None:
                     raise ArtifactError(f"{meta.name}: int passed where {ty} is expected")
                 struct.pack_into(f"<{fmt}", self._buf, 8 * int_i, a)
+                self._int_slots.append((int_i, fmt))
                 slot_of.append(int_i)
                 int_i += 1
         slot_of += list(range(n_ptr, n_ptr + n_scratch))
@@ -233,28 +235,44 @@ class StepLauncher:
         """The build's facts about this step's int arguments (they are constants of the plan)."""
         return all(isinstance(args[i], int) and args[i] % 16 == 0 for i in self.kernel.meta.div16)
 
-    def __call__(self, tensors: Sequence[torch.Tensor], device: int) -> bool:
-        """Launch on `device`'s current stream; False (nothing launched) if a guard fails."""
+    def __call__(self, tensors: Sequence[torch.Tensor], device: int,
+                 ints: Sequence[int] | None = None, grid: Sequence[int] | None = None) -> bool:
+        """Launch on `device`'s current stream; False (nothing launched) if a guard fails.
+
+        `ints` and `grid` replace the step's int arguments and grid for this launch (a plan
+        with symbolic sizes evaluates them per call); the build's div-16 facts are checked on
+        them like every other guard.
+        """
         ptrs = [t.data_ptr() for t in tensors]
         for p in ptrs:
             if p & 15:
                 return False
-        if 0 in self.grid:
+        if ints is not None and any(ints[i - len(ptrs)] % 16 for i in self._div16_ints(len(ptrs))):
+            return False
+        launch_grid = self.grid if grid is None else (tuple(grid) + (1, 1))[:3]
+        if 0 in launch_grid:
             return True
         fn = self.kernel.function(device)
         stream = _raw_stream(device)
         with self._lock:  # the parameter buffer is shared by every call of this step
             struct.pack_into(self._ptr_fmt, self._buf, 0, *ptrs)
+            if ints is not None:
+                for (slot, fmt), v in zip(self._int_slots, ints):
+                    struct.pack_into(f"<{fmt}", self._buf, 8 * slot, v)
             if self._scratch:
-                keep = self._pack_scratch(len(ptrs), device)  # noqa: F841 - alive until launched
-            gx, gy, gz = self.grid
+                keep = self._pack_scratch(len(ptrs), device, launch_grid)  # noqa: F841 - alive until launched
+            gx, gy, gz = launch_grid
             _launch(fn, gx, gy, gz, self.block, self.shared, stream, self.params_addr, device)
         return True
 
-    def _pack_scratch(self, first_slot: int, device: int) -> list[torch.Tensor]:
+    def _div16_ints(self, n_ptr: int) -> list[int]:
+        """Argument positions of int arguments the build declared divisible by 16."""
+        return [i for i in self.kernel.meta.div16 if i >= n_ptr]
+
+    def _pack_scratch(self, first_slot: int, device: int, grid: tuple[int, ...]) -> list[torch.Tensor]:
         """Allocate the kernel's per-program scratch (Triton's launcher does this per launch)."""
         meta = self.kernel.meta
-        programs = self.grid[0] * self.grid[1] * self.grid[2]
+        programs = grid[0] * grid[1] * grid[2]
         keep: list[torch.Tensor] = []
         for i, size in enumerate((meta.global_scratch_size, meta.profile_scratch_size)):
             if i >= meta.scratch_params:

@@ -7,6 +7,7 @@ the manifest (Artifact.verify runs before anything is loaded).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -30,7 +31,8 @@ from compiler_core.artifact import (
 from compiler_core.errors import ArtifactError
 from compiler_core.graph import decode_arg
 from compiler_core.triton_lock import TRITON_LOCK
-from compiler_core.wire import IntArg, NodeRef, resolve_target, torch_dtype
+from compiler_core.symexpr import compile_exprs, parse
+from compiler_core.wire import IntArg, NodeRef, SymArg, resolve_target, torch_dtype
 
 log = logging.getLogger("fxcc.runtime")
 
@@ -91,6 +93,7 @@ class PlanRunner:
         arch = cuda_arch_key() if self.manifest.target.kind == "cuda" else None
         cubins: dict[str, Any] = {}
         self._steps: list[Callable[[dict[str, Any]], None]] = []
+        self._symbols = SymbolReader(plan) if plan.symbols else None
         for step in plan.steps:
             if isinstance(step, ExternStep):
                 self._steps.append(self._extern(step))
@@ -115,16 +118,19 @@ class PlanRunner:
         args, kwargs, out = step.args, step.kwargs, step.out
 
         def run(env: dict[str, Any]) -> None:
-            env[out] = op(*(decode_arg(a, env) for a in args),
-                          **{k: decode_arg(v, env) for k, v in kwargs.items()})
+            syms = env.get(SYMS)
+            env[out] = op(*(decode_arg(a, env, syms) for a in args),
+                          **{k: decode_arg(v, env, syms) for k, v in kwargs.items()})
         return run
 
     @staticmethod
     def _kernel(step: KernelStep, info: KernelInfo, fn: Any) -> Callable[[dict[str, Any]], None]:
+        launch_kw = dict(info.constexprs, num_warps=info.num_warps, num_stages=info.num_stages)
+        if _symbolic_step(step):
+            return _symbolic_kernel(step, fn, launch_kw)
         grid = tuple(step.grid)
         names = [(a.name if isinstance(a, NodeRef) else None, a.value if isinstance(a, IntArg) else None)
                  for a in step.args]
-        launch_kw = dict(info.constexprs, num_warps=info.num_warps, num_stages=info.num_stages)
         launch = fn[grid]
         if not _is_interpreted(fn):
             def run(env: dict[str, Any]) -> None:
@@ -140,6 +146,15 @@ class PlanRunner:
     def _alloc(step: AllocStep) -> Callable[[dict[str, Any]], None]:
         spec = step.spec
         dtype = torch_dtype(spec.dtype)
+        if spec.symbolic:
+            shape = compile_exprs([str(x) for x in (*spec.sizes, *spec.strides)])
+            rank, out = len(spec.sizes), step.out
+
+            def alloc_symbolic(env: dict[str, Any]) -> None:
+                vals = shape(env[SYMS])
+                env[out] = torch.empty_strided(vals[:rank], vals[rank:], dtype=dtype,
+                                               device=env["__device__"])
+            return alloc_symbolic
 
         if step.reuse is not None:
             reuse = step.reuse
@@ -172,9 +187,79 @@ class PlanRunner:
         env: dict[str, Any] = dict(zip(self.inputs, args))
         env["__device__"] = next((a.device for a in args if isinstance(a, torch.Tensor)),
                                  torch.device("cpu"))
+        if self._symbols is not None:
+            env[SYMS] = self._symbols(args)
         for run in self._steps:
             run(env)
-        return tuple(decode_arg(a, env) for a in self._outputs)
+        return tuple(decode_arg(a, env, env.get(SYMS)) for a in self._outputs)
+
+
+# ---------------------------------------------------------------- symbolic sizes
+
+SYMS = "__syms__"  # env key of the size symbols' values (never a plan name: names are identifiers)
+
+
+class GuardFailed(ArtifactError):
+    """The call's sizes are outside what the plan was compiled for (another variant is needed)."""
+
+
+class SymbolReader:
+    """Reads a plan's size symbols from a call's inputs and checks the plan's guards on them."""
+
+    def __init__(self, plan: Any) -> None:
+        self.bindings = [(b.name, b.input, b.dim) for b in plan.symbols]
+        self.guard_texts = list(plan.guards)
+        self.check = compile_exprs(self.guard_texts) if self.guard_texts else None
+
+    def __call__(self, args: list[Any]) -> SizeEnv:
+        syms = SizeEnv()
+        for name, i, dim in self.bindings:
+            a = args[i]
+            syms[name] = int(a) if dim is None else int(a.shape[dim])
+        if self.check is not None:
+            for text, ok in zip(self.guard_texts, self.check(syms)):
+                if not ok:
+                    raise GuardFailed(f"guard {text} fails for {syms}")
+        return syms
+
+
+class SizeEnv(dict):
+    """The size symbols' values for one call; `value` evaluates a SymArg's text (decode_arg)."""
+
+    def value(self, text: str) -> int:
+        return int(_parsed(text).evaluate(self))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str) -> Any:
+    return parse(text)
+
+
+def _symbolic_step(step: KernelStep) -> bool:
+    return any(isinstance(g, str) for g in step.grid) or any(isinstance(a, SymArg) for a in step.args)
+
+
+def _symbolic_kernel(step: KernelStep, fn: Any, launch_kw: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    """A launch whose grid and integer arguments are size expressions, evaluated per call."""
+    grid_eval = compile_exprs([str(g) for g in step.grid])
+    ints = [a.expr if isinstance(a, SymArg) else str(a.value) for a in step.args if not isinstance(a, NodeRef)]
+    int_eval = compile_exprs(ints) if ints else None
+    slots = [a.name if isinstance(a, NodeRef) else None for a in step.args]
+    interpreted = _is_interpreted(fn)
+
+    def run(env: dict[str, Any]) -> None:
+        syms = env[SYMS]
+        grid = grid_eval(syms)
+        if min(grid) <= 0:
+            return  # nothing to launch over (an empty dimension)
+        values = iter(int_eval(syms) if int_eval else ())
+        call = [env[n] if n is not None else next(values) for n in slots]
+        if interpreted:
+            with TRITON_LOCK:
+                fn[grid](*call, **launch_kw)
+        else:
+            fn[grid](*call, **launch_kw)
+    return run
 
 
 # ---------------------------------------------------------------- CUDA: prebuilt cubins

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from compiler_core.errors import ArtifactError
-from compiler_core.wire import Arg, IntArg, Name, NodeRef, Target, TensorSpec
+from compiler_core.wire import Arg, IntArg, Name, NodeRef, SizeText, SymArg, Target, TensorSpec
 
 MANIFEST_VERSION = 1
 
@@ -32,7 +32,7 @@ class BlobRef(_Model):
     size: int = Field(ge=0)
 
 
-KernelArg = Annotated[NodeRef | IntArg, Field(discriminator="kind")]
+KernelArg = Annotated[NodeRef | IntArg | SymArg, Field(discriminator="kind")]
 
 
 class KernelStep(_Model):
@@ -41,7 +41,7 @@ class KernelStep(_Model):
     kind: Literal["kernel"] = "kernel"
     kernel: str
     args: list[KernelArg]
-    grid: list[int] = Field(min_length=1, max_length=3)
+    grid: list[int | SizeText] = Field(min_length=1, max_length=3)
 
 
 class ExternStep(_Model):
@@ -77,10 +77,42 @@ class FreeStep(_Model):
 Step = Annotated[KernelStep | ExternStep | AllocStep | FreeStep, Field(discriminator="kind")]
 
 
+class SymbolBinding(_Model):
+    """Where a size symbol's value comes from at run time: dim `dim` of input `input`, or the
+    input itself when it is an integer (dim None). `lo`/`hi` is the range the plan serves."""
+
+    name: str = Field(pattern=r"^s[0-9]{1,4}$")
+    input: int = Field(ge=0)
+    dim: int | None = Field(default=None, ge=0, lt=64)
+    lo: int = Field(default=0, ge=0)
+    hi: int | None = None
+
+
+def _guard_text(v: str) -> str:
+    from compiler_core.symexpr import Rel, SymExprError, parse
+
+    try:
+        expr = parse(v)
+    except SymExprError as e:
+        raise ValueError(f"bad guard: {e}") from None
+    if not isinstance(expr, Rel):
+        raise ValueError(f"guard {v!r} is not a relation")
+    return v
+
+
+GuardText = Annotated[str, Field(max_length=4096), AfterValidator(_guard_text)]
+
+
 class Plan(_Model):
+    """Steps over named values. With size symbols, `symbols` says how to read them from the
+    inputs and `guards` are the relations between them that the plan's code assumes; the client
+    checks both before each run (compiler_core.guards)."""
+
     inputs: list[Name]
     steps: list[Step]
     outputs: list[Arg]
+    symbols: list[SymbolBinding] = Field(default_factory=list, max_length=256)
+    guards: list[GuardText] = Field(default_factory=list, max_length=1024)
 
 
 class KernelInfo(_Model):

@@ -222,7 +222,7 @@ class _BufferDtypes:
     """dtype names of plan buffers: allocations, placeholders, then (lazily) graph node values."""
 
     def __init__(self, plan: Plan, request: CompileRequest) -> None:
-        self._known = {p.name: p.spec.dtype for p in request.graph.placeholders}
+        self._known = {p.name: p.spec.dtype for p in request.graph.placeholders if p.spec is not None}
         self._known.update({s.out: s.spec.dtype for s in plan.steps if isinstance(s, AllocStep)})
         self._request = request
         self._graph_dtypes: dict[str, str] | None = None

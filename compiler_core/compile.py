@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
+
+import sympy
 
 from torch import fx
 
@@ -17,6 +21,7 @@ from compiler_core.artifact import (
     FreeStep,
     KernelInfo,
     Plan,
+    SymbolBinding,
     Versions,
     add_blob,
 )
@@ -27,6 +32,8 @@ from compiler_core.keys import compile_key, compiler_fingerprint
 from compiler_core.lowering import ExternCall, GraphLowering, lower_graph
 from compiler_core.plan import build_plan
 from compiler_core.scheduler import Kernel, schedule
+from compiler_core.symbolic import from_torch, hint, symbol_scope
+from compiler_core.symexpr import dump
 from compiler_core.wire import CompileRequest, GraphSpec, _refs
 
 log = logging.getLogger("fxcc.compile")
@@ -36,7 +43,7 @@ def compile_request(request: CompileRequest) -> Artifact:
     """Compile one graph for its target. Raises FxccError subclasses on bad input."""
     t0 = time.perf_counter()
     key = compile_key(request)
-    gm = rebuild_graph(request.graph)
+    gm = rebuild_graph(request.graph, request.hints)
     blobs: dict[str, bytes] = {}
     try:
         plan, kernels, stats = compile_graph(gm, request.graph, request.options.target.kind, blobs)
@@ -57,13 +64,67 @@ def compile_request(request: CompileRequest) -> Artifact:
 
 def compile_graph(gm: fx.GraphModule, graph: GraphSpec, target: str,
                   blobs: dict[str, bytes]) -> tuple[Plan, list[KernelInfo], CompileStats]:
-    """The pipeline, one step per line: loop IR, fused kernels, Triton source, plan (blobs filled)."""
-    lowered = lower_graph(gm, graph, target)
-    items = schedule(lowered)
-    rendered = render_kernels(lowered, items, target)
-    plan = build_plan(lowered, items, rendered)
-    kernels = kernel_infos(rendered.values(), blobs)
-    return plan, kernels, compile_stats(graph, lowered, items, kernels)
+    """The pipeline, one step per line: loop IR, fused kernels, Triton source, plan (blobs filled).
+
+    With size symbols, everything runs in their scope (sizes are SymPy over s0, s1, …), and the
+    plan gets the symbols' bindings and every guard the ShapeEnv recorded on the way.
+    """
+    syms = gm.meta.get("fxcc_syms")
+    scope = symbol_scope(syms.rename, syms.hints) if syms else contextlib.nullcontext()
+    with scope:
+        lowered = lower_graph(gm, graph, target)
+        items = schedule(lowered)
+        rendered = render_kernels(lowered, items, target)
+        if syms:
+            lowered.symbols = symbol_bindings(graph)
+            lowered.guards = range_guards(graph) + shape_env_guards(syms)
+        plan = build_plan(lowered, items, rendered)
+        kernels = kernel_infos(rendered.values(), blobs)
+        return plan, kernels, compile_stats(graph, lowered, items, kernels)
+
+
+def symbol_bindings(graph: GraphSpec) -> list[SymbolBinding]:
+    """Where each size symbol is read at run time: the first input that is it, or the first input
+    dimension whose size is exactly it. Raises UnsupportedOp for a symbol with neither."""
+    ranges = {s.name: s for s in graph.symbols}
+    found: dict[str, SymbolBinding] = {}
+    for i, p in enumerate(graph.placeholders):
+        spots = [(p.symbol, None)] if p.symbol else [(s, d) for d, s in enumerate(p.spec.sizes)]
+        for text, dim in spots:
+            if isinstance(text, str) and text in ranges and text not in found:
+                r = ranges[text]
+                found[text] = SymbolBinding(name=text, input=i, dim=dim, lo=r.lo, hi=r.hi)
+    missing = sorted(set(ranges) - set(found))
+    if missing:
+        raise UnsupportedOp(f"size symbols {missing} are no input's size")
+    return [found[s.name] for s in graph.symbols]
+
+
+def range_guards(graph: GraphSpec) -> list[str]:
+    """The symbols' ranges, and every input size and stride given by an expression, as guards
+    (`s0 >= 2`; the runtime compares actual sizes with their expressions separately)."""
+    out = [f"{s.name} >= {s.lo}" for s in graph.symbols]
+    out += [f"{s.name} <= {s.hi}" for s in graph.symbols if s.hi is not None]
+    return out
+
+
+def shape_env_guards(syms: Any) -> list[str]:
+    """The guards the ShapeEnv recorded while the graph was rebuilt and lowered, as fxcc text.
+
+    Note: a lowering that needed a concrete size (int() of a SymInt) specialized it and left a
+    guard `s0 == 8` here: the plan is then right only for that size, and the client checks it.
+    """
+    out: list[str] = []
+    for g in syms.shape_env.guards:
+        expr = from_torch(g.expr, syms.rename)
+        if expr is sympy.true:
+            continue
+        out.append(dump(expr))
+    for theirs, value in syms.shape_env.replacements.items():
+        ours = syms.rename.get(str(theirs))
+        if ours is not None:
+            out.append(dump(sympy.Eq(ours, from_torch(value, syms.rename))))
+    return sorted(set(out))
 
 
 def render_kernels(g: GraphLowering, items: Sequence[Kernel | ExternCall], target: str) -> dict[int, RenderedKernel]:
@@ -90,7 +151,7 @@ def compile_stats(graph: GraphSpec, g: GraphLowering, items: Sequence[Kernel | E
         nodes=len(graph.nodes), nodes_lowered=g.nodes_lowered,
         nodes_extern=len(graph.nodes) - g.nodes_lowered, extern_ops=sorted(set(g.extern_ops)),
         kernels=len(launches), ops_fused=max(0, g.nodes_lowered - len(launches)),
-        intermediate_bytes_avoided=g.bytes_not_materialized(unstored),
+        intermediate_bytes_avoided=hint(g.bytes_not_materialized(unstored)),  # at the example's sizes
     )
 
 
@@ -105,7 +166,9 @@ def extern_plan(graph: GraphSpec) -> tuple[Plan, CompileStats]:
             steps.append(FreeStep(names=dead))
     ops = sorted({n.target for n in graph.nodes if n.target != "getitem"})
     stats = CompileStats(nodes=len(graph.nodes), nodes_extern=len(graph.nodes), extern_ops=ops)
-    plan = Plan(inputs=[p.name for p in graph.placeholders], steps=steps, outputs=graph.outputs)
+    symbols = symbol_bindings(graph) if graph.symbols else []
+    plan = Plan(inputs=[p.name for p in graph.placeholders], steps=steps, outputs=graph.outputs,
+                symbols=symbols, guards=range_guards(graph))
     return plan, stats
 
 

@@ -8,13 +8,16 @@ spec whose ops do not fit together is rejected with an InvalidGraph naming the n
 from __future__ import annotations
 
 import operator
+import warnings
 from typing import Any
 
+import sympy
 import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from compiler_core.errors import InvalidGraph
+from compiler_core.symbolic import size_symbol
 from compiler_core.wire import (
     Arg,
     BoolArg,
@@ -29,6 +32,7 @@ from compiler_core.wire import (
     NodeRef,
     NoneArg,
     StrArg,
+    SymArg,
     TensorSpec,
     resolve_target,
     torch_dtype,
@@ -42,10 +46,15 @@ _MEMORY_FORMATS = {
 }
 
 
-def decode_arg(arg: Arg, env: dict[str, Any]) -> Any:
-    """A wire argument as the Python value an aten op takes; node references via `env`."""
+def decode_arg(arg: Arg, env: dict[str, Any], syms: Any = None) -> Any:
+    """A wire argument as the Python value an aten op takes; node references via `env`, size
+    expressions via `syms` (SymValues in the worker; the client's runtime binds its own)."""
     if isinstance(arg, NodeRef):
         return env[arg.name]
+    if isinstance(arg, SymArg):
+        if syms is None:
+            raise InvalidGraph(f"size expression {arg.expr!r} in a graph without symbols")
+        return syms.value(arg.expr)
     if isinstance(arg, (IntArg, BoolArg, StrArg)):
         return arg.value
     if isinstance(arg, FloatArg):
@@ -61,32 +70,92 @@ def decode_arg(arg: Arg, env: dict[str, Any]) -> Any:
     if isinstance(arg, MemoryFormatArg):
         return _MEMORY_FORMATS[arg.value]
     if isinstance(arg, ListArg):
-        return [decode_arg(a, env) for a in arg.items]
+        return [decode_arg(a, env, syms) for a in arg.items]
     raise InvalidGraph(f"cannot decode argument {arg!r}")
 
 
-def fake_input(mode: FakeTensorMode, spec: TensorSpec) -> torch.Tensor:
+def fake_input(mode: FakeTensorMode, spec: TensorSpec, syms: SymValues | None = None) -> torch.Tensor:
+    sizes = [_size(s, syms) for s in spec.sizes]
+    strides = [_size(s, syms) for s in spec.strides]
     with mode:
-        return torch.empty_strided(spec.sizes, spec.strides, dtype=torch_dtype(spec.dtype),
-                                   device=spec.device)
+        return torch.empty_strided(sizes, strides, dtype=torch_dtype(spec.dtype), device=spec.device)
 
 
-def rebuild_graph(spec: GraphSpec) -> fx.GraphModule:
-    """An FX GraphModule equivalent to `spec`, with `meta["val"]` (a FakeTensor) on every node."""
+def _size(s: int | str, syms: SymValues | None) -> Any:
+    if isinstance(s, int):
+        return s
+    if syms is None:
+        raise InvalidGraph(f"size {s!r} without symbols")
+    return syms.value(s)
+
+
+class SymValues:
+    """The graph's size symbols as SymInts of one ShapeEnv (or plain ints, from `values`).
+
+    `rename` maps the ShapeEnv's own symbol names to fxcc's (s0, s1, …); the lowering reads
+    sizes through it (compiler_core.symbolic.symbol_scope).
+    """
+
+    def __init__(self, spec: GraphSpec, hints: dict[str, int]) -> None:
+        from torch._dynamo.source import ConstantSource
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+        self.shape_env = ShapeEnv(duck_shape=False)
+        self.symbols: dict[sympy.Symbol, Any] = {}
+        self.rename: dict[str, sympy.Symbol] = {}
+        self.hints: dict[sympy.Symbol, int] = {}
+        for s in spec.symbols:
+            ours = size_symbol(s.name)
+            h = hints.get(s.name, max(s.lo, 2) if s.hi is None else min(max(s.lo, 2), s.hi))
+            source = ConstantSource(f"fxcc_{s.name}")
+            theirs = self.shape_env.create_symbol(h, source, dynamic_dim=DimDynamic.DYNAMIC)
+            if not isinstance(theirs, sympy.Symbol):
+                raise InvalidGraph(f"size symbol {s.name} with hint {h} was specialized")
+            self.shape_env.constrain_symbol_range(theirs, compiler_min=s.lo, compiler_max=s.hi or int_oo())
+            self.symbols[ours] = self.shape_env.create_symintnode(theirs, hint=h, source=source)
+            self.rename[theirs.name] = ours
+            self.hints[ours] = h
+
+    def value(self, text: str) -> Any:
+        from compiler_core.symbolic import to_torch
+        from compiler_core.symexpr import SymExprError, parse
+
+        try:
+            expr = parse(text).to_sympy()
+        except SymExprError as e:
+            raise InvalidGraph(f"bad size expression {text!r}: {e}") from None
+        return to_torch(expr, self.symbols)
+
+
+def int_oo() -> Any:
+    from torch.utils._sympy.numbers import int_oo as oo
+
+    return oo
+
+
+def rebuild_graph(spec: GraphSpec, hints: dict[str, int] | None = None) -> fx.GraphModule:
+    """An FX GraphModule equivalent to `spec`, with `meta["val"]` (a FakeTensor) on every node.
+
+    With size symbols, FakeTensors have symbolic sizes from one ShapeEnv (in gm.meta["fxcc_syms"]).
+    """
     graph = fx.Graph()
-    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    syms = SymValues(spec, hints or {}) if spec.symbols else None
+    mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=syms.shape_env if syms else None)
     nodes: dict[str, fx.Node] = {}
     fakes: dict[str, Any] = {}
     for p in spec.placeholders:
         node = graph.placeholder(p.name)
-        node.meta["val"] = fakes[p.name] = fake_input(mode, p.spec)
+        if p.symbol is not None:
+            node.meta["val"] = fakes[p.name] = _size(p.symbol, syms)
+        else:
+            node.meta["val"] = fakes[p.name] = fake_input(mode, p.spec, syms)
         nodes[p.name] = node
     for n in spec.nodes:
         target = resolve_target(n.target, node=n.name)
-        args = tuple(decode_arg(a, nodes) for a in n.args)
-        kwargs = {k: decode_arg(v, nodes) for k, v in n.kwargs.items()}
-        fake_args = tuple(decode_arg(a, fakes) for a in n.args)
-        fake_kwargs = {k: decode_arg(v, fakes) for k, v in n.kwargs.items()}
+        args = tuple(decode_arg(a, nodes, syms) for a in n.args)
+        kwargs = {k: decode_arg(v, nodes, syms) for k, v in n.kwargs.items()}
+        fake_args = tuple(decode_arg(a, fakes, syms) for a in n.args)
+        fake_kwargs = {k: decode_arg(v, fakes, syms) for k, v in n.kwargs.items()}
         try:
             with mode:
                 val = target(*fake_args, **fake_kwargs)
@@ -96,9 +165,13 @@ def rebuild_graph(spec: GraphSpec) -> fx.GraphModule:
                                op=n.target, node=n.name) from None
         if target is operator.getitem and not isinstance(fake_args[0], (tuple, list)):
             raise InvalidGraph("getitem of a non-tuple", op="getitem", node=n.name)
-        node = graph.call_function(target, args, kwargs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # size expressions as SymInt arguments
+            node = graph.call_function(target, args, kwargs)
         node.name = n.name
         node.meta["val"] = fakes[n.name] = val
         nodes[n.name] = node
-    graph.output(tuple(decode_arg(a, nodes) for a in spec.outputs))
-    return fx.GraphModule(torch.nn.Module(), graph)
+    graph.output(tuple(decode_arg(a, nodes, syms) for a in spec.outputs))
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    gm.meta["fxcc_syms"] = syms
+    return gm

@@ -26,7 +26,8 @@ def canonical_graph(graph: GraphSpec) -> dict[str, Any]:
         return _renamed(d, rename)
 
     return {
-        "placeholders": [p.spec.model_dump() for p in graph.placeholders],
+        "symbols": [s.model_dump() for s in graph.symbols],
+        "placeholders": [p.model_dump(exclude={"name"}) for p in graph.placeholders],
         "nodes": [
             {"target": n.target, "args": [arg(a) for a in n.args],
              "kwargs": {k: arg(v) for k, v in sorted(n.kwargs.items())}}
@@ -51,7 +52,9 @@ def compile_key(request: CompileRequest) -> str:
 
     Covers the canonical graph, input specs, compile options (mode, target, runtime torch and
     triton major.minor) and the compiler_core version. Not the priority, nor anything of the
-    calling process (device index, data pointers, object ids).
+    calling process (device index, data pointers, object ids), nor the size symbols' hints —
+    except for a variant, which exists for the sizes its hints name (its guards differ from the
+    first artifact's, and neither overwrites the other).
     """
     payload = {
         "schema": request.schema_version,
@@ -59,6 +62,8 @@ def compile_key(request: CompileRequest) -> str:
         "options": request.options.model_dump(),
         "compiler_core": compiler_fingerprint(),
     }
+    if request.variant:
+        payload["variant_hints"] = dict(sorted(request.hints.items()))
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()
 

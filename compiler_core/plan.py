@@ -11,9 +11,11 @@ from typing import Any
 from compiler_core.artifact import AllocStep, ExternStep, FreeStep, KernelStep, Plan
 from compiler_core.codegen.triton import RenderedKernel
 from compiler_core.ir.nodes import Buffer
-from compiler_core.lowering import ExternCall, GraphLowering
+from compiler_core.lowering import ExternCall, GraphLowering, size_arg
 from compiler_core.scheduler import Kernel
-from compiler_core.wire import IntArg, NodeRef, TensorSpec, _refs, dtype_name, resolve_target, torch_dtype
+from compiler_core.symbolic import is_symbolic
+from compiler_core.symexpr import dump
+from compiler_core.wire import IntArg, NodeRef, SymArg, TensorSpec, _refs, dtype_name, resolve_target, torch_dtype
 
 Step = AllocStep | ExternStep | KernelStep | FreeStep
 
@@ -33,18 +35,28 @@ def build_plan(g: GraphLowering, items: Sequence[Kernel | ExternCall],
             if node.name in item.stored:
                 steps.append(AllocStep(out=node.name, spec=_spec(node.buffer)))
                 reads.append([])
-        args: list[NodeRef | IntArg] = [NodeRef(name=a) for a in rk.args]
-        args.append(IntArg(value=rk.xnumel))
-        if rk.rnumel > 1:
-            args.append(IntArg(value=rk.rnumel))
-        steps.append(KernelStep(kernel=rk.name, args=args, grid=rk.grid))
+        args: list[NodeRef | IntArg | SymArg] = [NodeRef(name=a) for a in rk.args]
+        args.append(size_arg(rk.xnumel))
+        if rk.reduction:
+            args.append(size_arg(rk.rnumel))
+        args += [size_arg(s) for s in rk.size_args]
+        steps.append(KernelStep(kernel=rk.name, args=args, grid=[size_text(x) for x in rk.grid]))
         reads.append(list(rk.args))
     planned = _with_frees(steps, reads, g.outputs)
-    return Plan(inputs=list(g.inputs), steps=reuse_buffers(planned, g.outputs), outputs=g.outputs)
+    # Note: with symbolic sizes, storage reuse would compare byte counts that differ per call;
+    # such plans allocate every buffer (frees still return memory to torch's caching allocator).
+    final = planned if g.symbols else reuse_buffers(planned, g.outputs)
+    return Plan(inputs=list(g.inputs), steps=final, outputs=g.outputs, symbols=g.symbols,
+                guards=g.guards)
+
+
+def size_text(x: Any) -> int | str:
+    return int(x) if not is_symbolic(x) else dump(x)
 
 
 def _spec(b: Buffer) -> TensorSpec:
-    return TensorSpec(dtype=dtype_name(b.dtype), sizes=list(b.sizes), strides=list(b.strides))
+    return TensorSpec(dtype=dtype_name(b.dtype), sizes=[size_text(s) for s in b.sizes],
+                      strides=[size_text(s) for s in b.strides])
 
 
 def _with_frees(steps: list[Step], reads: list[list[str]], outputs: Sequence) -> list[Step]:

@@ -22,12 +22,19 @@ from compiler_core.ir.nodes import ComputedBuffer, Reduction
 from compiler_core.ir.ops import CountingHandler, use_handler
 from compiler_core.lowering import ExternCall, GraphLowering
 from compiler_core.sizevars import RINDEX, XINDEX, Expr, numel, simplify_index, unflatten
+from compiler_core.symbolic import hint, is_symbolic
 from compiler_core.wire import Arg, _refs
 
 # Rows up to this long are reduced in registers in one pass (and may fuse prologue/epilogue).
 PERSISTENT_RNUMEL_MAX = 4096
 # Reductions along a strided dim loop over r in wide x tiles once rows are longer than this.
 COLUMN_RNUMEL_MIN = 256
+
+
+def too_long_for_registers(rnumel: Any) -> bool:
+    """A row that needs the looped reduction: longer than a persistent one holds, or symbolic
+    (Note: a symbolic row length may take any size, and only the looped form serves them all)."""
+    return is_symbolic(rnumel) or rnumel > PERSISTENT_RNUMEL_MAX
 
 
 @dataclass
@@ -46,7 +53,7 @@ class Kernel:
 
     @property
     def looped(self) -> bool:
-        return self.rnumel > PERSISTENT_RNUMEL_MAX or self.column
+        return too_long_for_registers(self.rnumel) or self.column
 
     def names(self) -> set[str]:
         return {n.name for n in self.nodes}
@@ -92,7 +99,7 @@ def node_coords(node: ComputedBuffer, xnumel: int, rnumel: int,
 def _in_storage_order(flat: Expr, sizes: Sequence[int], strides: Sequence[int]) -> list[Expr]:
     """Per-dim indices for position `flat` of a walk over a buffer in its memory order, so a
     kernel writing a transposed (eager-strided) buffer still reads and writes contiguously."""
-    order = sorted(range(len(sizes)), key=lambda d: (-strides[d], d))
+    order = sorted(range(len(sizes)), key=lambda d: (-hint(strides[d]), d))  # any order is exact
     walk = unflatten(flat, [sizes[d] for d in order])
     index: list[Expr] = list(walk)
     for k, d in enumerate(order):
@@ -123,7 +130,7 @@ def _reads(node: ComputedBuffer, coords: Coords) -> list[tuple[str, Expr]]:
 
 def _fits(kernel: Kernel, node: ComputedBuffer) -> bool:
     """Can `node` join `kernel`, reading every in-kernel value from registers?"""
-    if node.is_reduction() and numel(node.data.reduction_ranges) > PERSISTENT_RNUMEL_MAX:
+    if node.is_reduction() and too_long_for_registers(numel(node.data.reduction_ranges)):
         return False
     coords = node_coords(node, kernel.xnumel, kernel.rnumel, kernel.partition)
     if coords is None:
@@ -152,7 +159,7 @@ def is_column_reduction(node: ComputedBuffer) -> bool:
     x, r = node.numels()
     kernel = Kernel(x, r)
     coords = node_coords(node, x, r)
-    if coords is None or x < 8:
+    if coords is None or hint(x) < 8:
         return False
     for _, index in _reads(node, coords):
         e = kernel_index(index, kernel)
@@ -210,7 +217,7 @@ def fuse_nodes(program: Sequence[ComputedBuffer | ExternCall]) -> list[Kernel | 
             out.append(open_kernel)
         x, r = item.numels()
         # Short strided rows still fit a persistent tile at least 8 outputs wide (see launch_config).
-        column = r > COLUMN_RNUMEL_MIN and is_column_reduction(item)
+        column = hint(r) > COLUMN_RNUMEL_MIN and is_column_reduction(item)
         open_kernel = Kernel(x, r, [item], column=column, partition=_partition(item))
     if open_kernel is not None:
         out.append(open_kernel)

@@ -77,8 +77,15 @@ class ModularIndexing(sympy.Function):
 
 
 def _divides(term: Expr, b: Expr) -> bool:
-    coeff, _ = term.as_coeff_Mul()
-    return bool(coeff.is_Integer and b.is_Integer and int(coeff) % int(b) == 0)
+    """b divides term for every value of the symbols (b a positive integer or size product)."""
+    if b.is_Integer:
+        coeff, _ = term.as_coeff_Mul()
+        return bool(coeff.is_Integer and int(coeff) % int(b) == 0)
+    num, den = sympy.fraction(sympy.cancel(term / b))
+    if den != 1 or not num.is_polynomial():
+        return False
+    return all(c.is_Integer for c in sympy.Poly(num, *sorted(num.free_symbols, key=str)).coeffs()) \
+        if num.free_symbols else bool(num.is_Integer)
 
 
 def contiguous_strides(sizes: Sequence[int]) -> tuple[int, ...]:
@@ -90,8 +97,16 @@ def contiguous_strides(sizes: Sequence[int]) -> tuple[int, ...]:
 
 
 def dense_strides_like(sizes: Sequence[int], strides: Sequence[int]) -> tuple[int, ...] | None:
-    """`strides` if they describe a dense, non-overlapping layout of `sizes`, else None."""
-    dims = sorted((st, sz) for sz, st in zip(sizes, strides) if sz != 1)
+    """`strides` if they describe a dense, non-overlapping layout of `sizes`, else None.
+
+    Symbolic strides are ordered by their value in the example; the check itself is exact."""
+    from compiler_core.symbolic import hint
+
+    try:
+        dims = sorted(((st, sz) for sz, st in zip(sizes, strides) if sz != 1),
+                      key=lambda d: (hint(d[0]), hint(d[1])))
+    except Exception:  # noqa: BLE001 - no hint: not provably dense
+        return None
     acc = 1
     for st, sz in dims:
         if st != acc:
@@ -147,7 +162,7 @@ def _split_small(a: Expr, div: Expr, bounds: dict[sympy.Symbol, int]) -> tuple[E
         whole = [t for t in a.args if _divides(t, g)]
         rest = sympy.Add(*[t for t in a.args if not _divides(t, g)])
         hi = upper_bound(rest, bounds)
-        if hi is not None and hi <= int(g):
+        if hi is not None and provably_le(hi, g):
             return sympy.Add(*whole) / g, int(g)
     return None
 
@@ -162,34 +177,61 @@ def _drop_wrap(e: Expr, bounds: dict[sympy.Symbol, int]) -> Expr:
     if isinstance(e, ModularIndexing):
         a, div, mod = e.args
         hi = upper_bound(a, bounds)
-        if hi is not None and div.is_Integer and mod.is_Integer and hi <= int(div) * int(mod):
+        if hi is not None and provably_le(hi, div * mod):
             return FloorDiv(a, div)
         return e
     a, b = e.args
     hi = upper_bound(a, bounds)
-    if hi is not None and b.is_Integer and hi <= int(b):
+    if hi is not None and provably_le(hi, b):
         return sympy.Integer(0)
     return e
 
 
-def upper_bound(e: Expr, bounds: dict[sympy.Symbol, int]) -> int | None:
-    """An exclusive upper bound of non-negative `e`, or None when unknown."""
+def provably_le(a: Expr | int, b: Expr | int) -> bool:
+    """a <= b for every value of the size symbols (positive integers); False when unsure."""
+    d = sympy.expand(sympy.Integer(b) if isinstance(b, int) else b) - \
+        sympy.expand(sympy.Integer(a) if isinstance(a, int) else a)
+    if d.is_Integer:
+        return int(d) >= 0
+    return bool(d.is_nonnegative)
+
+
+def upper_bound(e: Expr, bounds: dict[sympy.Symbol, Expr | int]) -> Expr | int | None:
+    """An exclusive upper bound of non-negative `e`, or None when unknown.
+
+    `bounds` holds index symbols' (exclusive) bounds, ints or size expressions; a size symbol
+    (a positive integer constant of the kernel, not in `bounds`) bounds itself: s0 < s0 + 1.
+    """
     if e.is_Integer:
         return int(e) + 1
     if isinstance(e, sympy.Symbol):
-        return bounds.get(e)
+        b = bounds.get(e)
+        if b is None:
+            return e + 1 if e.is_positive else None
+        return int(b) if isinstance(b, int) or b.is_Integer else b
     if isinstance(e, ModularIndexing):
-        return int(e.args[2]) if e.args[2].is_Integer else None
+        return int(e.args[2]) if e.args[2].is_Integer else e.args[2]
     if isinstance(e, FloorDiv):
         hi = upper_bound(e.args[0], bounds)
-        return None if hi is None else (hi - 1) // int(e.args[1]) + 1
+        if hi is None or not e.args[1].is_Integer:
+            return None
+        return (hi - 1) // int(e.args[1]) + 1 if isinstance(hi, int) else FloorDiv(hi - 1, e.args[1]) + 1
     if e.is_Mul:
         coeff, rest = e.as_coeff_Mul()
-        hi = upper_bound(rest, bounds)
-        return None if hi is None or not coeff.is_Integer or coeff < 0 else (hi - 1) * int(coeff) + 1
+        if not coeff.is_Integer or coeff < 0:
+            return None
+        factors = rest.args if rest.is_Mul else (rest,)
+        his = [upper_bound(f, bounds) for f in factors]
+        if any(h is None for h in his):
+            return None
+        hi = math.prod(h - 1 for h in his) * int(coeff) + 1
+        return int(hi) if isinstance(hi, int) or hi.is_Integer else sympy.expand(hi)
     if e.is_Add:
         his = [upper_bound(t, bounds) for t in e.args]
-        return None if any(h is None for h in his) else sum(h - 1 for h in his) + 1
+        if any(h is None for h in his):
+            return None
+        hi = sum(h - 1 for h in his) + 1
+        return int(hi) if isinstance(hi, int) or hi.is_Integer else sympy.expand(hi)
     return None
 
 
@@ -249,6 +291,8 @@ def render_index(expr: Expr) -> str:
         if coeff == -1:
             return f"-{render_index(rest)}"
         return "*".join(_operand(a) for a in expr.args)
+    if expr.is_Pow and expr.args[1].is_Integer and 1 <= int(expr.args[1]) <= 8:
+        return "*".join([_operand(expr.args[0])] * int(expr.args[1]))
     raise ValueError(f"cannot render index {expr}")
 
 
@@ -256,4 +300,4 @@ def _operand(expr: Expr) -> str:
     """`expr` rendered to sit next to *, // or %: sums and products get parentheses, since
     `a + b // c` means `a + (b // c)` in Python and Triton."""
     text = render_index(expr)
-    return f"({text})" if expr.is_Add or expr.is_Mul else text
+    return f"({text})" if expr.is_Add or expr.is_Mul or expr.is_Pow else text

@@ -12,7 +12,7 @@ import operator
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from compiler_core.errors import InvalidGraph
 
@@ -38,6 +38,14 @@ LAYOUTS = ("strided",)
 MEMORY_FORMATS = ("contiguous_format", "channels_last", "channels_last_3d", "preserve_format")
 
 Name = Annotated[str, Field(pattern=f"^{_NAME}$")]
+_SYMBOL = r"^s[0-9]{1,4}$"
+
+
+def _size_text(v: str) -> str:
+    return check_size_expr(v)
+
+
+SizeText = Annotated[str, Field(max_length=1024), AfterValidator(_size_text)]
 
 
 class _Model(BaseModel):
@@ -111,13 +119,29 @@ class MemoryFormatArg(_Model):
     value: Literal["contiguous_format", "channels_last", "channels_last_3d", "preserve_format"]
 
 
+class SymArg(_Model):
+    """An integer given by a size expression over the graph's size symbols (`s0*64`).
+
+    The text is parsed by compiler_core.symexpr (fxcc's own grammar; never eval'd or sympified).
+    """
+
+    kind: Literal["sym"] = "sym"
+    expr: str = Field(max_length=1024)
+
+    @field_validator("expr")
+    @classmethod
+    def _grammar(cls, v: str) -> str:
+        return check_size_expr(v)
+
+
 class ListArg(_Model):
     kind: Literal["list"] = "list"
     items: list[Arg] = Field(max_length=MAX_LIST)
 
 
 Arg = Annotated[
-    NodeRef | IntArg | FloatArg | BoolArg | NoneArg | StrArg | DtypeArg | DeviceArg | LayoutArg | MemoryFormatArg | ListArg,
+    NodeRef | IntArg | SymArg | FloatArg | BoolArg | NoneArg | StrArg | DtypeArg | DeviceArg | LayoutArg
+    | MemoryFormatArg | ListArg,
     Field(discriminator="kind"),
 ]
 ListArg.model_rebuild()
@@ -130,8 +154,8 @@ class TensorSpec(_Model):
     """What a tensor input looks like. The worker re-derives everything downstream of these."""
 
     dtype: str
-    sizes: list[int] = Field(max_length=MAX_RANK)
-    strides: list[int] = Field(max_length=MAX_RANK)
+    sizes: list[int | SizeText] = Field(max_length=MAX_RANK)
+    strides: list[int | SizeText] = Field(max_length=MAX_RANK)
     storage_offset: int = Field(default=0, ge=0, le=MAX_DIM)
     device: Literal["cpu", "cuda"] = "cpu"
 
@@ -144,17 +168,18 @@ class TensorSpec(_Model):
 
     @field_validator("sizes")
     @classmethod
-    def _sizes(cls, v: list[int]) -> list[int]:
-        if any(s < 0 or s > MAX_DIM for s in v):
+    def _sizes(cls, v: list[int | str]) -> list[int | str]:
+        ints = [s for s in v if isinstance(s, int)]
+        if any(s < 0 or s > MAX_DIM for s in ints):
             raise ValueError(f"sizes must lie in [0, 2**40]: {v}")
-        if math.prod(v) > MAX_DIM:
-            raise ValueError(f"tensor of {math.prod(v)} elements exceeds the limit of 2**40")
+        if math.prod(ints) > MAX_DIM:
+            raise ValueError(f"tensor of {math.prod(ints)} elements exceeds the limit of 2**40")
         return v
 
     @field_validator("strides")
     @classmethod
-    def _strides(cls, v: list[int]) -> list[int]:
-        if any(abs(s) > MAX_DIM for s in v):
+    def _strides(cls, v: list[int | str]) -> list[int | str]:
+        if any(abs(s) > MAX_DIM for s in v if isinstance(s, int)):
             raise ValueError(f"strides must lie in [-2**40, 2**40]: {v}")
         return v
 
@@ -165,9 +190,31 @@ class TensorSpec(_Model):
         return self
 
 
+    @property
+    def symbolic(self) -> bool:
+        return any(isinstance(s, str) for s in (*self.sizes, *self.strides))
+
+
 class Placeholder(_Model):
+    """A graph input: a tensor (`spec`) or an integer size (`symbol`, a SymInt input)."""
+
     name: Name
-    spec: TensorSpec
+    spec: TensorSpec | None = None
+    symbol: str | None = Field(default=None, pattern=_SYMBOL)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Placeholder:
+        if (self.spec is None) == (self.symbol is None):
+            raise ValueError(f"placeholder {self.name!r} needs exactly one of spec and symbol")
+        return self
+
+
+class SymbolSpec(_Model):
+    """A size symbol of the graph and the range Dynamo allows it (hi None: unbounded)."""
+
+    name: str = Field(pattern=_SYMBOL)
+    lo: int = Field(default=2, ge=0, le=MAX_DIM)
+    hi: int | None = Field(default=None, ge=0, le=MAX_DIM)
 
 
 class Node(_Model):
@@ -181,13 +228,16 @@ class GraphSpec(_Model):
     """An aten-level graph: inputs with their specs, nodes in topological order, outputs."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
+    symbols: list[SymbolSpec] = Field(default_factory=list, max_length=256)
     placeholders: list[Placeholder] = Field(max_length=MAX_NODES)
     nodes: list[Node] = Field(max_length=MAX_NODES)
     outputs: list[Arg] = Field(max_length=MAX_NODES)
 
     @model_validator(mode="after")
     def _references(self) -> GraphSpec:
-        """Every name is defined once and every reference points to an earlier definition."""
+        """Every name is defined once and every reference points to an earlier definition;
+        every size symbol used is declared."""
+        _check_symbols(self)
         seen: set[str] = set()
         for p in self.placeholders:
             if p.name in seen:
@@ -204,6 +254,63 @@ class GraphSpec(_Model):
             if ref not in seen:
                 raise ValueError(f"output uses undefined {ref!r}")
         return self
+
+
+def check_size_expr(text: str) -> str:
+    """`text` if it is a size expression in fxcc's grammar (no relation), else ValueError."""
+    from compiler_core.symexpr import Rel, SymExprError, parse
+
+    try:
+        expr = parse(text)
+    except SymExprError as e:
+        raise ValueError(f"bad size expression: {e}") from None
+    if isinstance(expr, Rel):
+        raise ValueError(f"size expression {text!r} is a relation")
+    return text
+
+
+def size_symbols(text: str) -> frozenset[str]:
+    from compiler_core.symexpr import parse
+
+    return parse(text).symbols
+
+
+def _check_symbols(graph: GraphSpec) -> None:
+    declared = [s.name for s in graph.symbols]
+    if len(set(declared)) != len(declared):
+        raise ValueError("a size symbol is declared twice")
+    for s in graph.symbols:
+        if s.hi is not None and s.hi < s.lo:
+            raise ValueError(f"symbol {s.name} has an empty range [{s.lo}, {s.hi}]")
+    known = set(declared)
+    texts: list[str] = []
+    for p in graph.placeholders:
+        if p.symbol is not None:
+            texts.append(p.symbol)
+        elif p.spec is not None:
+            texts += [x for x in (*p.spec.sizes, *p.spec.strides) if isinstance(x, str)]
+    for n in graph.nodes:
+        texts += _sym_texts([*n.args, *n.kwargs.values()])
+    texts += _sym_texts(graph.outputs)
+    for t in texts:
+        unknown = size_symbols(check_size_expr(t)) - known
+        if unknown:
+            raise ValueError(f"size expression {t!r} uses undeclared symbols {sorted(unknown)}")
+    bound = {p.symbol for p in graph.placeholders if p.symbol is not None}
+    bound |= {s for p in graph.placeholders if p.spec is not None for s in p.spec.sizes if isinstance(s, str)}
+    unbound = known - bound
+    if unbound:
+        raise ValueError(f"size symbols {sorted(unbound)} are neither an input nor an input's size")
+
+
+def _sym_texts(args: list[Any]) -> list[str]:
+    out: list[str] = []
+    for a in args:
+        if isinstance(a, SymArg):
+            out.append(a.expr)
+        elif isinstance(a, ListArg):
+            out.extend(_sym_texts(a.items))
+    return out
 
 
 def _refs(args: list[Any]) -> list[str]:
@@ -253,6 +360,22 @@ class CompileRequest(_Model):
     graph: GraphSpec
     options: CompileOptions = Field(default_factory=CompileOptions)
     priority: Literal["interactive", "precompile"] = "interactive"
+    # Note: the example's size values, for the compiler's heuristics; not part of the key (one
+    # artifact serves every size its guards admit), so a compile never depends on them for
+    # correctness.
+    hints: dict[str, int] = Field(default_factory=dict, max_length=256)
+    # A variant: compiled for sizes the first artifact's guards rejected; its key covers `hints`.
+    variant: bool = False
+
+    @model_validator(mode="after")
+    def _hints(self) -> CompileRequest:
+        declared = {s.name for s in self.graph.symbols}
+        if set(self.hints) - declared:
+            raise ValueError(f"hints for undeclared symbols {sorted(set(self.hints) - declared)}")
+        for name, v in self.hints.items():
+            if not 0 <= v <= MAX_DIM:
+                raise ValueError(f"hint {name}={v} out of range")
+        return self
 
 
 # ---------------------------------------------------------------- target resolution

@@ -11,13 +11,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import sympy
 import torch
 
 from compiler_core.errors import CodegenError
 from compiler_core.ir.nodes import ComputedBuffer, Reduction, body_reads
 from compiler_core.ir.ops import OpsHandler, compute_dtype, result_dtype, use_handler
 from compiler_core.scheduler import Coords, Kernel, kernel_index, node_coords, run_body, store_index
-from compiler_core.sizevars import RINDEX, XINDEX, Expr, render_index
+from compiler_core.sizevars import RINDEX, XINDEX, Expr, FloorDiv, render_index
+from compiler_core.symbolic import hint, is_symbolic
 
 TL_DTYPES = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -141,6 +143,13 @@ class TritonHandler(OpsHandler):
     lines: list[str] = field(default_factory=list)
     cse: dict[str, TVal] = field(default_factory=dict)
     counter: int = 0
+    size_symbols: set[sympy.Symbol] = field(default_factory=set)  # become kernel parameters
+
+    def index(self, expr: Expr) -> Expr:
+        """`expr` in kernel coordinates; its size symbols become kernel parameters."""
+        index = kernel_index(expr, self.kernel)
+        self.size_symbols |= index.free_symbols - {XINDEX, RINDEX}
+        return index
 
     def emit(self, text: str, dtype: torch.dtype) -> TVal:
         key = f"{text}:{dtype}"
@@ -164,7 +173,7 @@ class TritonHandler(OpsHandler):
     def load(self, name: str, index: Expr) -> TVal:
         if name in self.registers:
             return self.registers[name]
-        index = kernel_index(index, self.kernel)
+        index = self.index(index)
         mask = self.mask_for(index)
         buf_dtype = self.buffer_dtypes[name]
         where = render_index(index)
@@ -183,7 +192,7 @@ class TritonHandler(OpsHandler):
         return self.emit(f"tl.full([1], {literal(value, dtype)}, {TL_DTYPES[dtype]})", dtype)
 
     def index_expr(self, expr: Expr, dtype: torch.dtype) -> TVal:
-        index = kernel_index(expr, self.kernel)
+        index = self.index(expr)
         if index.is_Integer:  # a Python int has no .to(): a one-element arange, say
             return self.emit(f"tl.full([1], {int(index)}, {TL_DTYPES[dtype]})", dtype)
         return self.emit(f"({render_index(index)}).to({TL_DTYPES[dtype]})", dtype)
@@ -223,11 +232,13 @@ class RenderedKernel:
     name: str
     source: str
     args: list[str]
-    xnumel: int
-    rnumel: int
-    grid: list[int]
+    xnumel: Any  # int or a size expression
+    rnumel: Any
+    grid: list[Any]
     constexprs: dict[str, int]
     num_warps: int
+    reduction: bool = False
+    size_args: tuple[Any, ...] = ()  # size symbols passed after xnumel/rnumel
 
 
 def next_pow2(n: int) -> int:
@@ -235,16 +246,21 @@ def next_pow2(n: int) -> int:
 
 
 def launch_config(kernel: Kernel) -> tuple[dict[str, int], int]:
-    """(constexprs, num_warps) for a kernel; fixed heuristics until the autotuner picks them."""
+    """(constexprs, num_warps) for a kernel; fixed heuristics until the autotuner picks them.
+
+    Symbolic sizes choose by their hint (the example's value): any choice is correct, since
+    masks cover every size and a symbolic row length always gets the looped reduction.
+    """
+    xnumel = hint(kernel.xnumel)
     if kernel.rnumel == 1:
-        xblock = min(1024, max(16, next_pow2(kernel.xnumel)))
+        xblock = min(1024, max(16, next_pow2(xnumel)))
         return {"XBLOCK": xblock}, 4 if xblock >= 512 else 2
     if kernel.column:
-        return {"XBLOCK": 16 if kernel.xnumel >= 2048 else 8, "RBLOCK": 128}, 4
+        return {"XBLOCK": 16 if xnumel >= 2048 else 8, "RBLOCK": 128}, 4
     if kernel.looped:
         return {"XBLOCK": 1, "RBLOCK": 2048}, 8
     rblock = next_pow2(kernel.rnumel)
-    xblock = max(1, min(64, 2048 // rblock, next_pow2(kernel.xnumel)))
+    xblock = max(1, min(64, 2048 // rblock, next_pow2(xnumel)))
     elems = xblock * rblock
     return {"XBLOCK": xblock, "RBLOCK": rblock}, 8 if elems >= 4096 else 4 if elems >= 1024 else 2
 
@@ -261,7 +277,7 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str) -> Rende
     args = {name: f"in_ptr{i}" for i, name in enumerate(loads)}
     args |= {name: f"out_ptr{i}" for i, name in enumerate(stores)}
     h = TritonHandler(target, kernel, args, {name: buffers[name].dtype for name in loads})
-    reduction = kernel.rnumel > 1
+    reduction = kernel.rnumel != 1
     with use_handler(h):
         for node in kernel.nodes:
             coords = node_coords(node, kernel.xnumel, kernel.rnumel, kernel.partition)
@@ -276,6 +292,7 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str) -> Rende
             h.registers[node.name] = value
             if node.name in kernel.stored:
                 index = store_index(node, coords, kernel)
+                h.size_symbols |= index.free_symbols - {XINDEX, RINDEX}
                 mask = "xmask & rmask" if (coords.full and not node.is_reduction() and reduction) else "xmask"
                 out = value.text
                 if value.dtype != node.buffer.dtype:
@@ -289,7 +306,9 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str) -> Rende
                 h.lines.append(f"tl.store({args[node.name]} + ({where}), {out}, {mask})")
     body = h.lines
     constexprs, num_warps = launch_config(kernel)
+    size_args = tuple(sorted(h.size_symbols, key=lambda s: s.name))
     params = [*args.values(), "xnumel"] + (["rnumel"] if reduction else [])
+    params += [s.name for s in size_args]
     params += [f"{k}: tl.constexpr" for k in constexprs]
     wide = _needs_int64(kernel, buffers, loads + stores)
     pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
@@ -312,8 +331,10 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str) -> Rende
         imports += "from triton.language.extra import libdevice\n"
     source = (f"{imports}\n{HELPERS}\n\n@triton.jit\ndef {name}({', '.join(params)}):\n{text}\n")
     xblock = constexprs["XBLOCK"]
-    return RenderedKernel(name, source, loads + stores, kernel.xnumel, kernel.rnumel,
-                          [-(-kernel.xnumel // xblock)], constexprs, num_warps)
+    grid = (FloorDiv(kernel.xnumel + xblock - 1, xblock) if is_symbolic(kernel.xnumel)
+            else -(-kernel.xnumel // xblock))
+    return RenderedKernel(name, source, loads + stores, kernel.xnumel, kernel.rnumel, [grid],
+                          constexprs, num_warps, reduction, size_args)
 
 
 def _reduce(h: TritonHandler, rtype: str, value: TVal) -> TVal:
@@ -360,6 +381,12 @@ def _looped_reduction(h: TritonHandler, node: ComputedBuffer, coords: Coords) ->
 
 def _needs_int64(kernel: Kernel, buffers: dict[str, Any], names: list[str]) -> bool:
     limit = 2**31 - 1
+    sizes = [kernel.xnumel, kernel.rnumel]
+    for name in names:
+        b = buffers[name]
+        sizes += [b.storage_offset, *b.sizes, *b.strides]
+    if is_symbolic(*sizes):
+        return True  # Note: correct for every size the symbols may take; int32 would need a guard
     if kernel.xnumel * kernel.rnumel + 4096 >= limit:
         return True
     for name in names:

@@ -14,6 +14,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+import sympy
 import torch
 from torch import fx
 
@@ -39,9 +40,12 @@ from compiler_core.wire import (
     IntArg,
     ListArg,
     NodeRef,
+    SymArg,
     dtype_name,
     target_name,
 )
+from compiler_core.symbolic import offset_of, sizes_of, strides_of
+from compiler_core.symexpr import dump
 
 log = logging.getLogger("fxcc.lowering")
 
@@ -111,6 +115,8 @@ class GraphLowering:
     buffers: dict[str, Buffer] = field(default_factory=dict)
     nodes_lowered: int = 0
     extern_ops: list[str] = field(default_factory=list)
+    symbols: list[Any] = field(default_factory=list)  # SymbolBindings of a symbolic graph
+    guards: list[str] = field(default_factory=list)  # relations the plan's code assumes
     lazy_values: list[Lazy] = field(default_factory=list)
     _realized: set[int] = field(default_factory=set)
     env: dict[fx.Node, Any] = field(default_factory=dict)
@@ -162,7 +168,7 @@ class GraphLowering:
         if isinstance(value, Lazy):
             strides = None
             if like is not None:
-                strides = dense_strides_like(tuple(like.shape), tuple(like.stride()))
+                strides = dense_strides_like(sizes_of(like), strides_of(like))
             value = self.realize(value, strides)
         if value.is_whole_buffer() and value.buffer.storage_offset == 0:
             return NodeRef(name=value.buffer.name)
@@ -170,14 +176,14 @@ class GraphLowering:
         b = value.buffer
         self.program.append(ExternCall(name, "aten.as_strided.default", [
             NodeRef(name=b.name), _ints(value.sizes), _ints(value.strides),
-            IntArg(value=b.storage_offset + value.offset)]))
+            size_arg(b.storage_offset + value.offset)]))
         return NodeRef(name=name)
 
     def _empty_ref(self, like: torch.Tensor) -> NodeRef:
         """A new empty tensor shaped like `like` (no kernel launches over zero elements)."""
         name = self.new_name("empty")
         self.program.append(ExternCall(name, "aten.empty_strided.default", [
-            _ints(tuple(like.shape)), _ints(tuple(like.stride()))],
+            _ints(sizes_of(like)), _ints(strides_of(like))],
             {"dtype": DtypeArg(value=dtype_name(like.dtype)), "device": DeviceArg(value=like.device.type)}))
         return NodeRef(name=name)
 
@@ -219,8 +225,15 @@ def _nbytes(sizes: tuple[int, ...], dtype: torch.dtype) -> int:
     return n * dtype.itemsize
 
 
-def _ints(xs: tuple[int, ...]) -> ListArg:
-    return ListArg(items=[IntArg(value=int(x)) for x in xs])
+def _ints(xs: tuple[Any, ...]) -> ListArg:
+    return ListArg(items=[size_arg(x) for x in xs])
+
+
+def size_arg(x: Any) -> IntArg | SymArg:
+    """An int, or a size expression over the graph's symbols, as a plan argument."""
+    if isinstance(x, int) or (isinstance(x, sympy.Basic) and x.is_Integer):
+        return IntArg(value=int(x))
+    return SymArg(expr=dump(x))
 
 
 _graph: ContextVar[GraphLowering | None] = ContextVar("fxcc_graph", default=None)
@@ -274,7 +287,10 @@ def lower_graph(gm: fx.GraphModule, spec: GraphSpec, target: str = "interpret") 
                 p = next(placeholders)
                 val = node.meta["val"]
                 g.inputs.append(p.name)
-                env[node] = g.add_buffer(Buffer(p.name, val.dtype, tuple(val.shape), tuple(val.stride()),
+                if p.spec is None:  # a SymInt input: its uses carry its expression
+                    env[node] = val
+                    continue
+                env[node] = g.add_buffer(Buffer(p.name, val.dtype, sizes_of(val), strides_of(val),
                                                 "input", p.spec.storage_offset))
             elif node.op == "call_function":
                 wire = g.wire[node] = next(wire_nodes)
@@ -336,7 +352,7 @@ def _check(node: fx.Node, out: Any) -> None:
     val = node.meta["val"]
     outs, vals = (out, val) if isinstance(val, (tuple, list)) else ((out,), (val,))
     for o, v in zip(outs, vals):
-        if isinstance(v, torch.Tensor) and (tuple(o.sizes) != tuple(v.shape) or o.dtype != v.dtype):
+        if isinstance(v, torch.Tensor) and (tuple(o.sizes) != sizes_of(v) or o.dtype != v.dtype):
             raise LoweringError(f"lowering gave {o.dtype}{list(o.sizes)}, eager gives "
                                 f"{v.dtype}{list(v.shape)}", op=str(node.target), node=node.name)
 
@@ -377,8 +393,8 @@ def _extern(g: GraphLowering, node: fx.Node, wire: Any, env: dict[fx.Node, Any])
 def _extern_result(g: GraphLowering, name: str, val: Any) -> Any:
     if not isinstance(val, torch.Tensor):
         return val
-    return g.add_buffer(Buffer(name, val.dtype, tuple(val.shape), tuple(val.stride()), "extern",
-                               int(val.storage_offset())))
+    return g.add_buffer(Buffer(name, val.dtype, sizes_of(val), strides_of(val), "extern",
+                               offset_of(val)))
 
 
 def _output(g: GraphLowering, a: Any, wire: Arg, env: dict[fx.Node, Any]) -> Arg:
@@ -388,13 +404,13 @@ def _output(g: GraphLowering, a: Any, wire: Arg, env: dict[fx.Node, Any]) -> Arg
     value, val = env[a], a.meta["val"]
     if not isinstance(val, torch.Tensor):
         return wire
-    if val.numel() == 0:
+    if _nbytes(sizes_of(val), val.dtype) == 0:
         return g.extern_ref(value, a)
     if not _laid_out_like(value, val) and is_view(a):
         viewed = _view_of_realized_base(g, a)
         if viewed is not None:
             return viewed
-    want = dense_strides_like(tuple(val.shape), tuple(val.stride()))
+    want = dense_strides_like(sizes_of(val), strides_of(val))
     if isinstance(value, StridedView) and want is not None and not _same_layout(value, val):
         value = Lazy(value.dtype, value.sizes, make_loader(value))
     if isinstance(value, Lazy):
@@ -415,7 +431,7 @@ def _view_of_realized_base(g: GraphLowering, node: fx.Node) -> NodeRef | None:
     value, val = g.env.get(base), base.meta.get("val")
     if not isinstance(val, torch.Tensor) or base.op != "call_function":
         return None
-    strides = dense_strides_like(tuple(val.shape), tuple(val.stride()))
+    strides = dense_strides_like(sizes_of(val), strides_of(val))
     if strides is None or not isinstance(value, (Lazy, StridedView)):
         return None
     if isinstance(value, StridedView) and not (value.is_whole_buffer() and value.buffer.kind == "computed"

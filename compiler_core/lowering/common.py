@@ -14,6 +14,7 @@ from compiler_core.ir.nodes import Lazy, Loader, StridedView, TensorValue, index
 from compiler_core.ir.ops import compute_dtype, ops
 from compiler_core.lowering import node_val
 from compiler_core.sizevars import Expr, FloorDiv, ModularIndexing, linear_index, numel, simplify_index
+from compiler_core.symbolic import hints_of, is_symbolic, sizes_of
 
 Kind = ELEMENTWISE_TYPE_PROMOTION_KIND
 SUPPORTED_DTYPES = frozenset({
@@ -29,7 +30,7 @@ def is_tensor(x: Any) -> bool:
 def as_meta(x: Any) -> Any:
     """A meta tensor standing for a value (for torch's promotion rules); scalars pass through."""
     if is_tensor(x):
-        return torch.empty(x.sizes, dtype=x.dtype, device="meta")
+        return torch.empty(hints_of(x.sizes), dtype=x.dtype, device="meta")
     return x
 
 
@@ -84,7 +85,7 @@ def pointwise(fn: Callable[..., Any], *args: Any, kind: Kind = Kind.DEFAULT,
     The result's sizes and dtype come from the node's FakeTensor; torch's promotion must agree.
     """
     val = node_val()
-    sizes, out_dtype = tuple(val.shape), val.dtype
+    sizes, out_dtype = sizes_of(val), val.dtype
     if numel(sizes) == 0:
         raise UnsupportedOp("empty tensor")
     check_dtypes(out_dtype)
@@ -104,7 +105,7 @@ def pointwise(fn: Callable[..., Any], *args: Any, kind: Kind = Kind.DEFAULT,
 def remap_view(value: TensorValue, sizes: Sequence[int],
                remap: Callable[[Sequence[Expr]], Sequence[Expr]]) -> TensorValue:
     """`value` seen through an index remapping: a StridedView when the result is strided, else Lazy."""
-    sizes = tuple(int(s) for s in sizes)
+    sizes = tuple(s if is_symbolic(s) else int(s) for s in sizes)
     if isinstance(value, StridedView):
         syms = index_vars("v", sizes)
         expr = linear_index(remap(syms), value.strides, value.offset)
@@ -117,7 +118,9 @@ def remap_view(value: TensorValue, sizes: Sequence[int],
     return Lazy(value.dtype, sizes, lambda index: inner(remap(index)))
 
 
-def _as_strides(expr: Expr, syms: list[sympy.Symbol], sizes: Sequence[int]) -> tuple[tuple[int, ...], int] | None:
+def _as_strides(expr: Expr, syms: list[sympy.Symbol], sizes: Sequence[Any]) -> tuple[tuple[Any, ...], Any] | None:
+    """(strides, offset) when `expr` is linear in the index symbols; strides and offset may be
+    size expressions (symbolic sizes), never negative."""
     if expr.has(FloorDiv, ModularIndexing):
         return None
     expr = expr.subs({s: 0 for s, n in zip(syms, sizes) if n == 1})
@@ -127,11 +130,20 @@ def _as_strides(expr: Expr, syms: list[sympy.Symbol], sizes: Sequence[int]) -> t
         return None
     if poly.total_degree() > 1:
         return None
-    strides = tuple(int(expr.coeff(s)) if n != 1 else 0 for s, n in zip(syms, sizes))
-    offset = expr.subs({s: 0 for s in syms})
-    if not offset.is_Integer or offset < 0 or any(st < 0 for st in strides):
+    strides = tuple(_size(expr.coeff(s)) if n != 1 else 0 for s, n in zip(syms, sizes))
+    offset = _size(expr.subs({s: 0 for s in syms}))
+    if any(x is None for x in (*strides, offset)):
         return None
-    return strides, int(offset)
+    return strides, offset
+
+
+def _size(e: Expr) -> Any:
+    """An int, or a size expression that cannot be negative; None for anything else."""
+    if e.is_Integer:
+        return int(e) if e >= 0 else None
+    if e.free_symbols - {x for x in e.free_symbols if x.is_positive} or not e.is_nonnegative:
+        return None
+    return e
 
 
 def require(*ops_needed: str) -> None:

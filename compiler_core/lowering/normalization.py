@@ -14,6 +14,7 @@ from compiler_core.lowering import aten, node_val, register_lowering
 from compiler_core.lowering.common import broadcast_loader, check_dtypes, require
 from compiler_core.lowering.reduction import _two_pass
 from compiler_core.sizevars import Expr
+from compiler_core.symbolic import sizes_of
 
 
 def _channel(value: TensorValue | None) -> Loader | None:
@@ -43,7 +44,7 @@ def _normalize(x: TensorValue, mean: Loader, rstd: Loader, weight: Loader | None
 
 
 def _empty(val: torch.Tensor) -> Lazy:
-    return Lazy(val.dtype, tuple(val.shape), lambda index: ops.constant(0, compute_dtype(val.dtype)))
+    return Lazy(val.dtype, sizes_of(val), lambda index: ops.constant(0, compute_dtype(val.dtype)))
 
 
 @register_lowering(aten._native_batch_norm_legit_no_training.default)

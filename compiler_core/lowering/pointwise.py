@@ -12,6 +12,7 @@ from compiler_core.ir.nodes import Lazy, TensorValue
 from compiler_core.ir.ops import compute_dtype, ops
 from compiler_core.lowering import aten, node_val, prims, register_lowering
 from compiler_core.lowering.common import Kind, check_dtypes, is_tensor, operand, pointwise, require
+from compiler_core.symbolic import sizes_of
 
 _FLOAT_UNARY = {
     aten.sin: "sin", aten.cos: "cos", aten.tan: "tan", aten.exp: "exp", aten.exp2: "exp2",
@@ -241,7 +242,7 @@ def _bitwise_not(x: TensorValue) -> Lazy:
 @register_lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def _where(cond: Any, a: Any, b: Any) -> Lazy:
     val = node_val()
-    sizes = tuple(val.shape)
+    sizes = sizes_of(val)
     if not is_tensor(cond) or cond.dtype != torch.bool:
         raise UnsupportedOp("where with a non-bool condition")
     comp = compute_dtype(val.dtype)
@@ -255,7 +256,7 @@ def _cast(x: TensorValue) -> Lazy:
     val = node_val()
     check_dtypes(x.dtype, val.dtype)
     comp = compute_dtype(val.dtype)
-    sizes = tuple(val.shape)
+    sizes = sizes_of(val)
     load = operand(x, sizes, compute_dtype(x.dtype))
 
     def inner(index: Any) -> Any:
@@ -297,7 +298,7 @@ def _full(size: Any, fill_value: Any, *, dtype: Any = None, layout: Any = None, 
     if not isinstance(fill_value, (bool, int, float)):
         raise UnsupportedOp("full with a symbolic value")
     comp = compute_dtype(val.dtype)
-    return Lazy(val.dtype, tuple(val.shape), lambda index: ops.constant(fill_value, comp))
+    return Lazy(val.dtype, sizes_of(val), lambda index: ops.constant(fill_value, comp))
 
 
 
@@ -311,7 +312,7 @@ def _fill(*args: Any, **kwargs: Any) -> Lazy:
     val = node_val()
     check_dtypes(val.dtype)
     comp = compute_dtype(val.dtype)
-    return Lazy(val.dtype, tuple(val.shape), lambda index: ops.constant(fill_value, comp))
+    return Lazy(val.dtype, sizes_of(val), lambda index: ops.constant(fill_value, comp))
 
 
 @register_lowering(aten.arange.start_step, aten.arange.start, aten.arange.default)
@@ -325,5 +326,5 @@ def _arange(*args: Any, dtype: Any = None, layout: Any = None, device: Any = Non
     if val.dtype.is_floating_point and max(abs(start), abs(start + step * val.shape[0])) > 2**24:
         raise UnsupportedOp("float arange beyond exact integers")
     comp = compute_dtype(val.dtype)
-    return Lazy(val.dtype, tuple(val.shape),
+    return Lazy(val.dtype, sizes_of(val),
                 lambda index: ops.to_dtype(ops.index_expr(start + index[0] * step, torch.int64), comp))

@@ -18,6 +18,7 @@ from compiler_core.ir.ops import compute_dtype, ops
 from compiler_core.lowering import aten, current_graph, node_val, register_lowering
 from compiler_core.lowering.common import broadcast_loader, check_dtypes, require
 from compiler_core.sizevars import Expr, numel, unflatten
+from compiler_core.symbolic import is_symbolic, sizes_of
 
 Prologue = Callable[[Any, Sequence[Expr]], Any]
 
@@ -63,6 +64,8 @@ SPLIT_MAX_OUTPUTS = 64
 
 
 def _split_factor(outputs: int, rnumel: int) -> int | None:
+    if is_symbolic(outputs, rnumel):
+        return None  # Note: a split picked for one size could be wrong for another
     if outputs > SPLIT_MAX_OUTPUTS or rnumel < SPLIT_MIN_RNUMEL:
         return None
     return next((s for s in (1024, 512, 256, 128, 64) if rnumel % s == 0), None)
@@ -104,7 +107,7 @@ def _simple(rtype: str) -> Callable[..., Lazy]:
         acc = _acc_dtype(val.dtype)
         if numel([x.sizes[d] for d in dims]) == 1:
             load = make_loader(x)
-            sizes = tuple(val.shape)
+            sizes = sizes_of(val)
             squeezed = [d for d in range(len(x.sizes)) if d not in dims or keepdim]
 
             def one(index: Sequence[Expr]) -> Any:
@@ -114,7 +117,7 @@ def _simple(rtype: str) -> Callable[..., Lazy]:
                 return ops.to_dtype(load(full), acc)
             return Lazy(val.dtype, sizes, one)
         buf = reduce(x, dims, keepdim, rtype, acc)
-        return _epilogue(val.dtype, tuple(val.shape), lambda v: v, buf)
+        return _epilogue(val.dtype, sizes_of(val), lambda v: v, buf)
     return lower
 
 
@@ -138,7 +141,7 @@ def _mean(x: TensorValue, dims: Any = None, keepdim: bool = False, *, dtype: Any
     n = numel([x.sizes[d] for d in dims])
     acc = _acc_dtype(val.dtype)
     buf = reduce(x, dims, keepdim, "sum", acc)
-    return _epilogue(val.dtype, tuple(val.shape), lambda s: ops.truediv(s, ops.constant(float(n), acc)), buf)
+    return _epilogue(val.dtype, sizes_of(val), lambda s: ops.truediv(s, ops.constant(float(n), acc)), buf)
 
 
 def _two_pass(x: TensorValue, dims: list[int], keepdim: bool, acc: torch.dtype,
@@ -172,7 +175,7 @@ def _var_parts(x: TensorValue, dims: Any, correction: Any, keepdim: bool) -> tup
     acc = _acc_dtype(out.dtype)
     corr = 1.0 if correction is None else float(correction)
     total, m2, n, denom = _two_pass(x, dims, keepdim, acc, corr)
-    sizes = tuple(out.shape)
+    sizes = sizes_of(out)
     total_v = _keep_or_squeeze(total, dims, keepdim, sizes)
     m2_v = _keep_or_squeeze(m2, dims, keepdim, sizes)
     var = _epilogue(out.dtype, sizes, lambda s: ops.truediv(s, ops.constant(denom, acc)), m2_v)
@@ -264,7 +267,7 @@ def _layer_norm(x: TensorValue, normalized_shape: Sequence[int], weight: TensorV
             y = ops.add(y, ops.to_dtype(b_load(index), acc))
         return ops.to_dtype(y, compute_dtype(out_val.dtype))
 
-    stat_sizes = tuple(mean_val.shape)
+    stat_sizes = sizes_of(mean_val)
     mean = _epilogue(mean_val.dtype, stat_sizes, lambda s, m: stats(s, m)[0], total, m2)
     rstd = _epilogue(rstd_val.dtype, stat_sizes, lambda s, m: stats(s, m)[1], total, m2)
     return Lazy(out_val.dtype, x.sizes, inner), mean, rstd

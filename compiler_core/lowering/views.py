@@ -17,6 +17,7 @@ from compiler_core.ir.nodes import TensorValue
 from compiler_core.lowering import aten, node_val, prims, register_lowering
 from compiler_core.lowering.common import remap_view
 from compiler_core.sizevars import Expr, flatten, numel, unflatten
+from compiler_core.symbolic import sizes_of
 
 
 def _dim(d: int, rank: int) -> int:
@@ -46,7 +47,7 @@ def _t(x: TensorValue) -> TensorValue:
 
 @register_lowering(aten.expand.default)
 def _expand(x: TensorValue, sizes: Sequence[int], *, implicit: bool = False) -> TensorValue:
-    out = tuple(int(s) for s in node_val().shape)
+    out = sizes_of(node_val())
     lead = len(out) - len(x.sizes)
 
     def remap(idx: Sequence[Expr]) -> list[Expr]:
@@ -83,7 +84,7 @@ def _select(x: TensorValue, dim: int, index: int) -> TensorValue:
                    aten.view.default, aten._unsafe_view.default, aten.reshape.default,
                    prims.collapse_view.default, aten.alias.default)
 def _reshape(x: TensorValue, *args: Any) -> TensorValue:
-    out = tuple(int(s) for s in node_val().shape)
+    out = sizes_of(node_val())
     if numel(out) != numel(x.sizes):
         raise UnsupportedOp("reshape changes the element count")
     if tuple(x.sizes) == out:

@@ -47,11 +47,18 @@ def test_constants_become_inputs():
     torch.testing.assert_close(load_plan(art)([x] + cap.constants)[0], g(x))
 
 
-def test_symbolic_inputs_are_unsupported():
-    gm = make_fx(lambda x: x.sin(), tracing_mode="symbolic")(torch.randn(5))
+def test_symbolic_inputs_travel_as_size_symbols():
+    gm = make_fx(lambda x: x.sin().reshape(-1, 1) * 2, tracing_mode="symbolic")(torch.randn(5))
     example = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
-    with pytest.raises(UnsupportedOp):
-        capture_graph(gm, example)
+    cap = capture_graph(gm, example)
+    assert [s.name for s in cap.spec.symbols] == ["s0"] and cap.hints == {"s0": 5}
+    assert cap.spec.placeholders[0].spec.sizes == ["s0"]
+    art = compile_request(CompileRequest(graph=cap.spec, hints=cap.hints))
+    runner = load_plan(art)
+    for n in (3, 5, 40):  # one artifact, any size
+        x = torch.randn(n)
+        (out,) = runner([x])
+        torch.testing.assert_close(out, x.sin().reshape(-1, 1) * 2)
 
 
 def test_runtime_rejects_tampered_blobs():

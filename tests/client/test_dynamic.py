@@ -1,0 +1,189 @@
+"""Dynamic shapes end to end: symbolic sizes travel, one artifact serves every size, guards hold."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+from client import backend
+from client.backend import events
+from client.examples import GPT2Block, TransformerBlock
+from client.runtime import GuardFailed, load_plan
+from compiler_core.compile import compile_request
+from compiler_core.wire import CompileRequest
+
+
+@pytest.fixture(autouse=True)
+def _fresh(tmp_path, monkeypatch):
+    monkeypatch.setenv("FXCC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("FXCC_URL", raising=False)
+    torch._dynamo.reset()
+    backend.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _compiles() -> list:
+    return [e for e in events() if e.source != "fallback"]
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.norm = nn.Linear(16, 32), nn.Linear(32, 8), nn.LayerNorm(32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.fc2(self.norm(torch.nn.functional.gelu(self.fc1(x)))), dim=-1)
+
+
+def test_batch_sizes_1_to_64_compile_at_most_twice_and_match_eager():
+    torch.manual_seed(0)
+    model = MLP().eval()
+    compiled = torch.compile(model, backend="fxcc")
+    with torch.no_grad():
+        for batch in range(1, 65):
+            x = torch.randn(batch, 16)
+            torch.testing.assert_close(compiled(x), model(x))
+    compiles = _compiles()
+    assert len(compiles) <= 2, [e.source for e in compiles]
+    assert all(e.error is None for e in events())
+    dynamic = compiles[-1]
+    # The dynamic graph is fused, not an all-extern fallback: GELU+LayerNorm and softmax.
+    assert dynamic.stats.kernels >= 2
+    assert dynamic.stats.nodes_lowered > dynamic.stats.nodes_extern
+
+
+@pytest.mark.parametrize("block", ["transformer", "gpt2"])
+def test_sequence_lengths_compile_at_most_twice_and_match_eager(block):
+    torch.manual_seed(0)
+    model = (TransformerBlock(64, 4) if block == "transformer" else GPT2Block(64, 4)).eval()
+    compiled = torch.compile(model, backend="fxcc")
+    with torch.no_grad():
+        for seq in (8, 9, 12, 16, 23, 31):
+            x = torch.randn(2, seq, 64)
+            torch.testing.assert_close(compiled(x), model(x), atol=2e-5, rtol=2e-5)
+    compiles = _compiles()
+    assert len(compiles) <= 2
+    assert compiles[-1].stats.kernels >= 1
+
+
+def test_symbolic_plan_checks_its_guards():
+    """A plan whose guard fails for the call's sizes refuses to run (GuardFailed), and runs for
+    sizes that satisfy it."""
+    request = _dynamic_request()
+    art = compile_request(request)
+    plan = art.manifest.plan
+    assert plan.symbols and plan.guards
+    narrowed = art.manifest.model_copy(update={"plan": plan.model_copy(update={"guards": [*plan.guards, "s0 <= 8"]})})
+    art.manifest = narrowed
+    runner = load_plan(art)
+    x = torch.randn(8, 16)
+    args = _args_for(request, x)
+    runner(args)
+    with pytest.raises(GuardFailed, match="s0 <= 8"):
+        runner(_args_for(request, torch.randn(9, 16)))
+
+
+def test_guard_failure_runs_eagerly_and_compiles_a_variant(monkeypatch):
+    """A call whose sizes fail every known variant's guards runs correctly and gets its own
+    variant (keyed with its hints), without replacing the first one."""
+    seen: list[str] = []
+    real = compile_request
+
+    def narrowing(request):
+        art = real(request)
+        seen.append(art.manifest.key)
+        if len(seen) == 2:  # the dynamic graph's first artifact serves only batch <= 8
+            plan = art.manifest.plan
+            art.manifest = art.manifest.model_copy(update={"plan": plan.model_copy(
+                update={"guards": [*plan.guards, "s0 <= 8"]})})
+        return art
+    monkeypatch.setattr("compiler_core.compile.compile_request", narrowing)
+    torch.manual_seed(0)
+    model = MLP().eval()
+    compiled = torch.compile(model, backend="fxcc")
+    with torch.no_grad():
+        for batch in (2, 3, 8, 9, 12, 5):
+            x = torch.randn(batch, 16)
+            torch.testing.assert_close(compiled(x), model(x))
+    assert len(seen) == 3 and len(set(seen)) == 3, seen
+    assert [e.source for e in events()].count("variant") == 1
+
+
+def _dynamic_request() -> CompileRequest:
+    """The compile request of the MLP's dynamic (batch-symbolic) forward graph."""
+    captured: list = []
+    real = compile_request
+
+    def spy(request):
+        captured.append(request)
+        return real(request)
+    import compiler_core.compile as cc
+
+    saved, cc.compile_request = cc.compile_request, spy
+    try:
+        torch.manual_seed(0)
+        compiled = torch.compile(MLP().eval(), backend="fxcc")
+        with torch.no_grad():
+            compiled(torch.randn(2, 16))
+            compiled(torch.randn(3, 16))
+    finally:
+        cc.compile_request = saved
+    request = captured[-1]
+    assert request.graph.symbols, "the second call's graph is dynamic"
+    return request
+
+
+def _args_for(request: CompileRequest, x: torch.Tensor) -> list:
+    """Inputs for the captured graph: the batch where a SymInt is expected, x for the activation,
+    random tensors of the right sizes for the parameters."""
+    args = []
+    for p in request.graph.placeholders:
+        if p.symbol is not None:
+            args.append(x.shape[0])
+        elif any(isinstance(s, str) for s in p.spec.sizes):
+            args.append(x)
+        else:
+            args.append(torch.randn(*p.spec.sizes))
+    return args
+
+
+KEY_SCRIPT = textwrap.dedent("""
+    import json, sys, torch
+    from torch import nn
+    from client.capture import capture_graph
+    from client.backend import decomposition_table
+    from compiler_core.keys import compile_key
+    from compiler_core.wire import CompileRequest
+    from torch._dynamo.backends.common import aot_autograd
+    keys = []
+    def fw(gm, example_inputs):
+        cap = capture_graph(gm, example_inputs)
+        keys.append((compile_key(CompileRequest(graph=cap.spec, hints=cap.hints)), cap.hints))
+        return gm
+    torch.manual_seed(int(sys.argv[1]))
+    junk = [torch.empty(int(sys.argv[1]) * 1000) for _ in range(3)]  # other data pointers
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32)).eval()
+    f = torch.compile(model, backend=aot_autograd(fw_compiler=fw, decompositions=decomposition_table()))
+    with torch.no_grad():
+        for b in map(int, sys.argv[2:]):
+            f(torch.randn(b, 16))
+    print(json.dumps(keys))
+""")
+
+
+def test_dynamic_keys_are_equal_across_processes_whatever_the_sizes():
+    def run(seed: str, *batches: str) -> list:
+        out = subprocess.run([sys.executable, "-c", KEY_SCRIPT, seed, *batches], check=True,
+                             capture_output=True, text=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    a, b = run("1", "4", "5"), run("2", "7", "33")
+    assert a[-1][1] != b[-1][1], "the hints differ"
+    assert a[-1][0] == b[-1][0], "but the dynamic graph's key does not"
+    assert a[0][0] != b[0][0], "static graphs of different sizes have different keys"
