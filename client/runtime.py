@@ -30,8 +30,8 @@ from compiler_core.artifact import (
 )
 from compiler_core.errors import ArtifactError
 from compiler_core.graph import decode_arg
-from compiler_core.triton_lock import TRITON_LOCK
 from compiler_core.symexpr import compile_exprs, parse
+from compiler_core.triton_lock import TRITON_LOCK
 from compiler_core.wire import IntArg, NodeRef, SymArg, resolve_target, torch_dtype
 
 log = logging.getLogger("fxcc.runtime")
@@ -116,11 +116,13 @@ class PlanRunner:
     def _extern(step: ExternStep) -> Callable[[dict[str, Any]], None]:
         op = resolve_target(step.op, node=step.out)
         args, kwargs, out = step.args, step.kwargs, step.out
+        expect = _expected_strides(step)
 
         def run(env: dict[str, Any]) -> None:
             syms = env.get(SYMS)
-            env[out] = op(*(decode_arg(a, env, syms) for a in args),
-                          **{k: decode_arg(v, env, syms) for k, v in kwargs.items()})
+            value = op(*(decode_arg(a, env, syms) for a in args),
+                       **{k: decode_arg(v, env, syms) for k, v in kwargs.items()})
+            env[out] = value if expect is None else _in_layout(value, expect(syms), step)
         return run
 
     @staticmethod
@@ -194,6 +196,33 @@ class PlanRunner:
         return tuple(decode_arg(a, env, env.get(SYMS)) for a in self._outputs)
 
 
+def _expected_strides(step: ExternStep) -> Callable[[Any], tuple[int, ...]] | None:
+    if step.expect_strides is None:
+        return None
+    if any(isinstance(x, str) for x in step.expect_strides):
+        evaluate = compile_exprs([str(x) for x in step.expect_strides])
+        return lambda syms: tuple(evaluate(syms))
+    fixed = tuple(step.expect_strides)
+    return lambda syms: fixed
+
+
+def _in_layout(value: Any, strides: tuple[int, ...], step: ExternStep) -> Any:
+    """`value` with `strides` (a copy only when the op laid it out otherwise; dims of size 1
+    have no meaningful stride)."""
+    if not isinstance(value, torch.Tensor) or value.dim() != len(strides):
+        return value
+    if all(n <= 1 or a == b for n, a, b in zip(value.shape, value.stride(), strides)):
+        return value
+    if step.out not in _relaid:
+        _relaid.add(step.out)
+        log.info("fxcc: %s returned strides %s, the plan assumes %s: copying", step.op,
+                 tuple(value.stride()), strides)
+    return torch.empty_strided(value.shape, strides, dtype=value.dtype, device=value.device).copy_(value)
+
+
+_relaid: set[str] = set()
+
+
 # ---------------------------------------------------------------- symbolic sizes
 
 SYMS = "__syms__"  # env key of the size symbols' values (never a plan name: names are identifiers)
@@ -241,18 +270,15 @@ def _symbolic_step(step: KernelStep) -> bool:
 
 def _symbolic_kernel(step: KernelStep, fn: Any, launch_kw: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
     """A launch whose grid and integer arguments are size expressions, evaluated per call."""
-    grid_eval = compile_exprs([str(g) for g in step.grid])
-    ints = [a.expr if isinstance(a, SymArg) else str(a.value) for a in step.args if not isinstance(a, NodeRef)]
-    int_eval = compile_exprs(ints) if ints else None
+    sizes = _symbolic_sizes(step)
     slots = [a.name if isinstance(a, NodeRef) else None for a in step.args]
     interpreted = _is_interpreted(fn)
 
     def run(env: dict[str, Any]) -> None:
-        syms = env[SYMS]
-        grid = grid_eval(syms)
+        ints, grid = sizes(env[SYMS])
         if min(grid) <= 0:
             return  # nothing to launch over (an empty dimension)
-        values = iter(int_eval(syms) if int_eval else ())
+        values = iter(ints)
         call = [env[n] if n is not None else next(values) for n in slots]
         if interpreted:
             with TRITON_LOCK:
@@ -283,7 +309,10 @@ def _cubin_step(step: KernelStep, info: KernelInfo, artifact: Artifact, arch: st
     ref = info.binaries.get(arch)
     if ref is None:
         return None
-    args: list[str | int] = [a.name if isinstance(a, NodeRef) else a.value for a in step.args]
+    symbolic = _symbolic_step(step)
+    # Note: a symbolic step's ints and grid are evaluated per call; 0 holds their slots until then.
+    args: list[str | int] = [a.name if isinstance(a, NodeRef) else a.value if isinstance(a, IntArg) else 0
+                             for a in step.args]
     try:
         from client.cuda_loader import LaunchMeta, StepLauncher, cubin_kernel
 
@@ -291,19 +320,21 @@ def _cubin_step(step: KernelStep, info: KernelInfo, artifact: Artifact, arch: st
         if kernel is None:
             meta = LaunchMeta.from_metadata(info.metadata, arch)
             kernel = cubins[info.name] = cubin_kernel(ref.digest, artifact.blobs[ref.digest], meta)
-        launcher = StepLauncher(kernel, step.grid, args)
+        launcher = StepLauncher(kernel, [1] if symbolic else step.grid, args)
     except (ImportError, ArtifactError) as e:
         log.warning("fxcc: kernel %s runs from source, not its %s cubin: %s", info.name, arch, e)
         return None
-    if not launcher.static_guards_hold(args):
+    if not symbolic and not launcher.static_guards_hold(args):
         return None
+    sizes = _symbolic_sizes(step) if symbolic else None
     source = artifact.blobs[info.source.digest]
     buffers = launcher.buffers
     jit: list[Callable[[dict[str, Any]], None]] = []
 
     def run(env: dict[str, Any]) -> None:
         device = env["__device__"]
-        if device.type == "cuda" and launcher([env[n] for n in buffers], device.index):
+        ints, grid = sizes(env[SYMS]) if sizes is not None else (None, None)
+        if device.type == "cuda" and launcher([env[n] for n in buffers], device.index, ints, grid):
             return
         if not jit:
             from client.cuda_loader import record_fallback
@@ -313,6 +344,17 @@ def _cubin_step(step: KernelStep, info: KernelInfo, artifact: Artifact, arch: st
             jit.append(PlanRunner._kernel(step, info, load_kernel(info, source)))
         jit[0](env)
     return run
+
+
+def _symbolic_sizes(step: KernelStep) -> Callable[[dict[str, int]], tuple[list[int], tuple[int, ...]]]:
+    """(int arguments, grid) of a symbolic step for one call's size symbols."""
+    grid_eval = compile_exprs([str(g) for g in step.grid])
+    ints = [a.expr if isinstance(a, SymArg) else str(a.value) for a in step.args if not isinstance(a, NodeRef)]
+    int_eval = compile_exprs(ints) if ints else None
+
+    def sizes(syms: dict[str, int]) -> tuple[list[int], tuple[int, ...]]:
+        return (list(int_eval(syms)) if int_eval else []), tuple(grid_eval(syms))
+    return sizes
 
 
 def _is_interpreted(fn: Any) -> bool:

@@ -52,6 +52,9 @@ class ExternStep(_Model):
     args: list[Arg]
     kwargs: dict[str, Arg] = Field(default_factory=dict)
     out: Name
+    # Strides the plan's kernels assume for the result (fresh tensors only): the client copies a
+    # result laid out otherwise into them, so a layout the op chose differently never misreads.
+    expect_strides: list[int | SizeText] | None = Field(default=None, max_length=64)
 
 
 class AllocStep(_Model):
@@ -96,7 +99,7 @@ def _guard_text(v: str) -> str:
     except SymExprError as e:
         raise ValueError(f"bad guard: {e}") from None
     if not isinstance(expr, Rel):
-        raise ValueError(f"guard {v!r} is not a relation")
+        raise ValueError(f"guard {v!r} is not a relation")  # noqa: TRY004 - pydantic wants ValueError
     return v
 
 

@@ -35,7 +35,7 @@ from compiler_core.artifact import (
 )
 from compiler_core.errors import BuildError
 from compiler_core.triton_lock import TRITON_LOCK
-from compiler_core.wire import CompileRequest, IntArg, NodeRef
+from compiler_core.wire import CompileRequest, IntArg, NodeRef, SymArg
 
 log = logging.getLogger("fxcc.build")
 
@@ -206,6 +206,8 @@ def _step_signature(step: KernelStep, dtypes: _BufferDtypes) -> KernelSignature 
             types.append(int_type(arg.value))
             if arg.value % 16 == 0:
                 div16.add(i)
+        elif isinstance(arg, SymArg):
+            types.append("i64")  # a size evaluated per call: any value, no divisibility fact
     return KernelSignature(tuple(types), frozenset(div16))
 
 

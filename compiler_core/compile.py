@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import sympy
-
 from torch import fx
 
 from compiler_core.artifact import (

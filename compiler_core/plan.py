@@ -15,7 +15,16 @@ from compiler_core.lowering import ExternCall, GraphLowering, size_arg
 from compiler_core.scheduler import Kernel
 from compiler_core.symbolic import is_symbolic
 from compiler_core.symexpr import dump
-from compiler_core.wire import IntArg, NodeRef, SymArg, TensorSpec, _refs, dtype_name, resolve_target, torch_dtype
+from compiler_core.wire import (
+    IntArg,
+    NodeRef,
+    SymArg,
+    TensorSpec,
+    _refs,
+    dtype_name,
+    resolve_target,
+    torch_dtype,
+)
 
 Step = AllocStep | ExternStep | KernelStep | FreeStep
 
@@ -27,7 +36,9 @@ def build_plan(g: GraphLowering, items: Sequence[Kernel | ExternCall],
     reads: list[list[str]] = []
     for i, item in enumerate(items):
         if isinstance(item, ExternCall):
-            steps.append(ExternStep(op=item.op, args=item.args, kwargs=item.kwargs, out=item.out))
+            expect = None if item.expect_strides is None else [size_text(x) for x in item.expect_strides]
+            steps.append(ExternStep(op=item.op, args=item.args, kwargs=item.kwargs, out=item.out,
+                                    expect_strides=expect))
             reads.append(_refs(item.args + list(item.kwargs.values())))
             continue
         rk = rendered[i]

@@ -29,9 +29,9 @@ def size_symbol(name: str) -> sympy.Symbol:
 
 
 # Maps torch ShapeEnv symbols (by name) to fxcc's, for the graph being compiled.
-_RENAME: ContextVar[Mapping[str, sympy.Symbol]] = ContextVar("fxcc_sym_rename", default={})
+_RENAME: ContextVar[Mapping[str, sympy.Symbol] | None] = ContextVar("fxcc_sym_rename", default=None)
 # Values of fxcc's symbols in the example that triggered the compile: heuristics only, never code.
-_HINTS: ContextVar[Mapping[sympy.Symbol, int]] = ContextVar("fxcc_sym_hints", default={})
+_HINTS: ContextVar[Mapping[sympy.Symbol, int] | None] = ContextVar("fxcc_sym_hints", default=None)
 
 
 @contextlib.contextmanager
@@ -47,7 +47,7 @@ def symbol_scope(rename: Mapping[str, sympy.Symbol], hints: Mapping[sympy.Symbol
 
 def from_torch(expr: Any, rename: Mapping[str, sympy.Symbol] | None = None) -> sympy.Expr:
     """A ShapeEnv expression in fxcc's SymPy (fxcc's symbol names and functions)."""
-    rename = _RENAME.get() if rename is None else rename
+    rename = (_RENAME.get() or {}) if rename is None else rename
     import torch.utils._sympy.functions as tf
 
     def conv(e: Any) -> sympy.Expr:
@@ -163,7 +163,7 @@ def hint(expr: SizeExpr) -> int:
         return expr
     if expr.is_Integer:
         return int(expr)
-    value = expr.xreplace({k: sympy.Integer(v) for k, v in _HINTS.get().items()})
+    value = expr.xreplace({k: sympy.Integer(v) for k, v in (_HINTS.get() or {}).items()})
     if not isinstance(value, sympy.Basic) or not value.is_Integer:
         raise UnsupportedOp(f"no hint for size {expr}")
     return int(value)

@@ -265,7 +265,7 @@ def check_size_expr(text: str) -> str:
     except SymExprError as e:
         raise ValueError(f"bad size expression: {e}") from None
     if isinstance(expr, Rel):
-        raise ValueError(f"size expression {text!r} is a relation")
+        raise ValueError(f"size expression {text!r} is a relation")  # noqa: TRY004 - pydantic wants ValueError
     return text
 
 

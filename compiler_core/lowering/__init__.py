@@ -32,6 +32,8 @@ from compiler_core.ir.nodes import (
 )
 from compiler_core.ir.ops import ops
 from compiler_core.sizevars import contiguous_strides, dense_strides_like
+from compiler_core.symbolic import offset_of, sizes_of, strides_of
+from compiler_core.symexpr import dump
 from compiler_core.wire import (
     Arg,
     DeviceArg,
@@ -44,8 +46,6 @@ from compiler_core.wire import (
     dtype_name,
     target_name,
 )
-from compiler_core.symbolic import offset_of, sizes_of, strides_of
-from compiler_core.symexpr import dump
 
 log = logging.getLogger("fxcc.lowering")
 
@@ -93,6 +93,9 @@ class ExternCall:
     op: str
     args: list[Arg]
     kwargs: dict[str, Arg] = field(default_factory=dict)
+    # The strides the plan's kernels assume for a fresh (non-view) tensor result: the runtime
+    # copies a result laid out otherwise into them (see ExternStep.expect_strides).
+    expect_strides: tuple[Any, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -309,7 +312,8 @@ def _lower_node(g: GraphLowering, node: fx.Node, wire: Any, env: dict[fx.Node, A
     if node.target is operator.getitem:
         src, i = env[node.args[0]], node.args[1]
         if isinstance(src, ExternTuple):
-            g.program.append(ExternCall(wire.name, "getitem", [NodeRef(name=src.name), IntArg(value=i)]))
+            g.program.append(ExternCall(wire.name, "getitem", [NodeRef(name=src.name), IntArg(value=i)],
+                                        expect_strides=_fresh_strides(node.args[0], src.vals[i])))
             return _extern_result(g, wire.name, src.vals[i])
         g.nodes_lowered += 1
         return src[i]
@@ -381,13 +385,31 @@ def _extern(g: GraphLowering, node: fx.Node, wire: Any, env: dict[fx.Node, Any])
             return ListArg(items=[swap(x) for x in a.items])
         return a
 
+    val = node.meta["val"]
     g.program.append(ExternCall(wire.name, wire.target, [swap(a) for a in wire.args],
-                                {k: swap(v) for k, v in wire.kwargs.items()}))
+                                {k: swap(v) for k, v in wire.kwargs.items()},
+                                expect_strides=_fresh_strides(node, val)))
     g.extern_ops.append(target_name(node.target))
     val = node.meta["val"]
     if isinstance(val, (tuple, list)):
         return ExternTuple(wire.name, tuple(val))
     return _extern_result(g, wire.name, val)
+
+
+def _fresh_strides(node: fx.Node, val: Any) -> tuple[Any, ...] | None:
+    """The strides eager gives `val`, a tensor result of `node`'s op, if that op returns fresh
+    memory (never for views, whose layout follows their input's by definition).
+
+    Note: an extern op's output layout can depend on its inputs' layouts (SDPA, clone, …), and
+    fxcc may hand it inputs laid out unlike eager's; the plan's kernels index the result with
+    eager's strides, so the runtime checks them (one tuple compare) and copies when they differ.
+    """
+    if not isinstance(val, torch.Tensor) or _nbytes(sizes_of(val), val.dtype) == 0:
+        return None
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or any(r.alias_info is not None for r in schema.returns):
+        return None
+    return strides_of(val)
 
 
 def _extern_result(g: GraphLowering, name: str, val: Any) -> Any:
