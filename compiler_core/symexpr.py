@@ -86,7 +86,11 @@ class SymExpr:
     """
 
     def evaluate(self, env: Env) -> Value:
-        """The exact value under `env` (symbol name -> int): int for arithmetic, bool for a relation."""
+        """The exact value under `env` (symbol name -> int): int for arithmetic, bool for a relation.
+
+        Note: this runs the same closures as `compile_exprs` (built once per tree), so both apply
+        the same checks and raise the same errors.
+        """
         return self._evaluator(env)
 
     @cached_property
