@@ -92,6 +92,8 @@ def find_attention(gm: fx.GraphModule, target: str) -> list[AttentionMatch]:
 
 def match_softmax(softmax: fx.Node) -> AttentionMatch | None:
     """The chain around one `_softmax` node, or None where it is not plain attention."""
+    if len(softmax.args) != 3 or softmax.kwargs:
+        return None
     x, dim, half_to_float = softmax.args
     if half_to_float or not isinstance(x, fx.Node) or dim not in (-1, _ndim(x) - 1):
         return None
@@ -113,7 +115,8 @@ def match_softmax(softmax: fx.Node) -> AttentionMatch | None:
     if q_scale is not None and len(q.users) == 1:
         chain.append(q)
         q, scale = q.args[0], scale * q_scale
-    if not math.isfinite(scale):
+    # Note: positive scales only; a negative one is valid SDPA input, but untested on the fused kernels.
+    if not (math.isfinite(scale) and scale > 0):
         return None
     return AttentionMatch(out, q, kt, out.args[1], scale, tuple(chain) + (out,))
 

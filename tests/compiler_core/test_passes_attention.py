@@ -71,6 +71,12 @@ def test_fires_on_plain_attention_and_matches_eager(variant: str) -> None:
     assert not scores_shaped(art, (6, 24, 24))
 
 
+def test_self_attention_on_one_tensor_in_float64() -> None:
+    x = torch.randn(3, 20, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    art = check(lambda x: attention(x, x, x), x)
+    assert fired(art)
+
+
 def test_other_value_dims_and_key_lengths() -> None:
     """L ≠ S works on both kernels; Ev ≠ E only where the target's kernel takes it (not on CPU)."""
     g = torch.Generator().manual_seed(1)
