@@ -25,6 +25,7 @@ from compiler_core.errors import InvalidGraph, UnsupportedOp
 from compiler_core.graph import rebuild_graph
 from compiler_core.keys import compile_key, compiler_fingerprint
 from compiler_core.lowering import ExternCall, GraphLowering, lower_graph
+from compiler_core.passes.attention import fuse_attention
 from compiler_core.plan import build_plan
 from compiler_core.scheduler import Kernel, schedule
 from compiler_core.wire import CompileRequest, GraphSpec, _refs
@@ -58,6 +59,7 @@ def compile_request(request: CompileRequest) -> Artifact:
 def compile_graph(gm: fx.GraphModule, graph: GraphSpec, target: str,
                   blobs: dict[str, bytes]) -> tuple[Plan, list[KernelInfo], CompileStats]:
     """The pipeline, one step per line: loop IR, fused kernels, Triton source, plan (blobs filled)."""
+    gm, graph = fuse_attention(gm, graph, target)
     lowered = lower_graph(gm, graph, target)
     items = schedule(lowered)
     rendered = render_kernels(lowered, items, target)
