@@ -135,6 +135,55 @@ def max_diff(a: list[dict[str, torch.Tensor]] | dict[str, torch.Tensor],
                 for x, y in pairs for k in x if x[k].is_floating_point()), default=0.0)
 
 
+@dataclass
+class Saved:
+    """What a partition keeps from the forward for the backward: tensors and their bytes."""
+
+    tensors: int
+    nbytes: int
+
+
+def saved_activations(model: str, partition: Callable) -> Saved:
+    """The activations the forward of `model` (with its loss) saves under `partition`, on fxcc's
+    aten graphs (same decompositions), without compiling anything."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    found: list[Saved] = []
+
+    def forward(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        return make_boxed_func(gm)
+
+    def backward(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        saved = [t for n, t in zip(gm.graph.find_nodes(op="placeholder"), example_inputs)
+                 if isinstance(t, torch.Tensor) and not n.name.startswith("tangents")]
+        found.append(Saved(len(saved), sum(t.nbytes for t in saved)))
+        return make_boxed_func(gm)
+
+    split = aot_autograd(fw_compiler=forward, bw_compiler=backward, partition_fn=partition,
+                         decompositions=backend.decomposition_table())
+    module = make_model(model)
+    module.train()
+    torch._dynamo.reset()
+    x, y = make_batches(model, 1)[0]
+    torch.compile(module, backend=split)(x, y).backward()
+    torch._dynamo.reset()
+    return Saved(sum(s.tensors for s in found), sum(s.nbytes for s in found))
+
+
+def partition_table() -> str:
+    """Saved activations per model: fxcc's min-cut partition against torch's default one."""
+    from torch._functorch.partitioners import default_partition
+
+    lines = ["| model | min-cut (fxcc): tensors, bytes | default partition: tensors, bytes |",
+             "|---|---|---|"]
+    for model in MODELS:
+        ours, theirs = (saved_activations(model, p) for p in (backend.partition_joint_graph,
+                                                                default_partition))
+        lines.append(f"| {model} | {ours.tensors}, {ours.nbytes:,} | {theirs.tensors}, {theirs.nbytes:,} |")
+    return "\n".join(lines)
+
+
 @contextmanager
 def fxcc_settings(cache_dir: str) -> Iterator[None]:
     """In-process compiles into `cache_dir`; a graph that falls back runs eagerly (and is counted)."""
@@ -154,7 +203,7 @@ def table(rows: list[tuple[str, str, Run, Run]], steps: int) -> str:
     """The markdown table: losses at REPORT_STEPS for eager and fxcc, differences, graph counts."""
     shown = [s for s in REPORT_STEPS if s <= steps]
     head = ["model", "optimizer", "run", *(f"loss @{s}" for s in shown), "max abs Δloss",
-            "max abs Δgrad (max abs grad)", "max abs Δparam", "fxcc graphs fw/bw"]
+            "max abs Δgrad (max abs grad)", "max abs Δparam", "fxcc graphs fw/bw (from)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for model, opt, eager, fx in rows:
         for label, run in (("eager", eager), ("fxcc", fx)):
@@ -163,7 +212,7 @@ def table(rows: list[tuple[str, str, Run, Run]], steps: int) -> str:
                 dloss = max(abs(a - b) for a, b in zip(eager.losses, fx.losses))
                 scale = max(g.abs().max().item() for step in eager.grads for g in step.values())
                 cells += [f"{dloss:.1e}", f"{max_diff(eager.grads, fx.grads):.1e} ({scale:.2g})",
-                          f"{max_diff(eager.state, fx.state):.1e}", f"{fx.fw_graphs}/{fx.bw_graphs}"]
+                          f"{max_diff(eager.state, fx.state):.1e}", f"{fx.fw_graphs}/{fx.bw_graphs} ({', '.join(sorted(set(fx.sources)))})"]
             else:
                 cells += ["", "", "", ""]
             lines.append("| " + " | ".join(cells) + " |")
@@ -191,7 +240,6 @@ def main() -> None:
 
 
 def report(rows: list[tuple[str, str, Run, Run]], steps: int) -> str:
-    sources = sorted({s for *_, fx in rows for s in fx.sources})
     return f"""# Training through fxcc vs eager
 
 Written by `TRITON_INTERPRET=1 .venv/bin/python -m bench.training_table` ({steps} optimizer steps,
@@ -206,16 +254,30 @@ momentum 0.9; AdamW: lr 1e-3, weight decay 0.01.
 Δloss is over every step; Δgrad over every step's gradients of every parameter (in brackets the
 largest gradient magnitude, for scale); Δparam over the final parameters and buffers (BatchNorm's
 running statistics included). "fxcc graphs fw/bw" counts the graphs fxcc was handed while
-forwards and backwards ran: one forward and one backward graph per run means no recompiles
-(the backward is compiled at the first backward call). Graph sources seen: {", ".join(sources)}.
-The test (tests/models/test_training.py) asserts losses within rtol {LOSS_TOL["rtol"]:g} / atol
-{LOSS_TOL["atol"]:g} and gradients within rtol {GRAD_TOL["rtol"]:g} / atol {GRAD_TOL["atol"]:g} at every
-step, and final parameters within rtol {PARAM_TOL["sgd"]["rtol"]:g} / atol {PARAM_TOL["sgd"]["atol"]:g}
-(SGD) or atol {PARAM_TOL["adamw"]["atol"]:g} (AdamW: one step's update; Adam turns rounding noise in
-a gradient that is exactly zero, such as the GPT-2 block's key bias, into steps of a sizeable part
-of lr, so the final parameters of two runs differ there however close their gradients are).
+forwards and backwards ran: 1/1 means one forward and one backward graph, no recompiles (the
+backward is compiled at the first `backward()`); in brackets where they came from (the AdamW
+run trains the same graphs as the SGD run before it, so they are local cache hits).
+
+The test (tests/models/test_training.py, the same loop for fewer steps) asserts:
+
+- losses at every step within rtol {LOSS_TOL["rtol"]:g}, atol {LOSS_TOL["atol"]:g};
+- gradients at every step within rtol {GRAD_TOL["rtol"]:g}, atol {GRAD_TOL["atol"]:g};
+- final parameters and buffers within rtol {PARAM_TOL["sgd"]["rtol"]:g}, atol {PARAM_TOL["sgd"]["atol"]:g} (SGD) or
+  atol {PARAM_TOL["adamw"]["atol"]:g} (AdamW: one step's update). Adam turns rounding noise in a gradient
+  that is exactly zero into steps of a sizeable part of lr: the GPT-2 block's key bias (softmax
+  ignores it) gets gradients of about 1e-9 in both runs, and there lies the GPT-2 AdamW run's
+  largest Δparam.
 
 {table(rows, steps)}
+
+## Saved activations
+
+What the forward keeps for the backward (the backward graph's inputs other than incoming
+gradients; parameters and inputs it reads count too), on the same graphs, with fxcc's min-cut
+partition (`client.backend.partition_joint_graph`, torch's `min_cut_rematerialization_partition`
+as Inductor uses it) and with torch's default partition, which saves what the backward reads:
+
+{partition_table()}
 """
 
 
