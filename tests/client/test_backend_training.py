@@ -69,6 +69,23 @@ def test_min_cut_partition_saves_fewer_bytes_than_the_default_partition(monkeypa
     assert nbytes[0] < nbytes[1], nbytes
 
 
+def test_dropout_backward_uses_the_forwards_mask(monkeypatch):
+    # min-cut may recompute cheap ops in the backward, but never a random one: the backward of
+    # dropout must see the forward's mask. With x = 1, the output is mask / (1 - p) and so is
+    # the gradient of its sum.
+    monkeypatch.setenv("FXCC_FALLBACK", "error")
+
+    def f(x):
+        return torch.nn.functional.dropout(x.sin().asin(), p=0.5, training=True)
+
+    x = torch.ones(4096, requires_grad=True)
+    out = torch.compile(f, backend="fxcc")(x)
+    out.sum().backward()
+    assert 0 < out.count_nonzero() < x.numel()
+    torch.testing.assert_close(x.grad, out.detach())
+    assert [e.source for e in backend.events()] == ["compiled-in-process"] * 2
+
+
 def test_a_failing_min_cut_falls_back_to_the_default_partition(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("no min-cut today")
