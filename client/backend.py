@@ -276,7 +276,8 @@ def decomposition_table() -> dict[Any, Callable]:
             if not any(k in str(op) for k in KEEP_WHOLE)}
 
 
-def partition_joint_graph(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
+def partition_joint_graph(joint: fx.GraphModule, joint_inputs: Any,
+                          **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Split AOTAutograd's joint graph into forward and backward, choosing the saved activations
     by min-cut as Inductor's default partitioner does.
 
