@@ -276,6 +276,28 @@ def decomposition_table() -> dict[Any, Callable]:
             if not any(k in str(op) for k in KEEP_WHOLE)}
 
 
+def partition_joint_graph(joint: fx.GraphModule, joint_inputs: Any,
+                          **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Split AOTAutograd's joint graph into forward and backward, choosing the saved activations
+    by min-cut as Inductor's default partitioner does.
+
+    Note: min-cut saves the cheapest set of tensors that cuts the forward from the backward and
+    recomputes cheap pointwise chains in the backward instead of saving their intermediates. That
+    pays off because fxcc, like Inductor, fuses those recomputed ops into the backward's kernels.
+    It needs networkx (a dependency of torch) and is torch's most intricate partitioner: if it
+    fails, the joint graph is split by torch's default partitioner (which saves what the backward
+    reads) and fxcc warns once, so training never stops because of the partition.
+    """
+    from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
+
+    try:
+        return min_cut_rematerialization_partition(joint, joint_inputs, compiler="inductor", **kwargs)
+    except Exception as e:  # noqa: BLE001 - the user's program must keep running
+        warn_once(f"partition:{_cause(e)}", f"min-cut partition failed ({_cause_text(e)}); "
+                  "saving activations with torch's default partition")
+        return default_partition(joint, joint_inputs, **kwargs)
+
+
 def fxcc_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable:
     """The `fxcc` backend for torch.compile (registered as a torch_dynamo_backends entry point)."""
     from torch._dynamo.backends.common import aot_autograd
@@ -286,6 +308,7 @@ def fxcc_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -
         raise ValueError(f"fxcc: {e}") from None
     compiler = GraphCompiler(settings)
     backend = aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
+                           partition_fn=partition_joint_graph,
                            decompositions=decomposition_table(),
                            keep_inference_input_mutations=True)
     return backend(gm, example_inputs)
