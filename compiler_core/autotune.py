@@ -121,15 +121,17 @@ def _persistent(shape: KernelShape, wide: bool) -> list[Config]:
     rblock = next_pow2(shape.rnumel)
     tile_max = TILE_MAX["max-autotune" if wide else "default"]
     xtop = next_pow2(shape.xnumel)
-    warps = (1, 2, 4, 8, 16) if wide else (2, 4, 8)
     out = []
-    for x in (1, 2, 4, 8, 16, 32, 64, 128):
+    for x in (1, 2, 4, 8, 16, 32, 64):
         tile = x * rblock
         if x > xtop or tile > max(tile_max, rblock):
             continue
-        for w in warps:
-            # Note: at least one element per thread, at most 64 per thread (else registers spill).
-            if 32 * w <= max(tile, 32) and tile <= 64 * 32 * w:
+        for w in (2, 4, 8, 16):
+            # Note: at least one element per thread and at most 64 (else registers spill); the
+            # default search also keeps 8 or more per thread, as launch_config does.
+            if 32 * w > max(tile, 32) or tile > 64 * 32 * w:
+                continue
+            if wide or w <= max(2, tile // 256):
                 out.append(Config(x, rblock, w))
     return out
 
@@ -137,20 +139,20 @@ def _persistent(shape: KernelShape, wide: bool) -> list[Config]:
 def _looped(shape: KernelShape, wide: bool) -> list[Config]:
     rtop = next_pow2(shape.rnumel)
     tile_max = TILE_MAX["max-autotune" if wide else "default"]
-    rblocks = (256, 512, 1024, 2048, 4096) if wide else (1024, 2048, 4096)
-    xblocks = (1, 2, 4, 8) if wide else (1, 2)
-    warps = (2, 4, 8, 16) if wide else (4, 8)
-    stages = (1, 2, 3) if wide else (1,)
+    rblocks = (512, 1024, 2048, 4096) if wide else (1024, 2048, 4096)
+    xblocks = (1, 2, 4) if wide else (1, 2)
+    warps = (4, 8, 16) if wide else (4, 8)
+    stages = (1, 2) if wide else (1,)
     return [Config(x, r, w, s, True) for x in xblocks for r in rblocks for w in warps for s in stages
             if r <= rtop and x * r <= tile_max and x <= next_pow2(shape.xnumel) and 32 * w <= x * r]
 
 
 def _column(shape: KernelShape, wide: bool) -> list[Config]:
     rtop = next_pow2(shape.rnumel)
-    xblocks = (8, 16, 32, 64, 128) if wide else (8, 16, 32)
-    rblocks = (16, 32, 64, 128, 256) if wide else (64, 128)
-    warps = (2, 4, 8) if wide else (4, 8)
-    stages = (1, 2, 3) if wide else (1,)
+    xblocks = (8, 16, 32, 64) if wide else (8, 16, 32)
+    rblocks = (32, 64, 128) if wide else (64, 128)
+    warps = (4, 8)
+    stages = (1, 2) if wide else (1,)
     return [Config(x, r, w, s, True) for x in xblocks for r in rblocks for w in warps for s in stages
             if r <= rtop and x * r <= 8192 and x <= next_pow2(shape.xnumel) and 32 * w <= x * r]
 
@@ -364,7 +366,8 @@ def autotune_artifact(artifact: Artifact, request: CompileRequest, device: str =
     """The artifact with every kernel's config chosen by measurement on `device`, marked tuned.
 
     A kernel that cannot be tuned (no launch, not re-derivable, its reference config fails, the
-    budget is spent) keeps its heuristic config and no TuningRecord. If no kernel was tuned, the
+    budget is spent) keeps its heuristic config and no TuningRecord; one tuned before keeps its
+    config and record. If no kernel was tuned, the
     artifact comes back unchanged (and untuned).
     """
     manifest = artifact.manifest
@@ -378,9 +381,10 @@ def autotune_artifact(artifact: Artifact, request: CompileRequest, device: str =
     with tempfile.TemporaryDirectory(prefix="fxcc-tune-") as tmp:
         for info in manifest.kernels:
             found = scheduled.get(info.name)
-            if time.monotonic() > deadline or found is None or not launches.get(info.name):
-                why = "budget spent" if found is not None else "not in the re-derived schedule"
-                log.info("kernel %s keeps its heuristic config: %s", info.name, why)
+            if info.tuned or time.monotonic() > deadline or found is None or not launches.get(info.name):
+                why = ("tuned before" if info.tuned else "budget spent" if found is not None
+                       else "not in the re-derived schedule")
+                log.info("kernel %s keeps its config: %s", info.name, why)
                 kernels.append(info)
                 continue
             try:
@@ -391,8 +395,8 @@ def autotune_artifact(artifact: Artifact, request: CompileRequest, device: str =
                 kernels.append(info)
     if not any(k.tuned for k in kernels):
         return artifact
-    xblocks = {k.name: k.constexprs["XBLOCK"] for k in kernels}
-    steps = [retile_step(s, xblocks[s.kernel]) if isinstance(s, KernelStep) else s
+    xblocks = {k.name: k.constexprs["XBLOCK"] for k in kernels if k.tuned}
+    steps = [retile_step(s, xblocks[s.kernel]) if isinstance(s, KernelStep) and s.kernel in xblocks else s
              for s in manifest.plan.steps]
     plan = manifest.plan.model_copy(update={"steps": steps})
     new = manifest.model_copy(update={"kernels": kernels, "plan": plan, "tuned": True})

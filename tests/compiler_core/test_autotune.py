@@ -94,6 +94,22 @@ def test_column_reductions_stay_looped_with_wide_tiles() -> None:
     assert len(configs) > 3 and all(c.looped and c.xblock >= 8 for c in configs)
 
 
+@pytest.mark.parametrize("shape,heuristic", [
+    (KernelShape(1 << 26), Config(1024, 0, 4)),
+    (KernelShape(16384, 1024, can_loop=True), Config(2, 1024, 4)),
+    (KernelShape(16384, 4096), Config(1, 4096, 8)),
+    (KernelShape(16384, 128), Config(16, 128, 4)),
+    (KernelShape(256, 6000, looped=True, can_loop=True), Config(1, 2048, 8, looped=True)),
+    (KernelShape(512, 4096, looped=True, column=True, can_loop=True, can_persist=False),
+     Config(8, 128, 4, looped=True)),
+], ids=["pointwise", "persistent", "persistent_long", "persistent_short", "looped", "column"])
+def test_max_autotune_is_a_superset_of_a_small_default(shape: KernelShape, heuristic: Config) -> None:
+    default = candidate_configs(shape, heuristic)
+    wide = candidate_configs(shape, heuristic, "max-autotune")
+    assert 2 < len(default) <= 20 and len(default) < len(wide) <= 80
+    assert set(default) <= set(wide)
+
+
 def test_labels_name_every_knob() -> None:
     assert Config(1024, 0, 4).label == "x1024_w4_s1"
     assert Config(4, 2048, 8, 2, True).label == "x4_r2048_w8_s2_looped"
@@ -305,3 +321,13 @@ def test_tuning_record_round_trips() -> None:
                        timings_ms={"x1024_w4_s1": 0.2, "x2048_w8_s1": 0.15},
                        rejected={"x4096_w16_s1": "RuntimeError: out of resources"}, sizes=[1 << 20])
     assert TuningRecord.model_validate_json(rec.model_dump_json()) == rec
+
+
+def test_tuning_a_tuned_artifact_changes_nothing(tuned_pair) -> None:  # type: ignore[no-untyped-def]
+    _, tuned, request, _ = tuned_pair
+
+    def timer(config: Config, launch: Callable[[], None]) -> float:
+        raise AssertionError("nothing should be measured again")
+
+    again = autotune_artifact(tuned, request, "cpu", timer=timer)
+    assert again.manifest == tuned.manifest and again.blobs == tuned.blobs
