@@ -129,6 +129,7 @@ class CompileStats(_Model):
     ops_fused: int = 0
     intermediate_bytes_avoided: int = 0
     compile_s: float = 0.0
+    tune_s: float = 0.0  # benchmarking configs on a GPU (compiler_core.autotune); 0 when untuned
 
 
 class Versions(_Model):

@@ -376,7 +376,8 @@ def autotune_artifact(artifact: Artifact, request: CompileRequest, device: str =
     scheduled = scheduled_kernels(request)
     launches = launches_by_kernel(manifest.plan)
     blobs = dict(artifact.blobs)
-    deadline = time.monotonic() + budget_s
+    started = time.monotonic()
+    deadline = started + budget_s
     kernels: list[KernelInfo] = []
     with tempfile.TemporaryDirectory(prefix="fxcc-tune-") as tmp:
         for info in manifest.kernels:
@@ -393,13 +394,14 @@ def autotune_artifact(artifact: Artifact, request: CompileRequest, device: str =
             except Exception as e:  # noqa: BLE001 - an untuned kernel is still a correct kernel
                 log.warning("kernel %s keeps its heuristic config: %s", info.name, _short(e))
                 kernels.append(info)
-    if not any(k.tuned for k in kernels):
-        return artifact
+    if all(new is old for new, old in zip(kernels, manifest.kernels)):
+        return artifact  # nothing (newly) tuned
     xblocks = {k.name: k.constexprs["XBLOCK"] for k in kernels if k.tuned}
     steps = [retile_step(s, xblocks[s.kernel]) if isinstance(s, KernelStep) and s.kernel in xblocks else s
              for s in manifest.plan.steps]
     plan = manifest.plan.model_copy(update={"steps": steps})
-    new = manifest.model_copy(update={"kernels": kernels, "plan": plan, "tuned": True})
+    stats = manifest.stats.model_copy(update={"tune_s": round(time.monotonic() - started, 3)})
+    new = manifest.model_copy(update={"kernels": kernels, "plan": plan, "tuned": True, "stats": stats})
     used = {ref.digest for ref in new.blob_refs()}
     return Artifact(new, {d: b for d, b in blobs.items() if d in used})
 

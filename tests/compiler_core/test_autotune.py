@@ -232,6 +232,7 @@ def test_tuned_artifact_records_winners_and_timings(tuned_pair) -> None:  # type
     assert not art.manifest.tuned and all(not k.tuned for k in art.manifest.kernels)
     m = tuned.manifest
     assert m.tuned and m.key == art.manifest.key
+    assert m.stats.tune_s > 0 and art.manifest.stats.tune_s == 0
     assert len(m.kernels) == len(art.manifest.kernels) == 3
     for k in m.kernels:
         rec = k.tuning
