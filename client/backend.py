@@ -118,6 +118,8 @@ class GraphCompiler:
             key = compile_key(request)
             art = self.cache.get(key)
             if art is not None:
+                if self.settings.url and not art.manifest.tuned and art.manifest.target.kind == "cuda":
+                    _executor().submit(self.refresh_tuned, key)
                 return self._ready(art, "local-hit", capture, eager, t0)
             if self.settings.precompile:
                 return self._precompile(request, key, eager, t0)
@@ -142,9 +144,34 @@ class GraphCompiler:
         else:
             from compiler_core.build import compile_and_build
 
-            art, source = compile_and_build(request), "compiled-in-process"
+            # Note: in-process compiles tune only in max-autotune mode (on a GPU of the target's
+            # arch): tuning takes seconds per kernel, which a default-mode first call should not.
+            tune = "cuda" if request.options.mode == "max-autotune" else None
+            art, source = compile_and_build(request, tune_device=tune), "compiled-in-process"
         self.cache.put(art)
         return art, source
+
+    def refresh_tuned(self, key: str) -> bool:
+        """Replace an untuned local copy of `key` by the service's tuned one, if it has one by now
+        (a GPU worker tuned it after this machine cached it). The process that started the
+        refresh keeps its plan; the next one loads the tuned artifact. Never raises."""
+        from client.remote import RemoteService
+
+        try:
+            remote = RemoteService(self.settings.url or "", self.settings.token,
+                                   self.settings.request_timeout_s, self.settings.signing_key)
+            try:
+                art = remote.get_artifact(key)
+            finally:
+                remote.close()
+        except Exception as e:  # noqa: BLE001 - only an optimisation
+            log.info("fxcc: no tuned artifact for %s from the service: %s", key[:12], _cause_text(e))
+            return False
+        if art is None or not art.manifest.tuned:
+            return False
+        self.cache.put(art)
+        log.info("fxcc: the service has a tuned artifact for %s; the next process loads it", key[:12])
+        return True
 
     def _ready(self, art: Artifact, source: str, capture: Any, eager: Callable, t0: float) -> Callable:
         runner = load_plan(art)

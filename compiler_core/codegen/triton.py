@@ -249,8 +249,19 @@ def launch_config(kernel: Kernel) -> tuple[dict[str, int], int]:
     return {"XBLOCK": xblock, "RBLOCK": rblock}, 8 if elems >= 4096 else 4 if elems >= 1024 else 2
 
 
-def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str) -> RenderedKernel:
-    """The Triton source of one kernel, with its argument order and launch configuration."""
+def launch_grid(xnumel: int, xblock: int) -> list[int]:
+    """The launch grid of a kernel over `xnumel` rows: one program per XBLOCK of them."""
+    return [-(-xnumel // xblock)]
+
+
+def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str,
+                  looped: bool | None = None) -> RenderedKernel:
+    """The Triton source of one kernel, with its argument order and launch configuration.
+
+    `looped` overrides the scheduler's choice of a looped (RBLOCK at a time) or persistent (the
+    whole row in registers) reduction; the autotuner renders both where both are valid.
+    """
+    looped = kernel.looped if looped is None else looped
     own = kernel.names()
     loads: list[str] = []
     for node in kernel.nodes:
@@ -267,7 +278,7 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str) -> Rende
             coords = node_coords(node, kernel.xnumel, kernel.rnumel, kernel.partition)
             if coords is None:
                 raise CodegenError(f"{node.name} does not fit its kernel")
-            if kernel.looped and node.is_reduction():
+            if looped and node.is_reduction():
                 value = _looped_reduction(h, node, coords)
             else:
                 value = run_body(node, coords)
@@ -295,7 +306,7 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str) -> Rende
     pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
     if reduction:
         head = [f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]", "xmask = xindex < xnumel"]
-        if not kernel.looped:
+        if not looped:
             head += ["rindex = tl.arange(0, RBLOCK)[None, :]", "rmask = rindex < rnumel"]
     else:
         head = [f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)", "xmask = xindex < xnumel"]
@@ -311,9 +322,8 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str) -> Rende
     if target == "cuda":
         imports += "from triton.language.extra import libdevice\n"
     source = (f"{imports}\n{HELPERS}\n\n@triton.jit\ndef {name}({', '.join(params)}):\n{text}\n")
-    xblock = constexprs["XBLOCK"]
     return RenderedKernel(name, source, loads + stores, kernel.xnumel, kernel.rnumel,
-                          [-(-kernel.xnumel // xblock)], constexprs, num_warps)
+                          launch_grid(kernel.xnumel, constexprs["XBLOCK"]), constexprs, num_warps)
 
 
 def _reduce(h: TritonHandler, rtype: str, value: TVal) -> TVal:
