@@ -24,7 +24,8 @@ from typing import Any
 from bench.workloads import FAST, MODELS, WORKLOADS
 
 FIELDS = ("name", "dtype", "eager_ms", "inductor_ms", "fxcc_ms", "fxcc_vs_inductor", "gbps", "copy_gbps",
-          "inductor_cold_s", "inductor_warm_s", "fxcc_cold_s", "fxcc_warm_s", "kernels_fxcc",
+          "inductor_cold_s", "inductor_warm_s", "fxcc_cold_s", "fxcc_warm_s", "fxcc_inproc_cold_s",
+          "fxcc_inproc_warm_s", "kernels_fxcc",
           "kernels_inductor", "fxcc_peak_mb", "inductor_peak_mb", "artifact_bytes")
 NOTES = {
     "runtime": "median of triton.testing.do_bench (ms), TF32 on, torch.no_grad, eval mode",
@@ -34,10 +35,15 @@ NOTES = {
     "first_call": "fresh process: torch.compile + first call until synchronized; CUDA init and "
                   "inputs before the clock; compiler imports inside it. inductor_cold: empty "
                   "TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR; inductor_warm: the same, filled",
-    "fxcc_first_call": "fxcc in-process (no service, FXCC_URL unset): cold = empty FXCC_CACHE_DIR and "
-                       "TRITON_CACHE_DIR, compile + cubin build in the process; warm = a new process "
-                       "with the filled FXCC_CACHE_DIR (local-hit) and an empty TRITON_CACHE_DIR. "
-                       "Not yet through a running service and worker",
+    "fxcc_first_call": "fxcc through a running service (bench.service_first_call): `fxcc serve` with its "
+                       "embedded store and in-process worker (no Redis), started empty by the benchmark; "
+                       "fxcc_cold = a fresh client process with empty FXCC_CACHE_DIR and TRITON_CACHE_DIR, "
+                       "each graph a compile job (worker compiles + builds cubins); fxcc_warm = another "
+                       "new process with empty local caches, each graph a hit in the service's cache",
+    "fxcc_inproc_first_call": "fxcc in-process (FXCC_URL unset): fxcc_inproc_cold = empty FXCC_CACHE_DIR and "
+                              "TRITON_CACHE_DIR, compile + cubin build in the process; fxcc_inproc_warm = a "
+                              "new process with the filled FXCC_CACHE_DIR (local-hit) and an empty "
+                              "TRITON_CACHE_DIR",
     "fxcc_build": "the in-process compile builds cubins (compiler_core.build.compile_and_build)",
 }
 
@@ -70,7 +76,7 @@ def _env(**dirs: str) -> dict[str, str]:
     return env
 
 
-def run_workload(name: str, first_call: bool, timeout_s: float) -> dict[str, Any]:
+def run_workload(name: str, first_call: bool, timeout_s: float, fxcc_first_call: str = "both") -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"fxcc-bench-{name}-") as tmp:
         t = Path(tmp)
         d = {k: str(t / k) for k in ("ind", "tri", "fx", "ind2", "tri2", "fx2", "tri3")}
@@ -85,11 +91,11 @@ def run_workload(name: str, first_call: bool, timeout_s: float) -> dict[str, Any
             return row
         ind_env = _env(TORCHINDUCTOR_CACHE_DIR=d["ind2"], TRITON_CACHE_DIR=d["tri2"], FXCC_CACHE_DIR=d["fx2"])
         fx_cold = _env(TORCHINDUCTOR_CACHE_DIR=d["ind2"], TRITON_CACHE_DIR=d["tri3"], FXCC_CACHE_DIR=d["fx2"])
-        runs = (("inductor_cold_s", ["--compiler", "inductor"], ind_env),
-                ("inductor_warm_s", ["--compiler", "inductor"], ind_env),
-                ("fxcc_cold_s", ["--compiler", "fxcc"], fx_cold),
-                ("fxcc_warm_s", ["--compiler", "fxcc"],
-                 {**fx_cold, "TRITON_CACHE_DIR": str(t / "tri4")}))
+        runs = [("inductor_cold_s", ["--compiler", "inductor"], ind_env),
+                ("inductor_warm_s", ["--compiler", "inductor"], ind_env)]
+        if fxcc_first_call in ("both", "inproc"):
+            runs += [("fxcc_inproc_cold_s", ["--compiler", "fxcc"], fx_cold),
+                     ("fxcc_inproc_warm_s", ["--compiler", "fxcc"], {**fx_cold, "TRITON_CACHE_DIR": str(t / "tri4")})]
         for field, args, env in runs:
             r, err = _python(["bench.first_call", "--workload", name, *args], env, timeout_s)
             row[field] = r["first_call_s"] if r else None
@@ -98,6 +104,13 @@ def run_workload(name: str, first_call: bool, timeout_s: float) -> dict[str, Any
             if err:
                 row[field.replace("_s", "_error")] = err
             print(f"[bench] {name}: {field} = {row[field]}{' (' + err + ')' if err else ''}", flush=True)
+    if fxcc_first_call in ("both", "service"):
+        from bench.service_first_call import service_first_call
+
+        row.update(service_first_call(name, timeout_s=timeout_s))
+        for field in ("fxcc_cold_s", "fxcc_warm_s"):
+            err = row.get(field.replace("_s", "_error"))
+            print(f"[bench] {name}: {field} (service) = {row[field]}{' (' + err + ')' if err else ''}", flush=True)
     return row
 
 
@@ -168,6 +181,9 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--no-first-call", action="store_true", help="skip the fresh-process first-call runs")
     p.add_argument("--first-call", default="", help="first-call runs only for these workloads (names/groups)")
+    p.add_argument("--fxcc-first-call", choices=("both", "service", "inproc"), default="both",
+                   help="fxcc's first call through a running service (fxcc_cold_s/fxcc_warm_s), "
+                        "in-process (fxcc_inproc_*), or both")
     p.add_argument("--no-launch-overhead", action="store_true")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per process")
     p.add_argument("--log", type=Path, help="append every child process's output here")
@@ -187,7 +203,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     why = ""
     for n in names:  # written after each workload, so a run cut short keeps what it measured
-        rows.append(run_workload(n, n in first, a.timeout_s))
+        rows.append(run_workload(n, n in first, a.timeout_s, a.fxcc_first_call))
         doc = merge(a.out, rows[-1:], extra)
         a.out.write_text(json.dumps(doc, indent=1))
         why = chart(doc, a.out.with_suffix(".png"))

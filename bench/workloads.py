@@ -73,8 +73,25 @@ FAST = ("cos_sin", "bias_gelu_ln_fp32", "bias_gelu_ln_bf16", "softmax")
 MODELS = ("transformer_block", "gpt2_small", "resnet50")
 
 
-def make_workload(name: str, device: str = "cuda", seed: int = 0) -> BenchWorkload:
+def _tiny(name: str) -> BenchWorkload:
+    """A CPU-sized version of `name` (Triton's interpreter runs it in well under a second)."""
+    if name == "cos_sin":
+        return BenchWorkload(name, "float32", cos_sin, (torch.randn(4096),), None)
+    if name == "softmax":
+        return BenchWorkload(name, "float32", _softmax, (torch.randn(64, 128),), None)
+    if name == "bias_gelu_ln_fp32":
+        return BenchWorkload(name, "float32", BiasGeluLayerNorm(256).eval(), (torch.randn(64, 256),), None)
+    if name == "transformer_block":
+        return BenchWorkload(name, "float32", TransformerBlock(64, 4).eval(), (torch.randn(2, 32, 64),), None)
+    raise KeyError(f"no tiny version of {name!r}; tiny: {', '.join(TINY)}")
+
+
+TINY = ("cos_sin", "softmax", "bias_gelu_ln_fp32", "transformer_block")
+
+
+def make_workload(name: str, device: str = "cuda", seed: int = 0, tiny: bool = False) -> BenchWorkload:
+    """The workload `name` on `device`; `tiny`: a CPU-sized version for checking the scripts here."""
     if name not in WORKLOADS:
         raise KeyError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
     torch.manual_seed(seed)
-    return WORKLOADS[name](device)
+    return _tiny(name) if tiny else WORKLOADS[name](device)

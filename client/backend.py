@@ -119,6 +119,8 @@ class GraphCompiler:
             key = compile_key(request)
             art = self.cache.get(key)
             if art is not None:
+                if self.settings.url and not art.manifest.tuned and art.manifest.target.kind == "cuda":
+                    _executor().submit(self.refresh_tuned, key)
                 return self._ready(art, "local-hit", capture, eager, t0, request)
             if self.settings.precompile:
                 return self._precompile(request, key, eager, t0)
@@ -143,9 +145,34 @@ class GraphCompiler:
         else:
             from compiler_core.build import compile_and_build
 
-            art, source = compile_and_build(request), "compiled-in-process"
+            # Note: in-process compiles tune only in max-autotune mode (on a GPU of the target's
+            # arch): tuning takes seconds per kernel, which a default-mode first call should not.
+            tune = "cuda" if request.options.mode == "max-autotune" else None
+            art, source = compile_and_build(request, tune_device=tune), "compiled-in-process"
         self.cache.put(art)
         return art, source
+
+    def refresh_tuned(self, key: str) -> bool:
+        """Replace an untuned local copy of `key` by the service's tuned one, if it has one by now
+        (a GPU worker tuned it after this machine cached it). The process that started the
+        refresh keeps its plan; the next one loads the tuned artifact. Never raises."""
+        from client.remote import RemoteService
+
+        try:
+            remote = RemoteService(self.settings.url or "", self.settings.token,
+                                   self.settings.request_timeout_s, self.settings.signing_key)
+            try:
+                art = remote.get_artifact(key)
+            finally:
+                remote.close()
+        except Exception as e:  # noqa: BLE001 - only an optimisation
+            log.info("fxcc: no tuned artifact for %s from the service: %s", key[:12], _cause_text(e))
+            return False
+        if art is None or not art.manifest.tuned:
+            return False
+        self.cache.put(art)
+        log.info("fxcc: the service has a tuned artifact for %s; the next process loads it", key[:12])
+        return True
 
     def _ready(self, art: Artifact, source: str, capture: Any, eager: Callable, t0: float,
                request: CompileRequest | None = None) -> Callable:
@@ -339,6 +366,28 @@ def decomposition_table() -> dict[Any, Callable]:
             if not any(k in str(op) for k in KEEP_WHOLE)}
 
 
+def partition_joint_graph(joint: fx.GraphModule, joint_inputs: Any,
+                          **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Split AOTAutograd's joint graph into forward and backward, choosing the saved activations
+    by min-cut as Inductor's default partitioner does.
+
+    Note: min-cut saves the cheapest set of tensors that cuts the forward from the backward and
+    recomputes cheap pointwise chains in the backward instead of saving their intermediates. That
+    pays off because fxcc, like Inductor, fuses those recomputed ops into the backward's kernels.
+    It needs networkx (a dependency of torch) and is torch's most intricate partitioner: if it
+    fails, the joint graph is split by torch's default partitioner (which saves what the backward
+    reads) and fxcc warns once, so training never stops because of the partition.
+    """
+    from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
+
+    try:
+        return min_cut_rematerialization_partition(joint, joint_inputs, compiler="inductor", **kwargs)
+    except Exception as e:  # noqa: BLE001 - the user's program must keep running
+        warn_once(f"partition:{_cause(e)}", f"min-cut partition failed ({_cause_text(e)}); "
+                  "saving activations with torch's default partition")
+        return default_partition(joint, joint_inputs, **kwargs)
+
+
 def fxcc_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable:
     """The `fxcc` backend for torch.compile (registered as a torch_dynamo_backends entry point)."""
     from torch._dynamo.backends.common import aot_autograd
@@ -349,6 +398,7 @@ def fxcc_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -
         raise ValueError(f"fxcc: {e}") from None
     compiler = GraphCompiler(settings)
     backend = aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
+                           partition_fn=partition_joint_graph,
                            decompositions=decomposition_table(),
                            keep_inference_input_mutations=True)
     return backend(gm, example_inputs)

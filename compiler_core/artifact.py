@@ -118,8 +118,27 @@ class Plan(_Model):
     guards: list[GuardText] = Field(default_factory=list, max_length=1024)
 
 
+class TuningRecord(_Model):
+    """How a GPU worker chose a kernel's launch config (compiler_core.autotune).
+
+    Configs are named by labels such as `x4_r2048_w8_s1_looped`. Every candidate that ran and
+    matched the heuristic config's output has a time; the others say in `rejected` why not.
+    """
+
+    device: str  # the GPU that measured, e.g. "NVIDIA H200"
+    heuristic: str  # launch_config's choice, the reference every candidate is checked against
+    winner: str
+    timings_ms: dict[str, float] = Field(default_factory=dict)  # median of triton.testing.do_bench
+    rejected: dict[str, str] = Field(default_factory=dict)
+    sizes: list[int] = Field(default_factory=list)  # xnumel (and rnumel) it was measured at
+
+
 class KernelInfo(_Model):
-    """One generated kernel: the @triton.jit function `name` in source blob `source`."""
+    """One generated kernel: the @triton.jit function `name` in source blob `source`.
+
+    `constexprs`, `num_warps` and `num_stages` are the config every launch uses: the codegen
+    heuristic's, or the autotuner's winner when `tuning` is set.
+    """
 
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     source: BlobRef
@@ -129,6 +148,11 @@ class KernelInfo(_Model):
     # Per target arch ("sm_90"): the cubin blob and its launch metadata (filled by the build step).
     binaries: dict[str, BlobRef] = Field(default_factory=dict)
     metadata: dict[str, int | str] = Field(default_factory=dict)
+    tuning: TuningRecord | None = None  # None: untuned (the heuristic config)
+
+    @property
+    def tuned(self) -> bool:
+        return self.tuning is not None
 
 
 class CompileStats(_Model):
@@ -140,6 +164,7 @@ class CompileStats(_Model):
     ops_fused: int = 0
     intermediate_bytes_avoided: int = 0
     compile_s: float = 0.0
+    tune_s: float = 0.0  # benchmarking configs on a GPU (compiler_core.autotune); 0 when untuned
 
 
 class Versions(_Model):
@@ -153,7 +178,7 @@ class ArtifactManifest(_Model):
     key: str
     versions: Versions
     target: Target
-    tuned: bool = False
+    tuned: bool = False  # a GPU worker benchmarked the kernels' configs (see KernelInfo.tuning)
     plan: Plan
     kernels: list[KernelInfo] = Field(default_factory=list)
     stats: CompileStats = Field(default_factory=CompileStats)
@@ -162,6 +187,12 @@ class ArtifactManifest(_Model):
         refs = [k.source for k in self.kernels]
         refs += [b for k in self.kernels for b in k.binaries.values()]
         return refs
+
+
+def supersedes(new: ArtifactManifest, old: ArtifactManifest | None) -> bool:
+    """Whether a store may replace `old` by `new` under one key: a tuned artifact supersedes an
+    untuned one, never the other way round (between equals, the newer one wins)."""
+    return old is None or new.tuned or not old.tuned
 
 
 def digest(data: bytes) -> str:

@@ -304,12 +304,15 @@ def cuda_build_unavailable() -> str | None:
     return None
 
 
-def compile_and_build(request: CompileRequest) -> Artifact:
-    """compile_request, then cubins for the request's CUDA target: the entry for workers and the
-    embedded client (a CPU-only worker builds too; only autotuning needs a GPU)."""
+def compile_and_build(request: CompileRequest, tune_device: str | None = None) -> Artifact:
+    """compile_request, then (given `tune_device`, a GPU of the target's arch) autotuning, then
+    cubins for the request's CUDA target: the entry for workers and the embedded client (a
+    CPU-only worker builds too; only autotuning needs a GPU)."""
+    from compiler_core.autotune import autotune_for_target
     from compiler_core.compile import compile_request
 
     artifact = compile_request(request)
+    artifact = autotune_for_target(artifact, request, tune_device)  # before build: cubins of the winners
     target = request.options.target
     if target.kind == "cuda" and artifact.manifest.kernels and cuda_build_unavailable() is None:
         artifact = build_artifact(artifact, request, target.arch)

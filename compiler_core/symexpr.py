@@ -68,7 +68,11 @@ _TOKEN_RE = re.compile(r"(?P<ws>[ \t\r\n]+)|(?P<int>[0-9]+)|(?P<name>[a-z][a-z0-
 
 
 class SymExprError(ValueError):
-    """Text or an expression outside the format, or an evaluation outside its domain."""
+    """Text or an expression outside the format, or an evaluation outside its domain.
+
+    Messages end in "at position N" (a 0-based character offset into the text) wherever the
+    problem has one, followed for evaluation errors by the text of the failing subexpression.
+    """
 
 
 # ---------------------------------------------------------------- the tree
@@ -82,7 +86,11 @@ class SymExpr:
     """
 
     def evaluate(self, env: Env) -> Value:
-        """The exact value under `env` (symbol name -> int): int for arithmetic, bool for a relation."""
+        """The exact value under `env` (symbol name -> int): int for arithmetic, bool for a relation.
+
+        Note: this runs the same closures as `compile_exprs` (built once per tree), so both apply
+        the same checks and raise the same errors.
+        """
         return self._evaluator(env)
 
     @cached_property
@@ -355,7 +363,7 @@ class _Token:
     pos: int
 
 
-def tokenize(text: str) -> list[_Token]:
+def _tokenize(text: str) -> list[_Token]:
     """The tokens of `text`, ending with an "end" token; enforces MAX_CHARS and MAX_TOKENS."""
     if not isinstance(text, str):
         raise SymExprError(f"expected str, got {type(text).__name__} at position 0")
@@ -377,7 +385,7 @@ def tokenize(text: str) -> list[_Token]:
 
 def parse(text: str) -> SymExpr:
     """The tree of `text` (see the module's grammar); SymExprError names the problem and position."""
-    return _Parser(tokenize(text)).parse()
+    return _Parser(_tokenize(text)).parse()
 
 
 class _Parser:

@@ -13,7 +13,14 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
-from compiler_core.artifact import Artifact, ArtifactManifest, atomic_write, load_artifact, save_artifact
+from compiler_core.artifact import (
+    Artifact,
+    ArtifactManifest,
+    atomic_write,
+    load_artifact,
+    save_artifact,
+    supersedes,
+)
 from service.store import (
     PRIORITIES,
     ArtifactTooLarge,
@@ -46,6 +53,7 @@ class EmbeddedStore:
         self.root = Path(data_dir)
         self.root.mkdir(parents=True, exist_ok=True)
         self._cond = threading.Condition()
+        self._put_lock = threading.Lock()
         self._jobs: dict[str, JobRecord] = {}
         self._requests: dict[str, str] = {}
         self._inflight: dict[str, str] = {}
@@ -117,15 +125,17 @@ class EmbeddedStore:
             self.count("rejected")
             raise ArtifactTooLarge(f"artifact {key[:12]} has {size} bytes, over the limit of "
                                    f"{self.max_artifact_bytes} (FXCC_MAX_ARTIFACT_BYTES)")
-        old = self.get_manifest(key)
-        if old is not None and old.tuned and not artifact.manifest.tuned:
-            return  # a tuned artifact supersedes an untuned one, never the other way round
-        sig_path = self.root / "manifests" / f"{key}.sig"
-        if signature is None:
-            sig_path.unlink(missing_ok=True)
-        else:
-            atomic_write(sig_path, signature.encode())
-        save_artifact(self.root, artifact)  # blobs first, manifest last
+        # Note: check and write under one lock, so that an untuned put racing a tuned one of the
+        # same key cannot land last (the embedded store is the only writer of its data dir).
+        with self._put_lock:
+            if not supersedes(artifact.manifest, self.get_manifest(key)):
+                return  # a tuned artifact supersedes an untuned one, never the other way round
+            sig_path = self.root / "manifests" / f"{key}.sig"
+            if signature is None:
+                sig_path.unlink(missing_ok=True)
+            else:
+                atomic_write(sig_path, signature.encode())
+            save_artifact(self.root, artifact)  # blobs first, manifest last
         self.count("puts")
 
     def list_artifacts(self, limit: int) -> list[str]:

@@ -9,7 +9,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from compiler_core.artifact import Artifact, ArtifactManifest, manifest_from_json
+from compiler_core.artifact import Artifact, ArtifactManifest, manifest_from_json, supersedes
 from compiler_core.errors import ArtifactError
 from service import redis_scripts as lua
 from service.keys import RedisKeys
@@ -106,27 +106,46 @@ class RedisCache:
             self.count("rejected")
             raise ArtifactTooLarge(f"artifact {m.key[:12]} has {size} bytes, over the limit of "
                                    f"{self.max_artifact_bytes} (FXCC_MAX_ARTIFACT_BYTES)")
-        old = self.c.get(self.k.manifest(m.key))
-        old_manifest = _parse(m.key, old)
-        if old_manifest is not None and old_manifest.tuned and not m.tuned:
+        if not supersedes(m, _parse(m.key, self.c.get(self.k.manifest(m.key)))):
             return  # a tuned artifact supersedes an untuned one, never the other way round
         pipe = self.c.pipeline(transaction=False)
         blobs = list(artifact.blobs.items())
         for d, data in blobs:
             pipe.set(self.k.blob(d), data, nx=True)
         added = sum(len(data) for (_, data), new in zip(blobs, pipe.execute()) if new)
-        # Note: the manifest goes in only after every blob is acknowledged: no torn entries. Its
-        # signature goes in the same MSET, so a reader never pairs a manifest with another's signature.
-        pipe = self.c.pipeline(transaction=True)
-        if signature is None:
-            pipe.delete(self.k.signature(m.key))
-            pipe.set(self.k.manifest(m.key), manifest_json)
-        else:
-            pipe.mset({self.k.manifest(m.key): manifest_json, self.k.signature(m.key): signature})
-        pipe.sadd(self.k.manifest_index, m.key)
-        pipe.hincrby(self.k.cache_counters, "puts", 1)
-        pipe.hincrby(self.k.cache_counters, "bytes", added + len(manifest_json) - len(old or b""))
-        pipe.execute()
+        self._put_manifest(m, manifest_json, signature, added)
+
+    def _put_manifest(self, m: ArtifactManifest, manifest_json: bytes, signature: str | None,
+                      added: int) -> None:
+        """Write the manifest (and its signature) unless the stored one supersedes it.
+
+        Note: the manifest goes in only after every blob is acknowledged: no torn entries. Its
+        signature goes in the same MULTI, so a reader never pairs a manifest with another's
+        signature. The supersede check WATCHes the manifest key: an untuned put that raced a
+        tuned one retries its check, and so can never land last.
+        """
+        mkey = self.k.manifest(m.key)
+        with self.c.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(mkey)
+                    old = pipe.get(mkey)
+                    if not supersedes(m, _parse(m.key, old)):
+                        pipe.unwatch()
+                        return
+                    pipe.multi()
+                    if signature is None:
+                        pipe.delete(self.k.signature(m.key))
+                        pipe.set(mkey, manifest_json)
+                    else:
+                        pipe.mset({mkey: manifest_json, self.k.signature(m.key): signature})
+                    pipe.sadd(self.k.manifest_index, m.key)
+                    pipe.hincrby(self.k.cache_counters, "puts", 1)
+                    pipe.hincrby(self.k.cache_counters, "bytes", added + len(manifest_json) - len(old or b""))
+                    pipe.execute()
+                    return
+                except redis.WatchError:
+                    continue  # another put changed the manifest meanwhile: check again
 
     def list_artifacts(self, limit: int) -> list[str]:
         keys: list[str] = []

@@ -10,6 +10,7 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import replace
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -60,9 +61,12 @@ def worker_main(concurrency: int = 1, device: str = "auto") -> None:
     stop, hard_stop = threading.Event(), threading.Event()
     install_signal_handlers(stop, hard_stop)
     names = [worker_id] if concurrency == 1 else [f"{worker_id}-{i}" for i in range(concurrency)]
-    policy = JobPolicy.from_settings(settings)
+    resolved = resolve_device(device)
+    # Note: a GPU worker tunes the CUDA targets of its GPU's arch; a CPU worker stores heuristic configs.
+    policy = replace(JobPolicy.from_settings(settings),
+                     tune_device=resolved if resolved.startswith("cuda") else None)
     consumers = [Consumer(store, n, stop, block_ms=settings.claim_block_ms, policy=policy) for n in names]
-    info = {"id": worker_id, "device": resolve_device(device), "concurrency": concurrency,
+    info = {"id": worker_id, "device": resolved, "concurrency": concurrency,
             "started_at": time.time()}
     log.info("worker %s: %d consumer(s), device %s, redis %s, prefix %r%s", worker_id, concurrency,
              info["device"], redacted_url(settings.redis_url), settings.redis_prefix,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from compiler_core.autotune import autotune_for_target, tuning_device
 from compiler_core.build import build_artifact, cuda_build_unavailable
 from compiler_core.compile import compile_request
 from compiler_core.errors import FxccError, InvalidGraph
@@ -21,11 +22,13 @@ log = logging.getLogger("fxcc.worker")
 
 @dataclass(frozen=True)
 class JobPolicy:
-    """How a worker runs jobs: the retry limit, manifest signing and the test-only delay."""
+    """How a worker runs jobs: the retry limit, manifest signing, the GPU it tunes on and the
+    test-only delay."""
 
     max_attempts: int = 3
     signing_key: bytes | None = None
     compile_delay_s: float = 0.0  # test hook (FXCC_TEST_ONLY_COMPILE_DELAY_S); 0 in production
+    tune_device: str | None = None  # "cuda:0": autotune CUDA targets of this GPU's arch there
 
     @classmethod
     def from_settings(cls, settings: ServiceSettings) -> JobPolicy:
@@ -88,17 +91,25 @@ def process_claim(store: Store, claim: Claim, *, worker: str = "embedded",
 
 
 def compile_and_store(store: Store, job: JobRecord, policy: JobPolicy) -> None:
-    """Compile the job's request (unless its artifact already exists), store it, mark it done."""
+    """Compile the job's request (unless its artifact already exists, tuned or not tunable
+    here), store it, mark it done."""
     existing = store.fetch_artifact(job.key, blobs=False, count=False)  # whole, blobs and all
-    if existing is not None:
+    if existing is not None and (existing.manifest.tuned or policy.tune_device is None):
         store.mark_done(job.id, existing.manifest.stats.model_dump())
         return
     request = load_request(store, job)
+    if existing is not None and not _tunes(policy, request):
+        store.mark_done(job.id, existing.manifest.stats.model_dump())
+        return  # else a GPU worker replaces an untuned artifact by a tuned one
     if policy.compile_delay_s:
         time.sleep(policy.compile_delay_s)
     artifact = compile_request(request)  # lowering, scheduling and Triton source in one call
     target = request.options.target
-    # Note: what compiler_core.build.compile_and_build does, split so that the job shows its stage.
+    # Note: what compiler_core.build.compile_and_build does, split so that the job shows its
+    # stages. Tuning comes first, so that the cubins are built for the winning configs.
+    if artifact.manifest.kernels and _tunes(policy, request):
+        store.mark_stage(job.id, JobStage.AUTOTUNING)
+        artifact = autotune_for_target(artifact, request, policy.tune_device)
     if target.kind == "cuda" and artifact.manifest.kernels and cuda_build_unavailable() is None:
         store.mark_stage(job.id, JobStage.BUILDING)
         artifact = build_artifact(artifact, request, target.arch)
@@ -112,6 +123,13 @@ def compile_and_store(store: Store, job: JobRecord, policy: JobPolicy) -> None:
     store.mark_done(job.id, stats)
     log.info("job %s: done, %d kernels, %d extern ops, %.3f s", job.id, stats["kernels"],
              stats["nodes_extern"], stats["compile_s"])
+
+
+def _tunes(policy: JobPolicy, request: CompileRequest) -> bool:
+    """Whether this worker can tune the request: a CUDA target of its GPU's arch."""
+    target = request.options.target
+    return (policy.tune_device is not None and target.kind == "cuda"
+            and tuning_device(target.arch, policy.tune_device) is not None)
 
 
 def load_request(store: Store, job: JobRecord) -> CompileRequest:

@@ -265,8 +265,22 @@ def launch_config(kernel: Kernel) -> tuple[dict[str, int], int]:
     return {"XBLOCK": xblock, "RBLOCK": rblock}, 8 if elems >= 4096 else 4 if elems >= 1024 else 2
 
 
-def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str) -> RenderedKernel:
-    """The Triton source of one kernel, with its argument order and launch configuration."""
+def launch_grid(xnumel: Any, xblock: int) -> list[Any]:
+    """The launch grid of a kernel over `xnumel` rows: one program per XBLOCK of them (a size
+    expression when xnumel is symbolic)."""
+    if is_symbolic(xnumel):
+        return [FloorDiv(xnumel + xblock - 1, xblock)]
+    return [-(-xnumel // xblock)]
+
+
+def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str,
+                  looped: bool | None = None) -> RenderedKernel:
+    """The Triton source of one kernel, with its argument order and launch configuration.
+
+    `looped` overrides the scheduler's choice of a looped (RBLOCK at a time) or persistent (the
+    whole row in registers) reduction; the autotuner renders both where both are valid.
+    """
+    looped = kernel.looped if looped is None else looped
     own = kernel.names()
     loads: list[str] = []
     for node in kernel.nodes:
@@ -283,7 +297,7 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str) -> Rende
             coords = node_coords(node, kernel.xnumel, kernel.rnumel, kernel.partition)
             if coords is None:
                 raise CodegenError(f"{node.name} does not fit its kernel")
-            if kernel.looped and node.is_reduction():
+            if looped and node.is_reduction():
                 value = _looped_reduction(h, node, coords)
             else:
                 value = run_body(node, coords)
@@ -314,7 +328,7 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str) -> Rende
     pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
     if reduction:
         head = [f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]", "xmask = xindex < xnumel"]
-        if not kernel.looped:
+        if not looped:
             head += ["rindex = tl.arange(0, RBLOCK)[None, :]", "rmask = rindex < rnumel"]
     else:
         head = [f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)", "xmask = xindex < xnumel"]
@@ -330,11 +344,9 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str) -> Rende
     if target == "cuda":
         imports += "from triton.language.extra import libdevice\n"
     source = (f"{imports}\n{HELPERS}\n\n@triton.jit\ndef {name}({', '.join(params)}):\n{text}\n")
-    xblock = constexprs["XBLOCK"]
-    grid = (FloorDiv(kernel.xnumel + xblock - 1, xblock) if is_symbolic(kernel.xnumel)
-            else -(-kernel.xnumel // xblock))
-    return RenderedKernel(name, source, loads + stores, kernel.xnumel, kernel.rnumel, [grid],
-                          constexprs, num_warps, reduction, size_args)
+    return RenderedKernel(name, source, loads + stores, kernel.xnumel, kernel.rnumel,
+                          launch_grid(kernel.xnumel, constexprs["XBLOCK"]), constexprs, num_warps,
+                          reduction, size_args)
 
 
 def _reduce(h: TritonHandler, rtype: str, value: TVal) -> TVal:

@@ -159,3 +159,43 @@ def test_api_tokens_are_kept_hashed(store: Store) -> None:
     assert store.find_token("c" * 64) == record and store.find_token("e" * 64) is None
     assert store.api_tokens() == [record]
     assert store.delete_token("ci") and not store.delete_token("ci") and store.api_tokens() == []
+
+
+def test_tuned_replaces_untuned_with_its_signature(store: Store, make_unary: Callable[..., CompileRequest]) -> None:
+    art = artifact_with_blobs(make_unary())
+    store.put_artifact(art, "untuned-signature")
+    tuned = Artifact(art.manifest.model_copy(update={"tuned": True}), art.blobs)
+    store.put_artifact(tuned, "tuned-signature")
+    got = store.get_manifest(art.manifest.key)
+    assert got is not None and got.tuned
+    assert store.get_signature(art.manifest.key) == "tuned-signature"
+    store.put_artifact(art, "untuned-signature")  # refused: the tuned one and its signature stay
+    assert store.get_manifest(art.manifest.key).tuned
+    assert store.get_signature(art.manifest.key) == "tuned-signature"
+    assert store.get_artifact(art.manifest.key) is not None
+
+
+def test_untuned_put_racing_a_tuned_one_never_lands_last(redis_store: Store, monkeypatch: pytest.MonkeyPatch,
+                                                         make_unary: Callable[..., CompileRequest]) -> None:
+    """A tuned put lands between an untuned put's check and its write: the WATCH sees it, the
+    check runs again, and the tuned manifest stays."""
+    from service import redis_cache
+
+    art = artifact_with_blobs(make_unary())
+    tuned = Artifact(art.manifest.model_copy(update={"tuned": True}), art.blobs)
+    real = redis_cache.supersedes
+    checks: list[bool] = []
+
+    def racing(new, old):  # type: ignore[no-untyped-def]
+        if len(checks) == 1:  # the untuned put's check inside WATCH: the GPU worker writes now
+            monkeypatch.setattr(redis_cache, "supersedes", real)
+            redis_store.put_artifact(tuned)
+            monkeypatch.setattr(redis_cache, "supersedes", racing)
+        checks.append(real(new, old))
+        return checks[-1]
+
+    monkeypatch.setattr(redis_cache, "supersedes", racing)
+    redis_store.put_artifact(art)
+    assert checks == [True, True, False]  # first check, the raced one, the retry after WatchError
+    got = redis_store.get_manifest(art.manifest.key)
+    assert got is not None and got.tuned

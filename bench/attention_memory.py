@@ -1,0 +1,135 @@
+"""Planned memory of the seed TransformerBlock with and without the attention pass (no GPU needed).
+
+    python -m bench.attention_memory                 # full size (batch 32, seq 512, d 1024, 16 heads), sm_90
+    python -m bench.attention_memory --small --target interpret
+
+Captures the block's inference graph through AOTAutograd (fake tensors only, nothing runs at full
+size), compiles it with and without `compiler_core.passes.attention`, and prints per plan:
+`peak_alloc_mb` (plan.peak_alloc_bytes: the plan's own AllocStep buffers) and `peak_live_mb` (every
+storage alive at once while the plan runs, extern results included, replayed on FakeTensors: what
+the device allocator would hold beyond the inputs, before rounding and library workspaces), and
+the kernel count. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+from unittest import mock
+
+import torch
+from torch._functorch.aot_autograd import aot_module_simplified
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from client.backend import decomposition_table
+from client.capture import capture_graph
+from client.examples import TransformerBlock
+from compiler_core import compile as pipeline
+from compiler_core.artifact import AllocStep, ExternStep, FreeStep, Plan
+from compiler_core.graph import decode_arg
+from compiler_core.plan import peak_alloc_bytes
+from compiler_core.wire import CompileOptions, CompileRequest, GraphSpec, Target, resolve_target, torch_dtype
+
+MB = 1 << 20
+
+
+def capture_block(batch: int, seq: int, d_model: int, heads: int, device: str) -> GraphSpec:
+    """The TransformerBlock's inference graph, traced with fake tensors, its inputs on `device`."""
+    specs: list[GraphSpec] = []
+
+    def compiler(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
+        specs.append(capture_graph(gm, inputs).spec)
+        outs = [n.meta["val"] for n in gm.graph.output_node().args[0]]
+        return lambda *args: [torch.empty_strided(o.shape, o.stride(), dtype=o.dtype) for o in outs]
+
+    def backend(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
+        return aot_module_simplified(gm, inputs, fw_compiler=compiler, decompositions=decomposition_table())
+
+    torch._dynamo.reset()
+    with torch.device("meta"):
+        model = TransformerBlock(d_model, heads).eval()
+    model = model.to_empty(device="cpu")
+    with torch.no_grad():
+        torch.compile(model, backend=backend)(torch.empty(batch, seq, d_model))
+    (spec,) = specs
+    placeholders = [p.model_copy(update={"spec": p.spec.model_copy(update={"device": device})})
+                    for p in spec.placeholders]
+    return spec.model_copy(update={"placeholders": placeholders})
+
+
+def peak_live_bytes(plan: Plan, spec: GraphSpec) -> int:
+    """Most bytes of storage (inputs excluded) alive at once when `plan` runs, replayed on FakeTensors."""
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    env: dict[str, Any] = {}
+    with mode:
+        for p in spec.placeholders:
+            s = p.spec
+            env[p.name] = torch.empty_strided(s.sizes, s.strides, dtype=torch_dtype(s.dtype), device=s.device)
+    inputs = {_storage(t) for t in env.values()}
+    device = spec.placeholders[0].spec.device  # as the runtime: AllocSteps go where the inputs are
+    peak = 0
+    for step in plan.steps:
+        if isinstance(step, AllocStep):
+            s = step.spec
+            with mode:
+                env[step.out] = (env.pop(step.reuse).as_strided(s.sizes, s.strides, 0) if step.reuse else
+                                 torch.empty_strided(s.sizes, s.strides, dtype=torch_dtype(s.dtype), device=device))
+        elif isinstance(step, ExternStep):
+            op = resolve_target(step.op)
+            with mode:
+                env[step.out] = op(*(decode_arg(a, env) for a in step.args),
+                                   **{k: decode_arg(v, env) for k, v in step.kwargs.items()})
+        elif isinstance(step, FreeStep):
+            for n in step.names:
+                env.pop(n, None)
+        live = {_storage(t): _nbytes(t) for t in _tensors(env.values())}
+        peak = max(peak, sum(b for s, b in live.items() if s not in inputs))
+    return peak
+
+
+def _tensors(values: Any) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (tuple, list)):
+            out.extend(_tensors(v))
+    return out
+
+
+def _storage(t: torch.Tensor) -> int:
+    return id(t.untyped_storage())
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.untyped_storage().nbytes()
+
+
+def measure(spec: GraphSpec, target: Target, with_pass: bool) -> dict[str, Any]:
+    request = CompileRequest(graph=spec, options=CompileOptions(target=target))
+    if with_pass:
+        art = pipeline.compile_request(request)
+    else:
+        with mock.patch.object(pipeline, "fuse_attention", lambda gm, graph, target: (gm, graph)):
+            art = pipeline.compile_request(request)
+    plan, stats = art.manifest.plan, art.manifest.stats
+    return {"kernels": stats.kernels, "extern_ops": stats.extern_ops,
+            "peak_alloc_mb": round(peak_alloc_bytes(plan.steps, plan.outputs) / MB, 1),
+            "peak_live_mb": round(peak_live_bytes(plan, spec) / MB, 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--small", action="store_true", help="batch 2, seq 32, d 64, 4 heads")
+    p.add_argument("--target", choices=("cuda", "interpret"), default="cuda")
+    a = p.parse_args()
+    dims = (2, 32, 64, 4) if a.small else (32, 512, 1024, 16)
+    target = Target(kind="cuda", arch=90) if a.target == "cuda" else Target(kind="interpret")
+    spec = capture_block(*dims, device="cuda" if a.target == "cuda" else "cpu")
+    print(json.dumps({"shape": dict(zip(("batch", "seq", "d_model", "heads"), dims)), "target": a.target,
+                      "before": measure(spec, target, False), "after": measure(spec, target, True)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Graph passes that rewrite an aten FX graph (and its GraphSpec) before lowering."""
