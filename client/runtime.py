@@ -32,7 +32,7 @@ from compiler_core.errors import ArtifactError
 from compiler_core.graph import decode_arg
 from compiler_core.symexpr import compile_exprs, parse
 from compiler_core.triton_lock import TRITON_LOCK
-from compiler_core.wire import IntArg, NodeRef, SymArg, resolve_target, torch_dtype
+from compiler_core.wire import IntArg, ListArg, NodeRef, SymArg, resolve_target, torch_dtype
 
 log = logging.getLogger("fxcc.runtime")
 
@@ -115,13 +115,21 @@ class PlanRunner:
     @staticmethod
     def _extern(step: ExternStep) -> Callable[[dict[str, Any]], None]:
         op = resolve_target(step.op, node=step.out)
-        args, kwargs, out = step.args, step.kwargs, step.out
+        out = step.out
         expect = _expected_strides(step)
+        args = [_arg_reader(a) for a in step.args]
+        kwargs = {k: _arg_reader(v) for k, v in step.kwargs.items()}
+        if expect is None and not kwargs and all(kind is _REF for kind, _ in args):
+            names = [x for _, x in args]
+
+            def run_refs(env: dict[str, Any]) -> None:  # the common case: tensors only
+                env[out] = op(*[env[n] for n in names])
+            return run_refs
 
         def run(env: dict[str, Any]) -> None:
             syms = env.get(SYMS)
-            value = op(*(decode_arg(a, env, syms) for a in args),
-                       **{k: decode_arg(v, env, syms) for k, v in kwargs.items()})
+            value = op(*[_read(kind, x, env, syms) for kind, x in args],
+                       **{k: _read(kind, x, env, syms) for k, (kind, x) in kwargs.items()})
             env[out] = value if expect is None else _in_layout(value, expect(syms), step)
         return run
 
@@ -194,6 +202,35 @@ class PlanRunner:
         for run in self._steps:
             run(env)
         return tuple(decode_arg(a, env, env.get(SYMS)) for a in self._outputs)
+
+
+# How an extern argument is read per call: a plan name, a constant decoded once, or (size
+# expressions, lists holding names) decoded each call.
+_REF, _CONST, _DYNAMIC = object(), object(), object()
+
+
+def _arg_reader(a: Any) -> tuple[object, Any]:
+    if isinstance(a, NodeRef):
+        return _REF, a.name
+    if _is_constant(a):
+        return _CONST, decode_arg(a, {}, None)
+    return _DYNAMIC, a
+
+
+def _is_constant(a: Any) -> bool:
+    if isinstance(a, (NodeRef, SymArg)):
+        return False
+    if isinstance(a, ListArg):
+        return all(_is_constant(x) for x in a.items)
+    return True
+
+
+def _read(kind: object, x: Any, env: dict[str, Any], syms: Any) -> Any:
+    if kind is _REF:
+        return env[x]
+    if kind is _CONST:
+        return list(x) if isinstance(x, list) else x  # a fresh list: an op never shares ours
+    return decode_arg(x, env, syms)
 
 
 def _expected_strides(step: ExternStep) -> Callable[[Any], tuple[int, ...]] | None:

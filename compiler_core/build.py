@@ -241,9 +241,14 @@ def _node_dtypes(request: CompileRequest) -> dict[str, str]:
     import torch
 
     from compiler_core.graph import rebuild_graph
+    from compiler_core.passes import run_passes
 
+    # Note: the same graph the compile lowered (passes included), so extern results the passes
+    # made (an SDPA call) have their dtypes too.
+    gm, _ = run_passes(rebuild_graph(request.graph, request.hints), request.graph,
+                       request.options.target.kind)
     out: dict[str, str] = {}
-    for node in rebuild_graph(request.graph).graph.nodes:
+    for node in gm.graph.nodes:
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
             out[node.name] = str(val.dtype).removeprefix("torch.")

@@ -29,7 +29,7 @@ from compiler_core.errors import InvalidGraph, UnsupportedOp
 from compiler_core.graph import rebuild_graph
 from compiler_core.keys import compile_key, compiler_fingerprint
 from compiler_core.lowering import ExternCall, GraphLowering, lower_graph
-from compiler_core.passes.attention import fuse_attention
+from compiler_core.passes import run_passes
 from compiler_core.plan import build_plan
 from compiler_core.scheduler import Kernel, schedule
 from compiler_core.symbolic import from_torch, hint, symbol_scope
@@ -69,7 +69,7 @@ def compile_graph(gm: fx.GraphModule, graph: GraphSpec, target: str,
     With size symbols, everything runs in their scope (sizes are SymPy over s0, s1, …), and the
     plan gets the symbols' bindings and every guard the ShapeEnv recorded on the way.
     """
-    gm, graph = fuse_attention(gm, graph, target)
+    gm, graph = run_passes(gm, graph, target)
     syms = gm.meta.get("fxcc_syms")
     scope = symbol_scope(syms.rename, syms.hints) if syms else contextlib.nullcontext()
     with scope:

@@ -1,1 +1,19 @@
 """Graph passes that rewrite an aten FX graph (and its GraphSpec) before lowering."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import fx
+
+    from compiler_core.wire import GraphSpec
+
+
+def run_passes(gm: fx.GraphModule, spec: GraphSpec, target: str) -> tuple[fx.GraphModule, GraphSpec]:
+    """Every pass, in order (the compile and the build's dtype lookup see the same graph)."""
+    from compiler_core.passes.attention import fuse_attention
+    from compiler_core.passes.pad_mm import pad_matmuls
+
+    gm, spec = fuse_attention(gm, spec, target)
+    return pad_matmuls(gm, spec, target)
