@@ -133,9 +133,30 @@ class GraphLowering:
 
     def add_computed(self, data: Pointwise | Reduction, strides: tuple[int, ...] | None = None) -> StridedView:
         sizes = data.ranges
-        buf = Buffer(self.new_name(), data.dtype, sizes, strides or contiguous_strides(sizes), "computed")
+        strides = strides or contiguous_strides(sizes)
+        if _nbytes(sizes, data.dtype) == 0:
+            return self._empty_buffer(sizes, strides, data.dtype)
+        buf = Buffer(self.new_name(), data.dtype, sizes, strides, "computed")
         self.program.append(ComputedBuffer(buf, data))
         return self.add_buffer(buf)
+
+    def _empty_buffer(self, sizes: tuple[int, ...], strides: tuple[int, ...], dtype: torch.dtype) -> StridedView:
+        """A zero-element buffer: allocated by the plan, never written (no kernel over no elements).
+
+        Note: this is how lowerings of empty tensors stay native: their values need no code.
+        """
+        name = self.new_name("empty")
+        self.program.append(ExternCall(name, "aten.empty_strided.default", [_ints(sizes), _ints(strides)],
+                                       {"dtype": DtypeArg(value=dtype_name(dtype)),
+                                        "device": DeviceArg(value=self._device())}))
+        return self.add_buffer(Buffer(name, dtype, sizes, strides, "extern"))
+
+    def _device(self) -> str:
+        node = _node.get()
+        val = node.meta.get("val") if node is not None else None
+        if isinstance(val, torch.Tensor):
+            return val.device.type
+        return next((p.spec.device for p in self.spec.placeholders), "cpu")
 
     def realize(self, value: TensorValue, strides: tuple[int, ...] | None = None) -> StridedView:
         """`value` written to memory (a no-op for values already there)."""

@@ -85,8 +85,6 @@ def pointwise(fn: Callable[..., Any], *args: Any, kind: Kind = Kind.DEFAULT,
     """
     val = node_val()
     sizes, out_dtype = tuple(val.shape), val.dtype
-    if numel(sizes) == 0:
-        raise UnsupportedOp("empty tensor")
     check_dtypes(out_dtype)
     comp, res = promote(args, kind)
     if res != out_dtype:
@@ -121,6 +119,8 @@ def _as_strides(expr: Expr, syms: list[sympy.Symbol], sizes: Sequence[int]) -> t
     if expr.has(FloorDiv, ModularIndexing):
         return None
     expr = expr.subs({s: 0 for s, n in zip(syms, sizes) if n == 1})
+    if not syms:  # a 0-d view: one element at a fixed offset
+        return ((), int(expr)) if expr.is_Integer and expr >= 0 else None
     try:
         poly = sympy.Poly(expr, *syms)
     except sympy.PolynomialError:

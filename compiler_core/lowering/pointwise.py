@@ -132,10 +132,34 @@ def _div(a: Any, b: Any) -> Lazy:
 def _div_mode(a: Any, b: Any, *, rounding_mode: str | None = None) -> Lazy:
     if rounding_mode is None:
         return _div(a, b)
-    if rounding_mode != "trunc" or not node_val().dtype.is_floating_point:
+    if rounding_mode not in ("trunc", "floor") or not node_val().dtype.is_floating_point:
         raise UnsupportedOp(f"div rounding_mode={rounding_mode} for {node_val().dtype}")
+    if rounding_mode == "floor":
+        require("floor", "fmod")
+        return pointwise(_floor_divide(_comp(a, b)), a, b)
     require("trunc")
     return pointwise(lambda x, y: ops.trunc(ops.truediv(x, y)), a, b)
+
+
+def _floor_divide(dt: torch.dtype) -> Any:
+    """a // b for floats, step for step as c10's div_floor_floating (so results match eager's).
+
+    Note: floor(a / b) is not it: a / b rounds, and can round up to the next integer.
+    """
+    return lambda a, b: _floor_divide_body(a, b, dt)
+
+
+def _floor_divide_body(a: Any, b: Any, dt: torch.dtype) -> Any:
+    zero, one, half = (ops.constant(v, dt) for v in (0.0, 1.0, 0.5))
+    mod = ops.fmod(a, b)
+    div = ops.truediv(ops.sub(a, mod), b)
+    adjust = ops.logical_and(ops.ne(mod, zero), ops.ne(ops.lt(b, zero), ops.lt(mod, zero)))
+    div = ops.where(adjust, ops.sub(div, one), div)
+    floored = ops.floor(div)
+    floored = ops.where(ops.gt(ops.sub(div, floored), half), ops.add(floored, one), floored)
+    # div == 0: a zero with the sign of a / b (a / b * 0 keeps the sign, a and b being finite here)
+    signed_zero = ops.mul(ops.truediv(a, b), zero)
+    return ops.where(ops.eq(b, zero), ops.truediv(a, b), ops.where(ops.ne(div, zero), floored, signed_zero))
 
 
 @register_lowering(aten.maximum.default)
@@ -148,10 +172,10 @@ def _minimum(a: Any, b: Any) -> Lazy:
     return pointwise(ops.minimum, a, b)
 
 
-@register_lowering(aten.clamp.default)
+@register_lowering(aten.clamp.default, aten.clamp.Tensor)
 def _clamp(x: TensorValue, min: Any = None, max: Any = None) -> Lazy:
-    if is_tensor(min) or is_tensor(max) or not node_val().dtype.is_floating_point:
-        raise UnsupportedOp("clamp with tensor bounds or integer input")
+    if node_val().dtype == torch.bool:
+        raise UnsupportedOp("clamp of bool")
 
     def fn(a: Any, *bounds: Any) -> Any:
         it = iter(bounds)
@@ -161,6 +185,78 @@ def _clamp(x: TensorValue, min: Any = None, max: Any = None) -> Lazy:
             a = ops.minimum(a, next(it))
         return a
     return pointwise(fn, x, *[v for v in (min, max) if v is not None])
+
+
+@register_lowering(aten.clamp_min.default, aten.clamp_min.Tensor)
+def _clamp_min(x: TensorValue, min: Any) -> Lazy:
+    return _clamp(x, min, None)
+
+
+@register_lowering(aten.clamp_max.default, aten.clamp_max.Tensor)
+def _clamp_max(x: TensorValue, max: Any) -> Lazy:
+    return _clamp(x, None, max)
+
+
+@register_lowering(aten.hardtanh.default)
+def _hardtanh(x: TensorValue, min_val: Any = -1.0, max_val: Any = 1.0) -> Lazy:
+    if not x.dtype.is_floating_point:
+        raise UnsupportedOp("hardtanh of integers")
+    return _clamp(x, min_val, max_val)
+
+
+@register_lowering(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
+def _remainder(a: Any, b: Any) -> Lazy:
+    """Python's modulo for floats, as ATen computes it: fmod, then moved into b's sign.
+
+    Note: integers stay extern; eager raises on an integer division by zero.
+    """
+    if not node_val().dtype.is_floating_point:
+        raise UnsupportedOp("integer remainder")
+    require("fmod")
+    dt = _comp(a, b)
+
+    def fn(x: Any, y: Any) -> Any:
+        zero = ops.constant(0.0, dt)
+        mod = ops.fmod(x, y)
+        wrong_sign = ops.logical_and(ops.ne(mod, zero), ops.ne(ops.lt(y, zero), ops.lt(mod, zero)))
+        return ops.where(wrong_sign, ops.add(mod, y), mod)
+    return pointwise(fn, a, b)
+
+
+@register_lowering(aten.fmod.Tensor, aten.fmod.Scalar)
+def _fmod(a: Any, b: Any) -> Lazy:
+    if not node_val().dtype.is_floating_point:
+        raise UnsupportedOp("integer fmod")
+    require("fmod")
+    return pointwise(ops.fmod, a, b)
+
+
+def _float_test(op: str, integer_answer: bool) -> Any:
+    def lower(x: TensorValue) -> Lazy:
+        if not x.dtype.is_floating_point:
+            return pointwise(lambda a: ops.constant(integer_answer, torch.bool), x, kind=Kind.ALWAYS_BOOL,
+                             compute=torch.bool)
+        require(op)
+        return pointwise(lambda a: ops.unary_op(op, a), x, kind=Kind.ALWAYS_BOOL, compute=compute_dtype(x.dtype))
+    return lower
+
+
+register_lowering(aten.isnan.default)(_float_test("isnan", False))
+register_lowering(aten.isinf.default)(_float_test("isinf", False))
+register_lowering(aten.isfinite.default)(_float_test("isfinite", True))
+
+
+@register_lowering(aten.sign.default, aten.sgn.default)
+def _sign(x: TensorValue) -> Lazy:
+    """(x > 0) - (x < 0): NaN gives 0, as eager's sign does."""
+    if x.dtype == torch.bool:
+        return pointwise(lambda a: a, x)
+    dt = compute_dtype(x.dtype)
+
+    def fn(a: Any) -> Any:
+        zero = ops.constant(0, dt)
+        return ops.sub(ops.to_dtype(ops.gt(a, zero), dt), ops.to_dtype(ops.lt(a, zero), dt))
+    return pointwise(fn, x)
 
 
 @register_lowering(aten.pow.Tensor_Scalar)
@@ -276,17 +372,70 @@ def _to_copy(x: TensorValue, *, dtype: Any = None, layout: Any = None, device: A
         raise UnsupportedOp("_to_copy to another layout")
     if device is not None and torch.device(device).type != node_val().device.type:
         raise UnsupportedOp("_to_copy to another device")
-    if memory_format not in (None, torch.preserve_format, torch.contiguous_format):
-        raise UnsupportedOp(f"_to_copy to {memory_format}")
+    _check_memory_format(memory_format)
     return _cast(x)
+
+
+def _check_memory_format(memory_format: Any) -> None:
+    """Any dense memory format: the values do not depend on it, and a copy written to memory
+    (a graph output, an extern call's operand) takes the node's own strides, eager's layout."""
+    if memory_format not in (None, torch.preserve_format, torch.contiguous_format, torch.channels_last,
+                             torch.channels_last_3d):
+        raise UnsupportedOp(f"copy to {memory_format}")
 
 
 @register_lowering(aten.clone.default, aten.lift_fresh_copy.default)
 def _clone(x: TensorValue, *, memory_format: Any = None) -> Lazy:
     # lift_fresh_copy: a copy of a tensor constant (torch.tensor(...) inside a traced function).
-    if memory_format not in (None, torch.preserve_format, torch.contiguous_format):
-        raise UnsupportedOp(f"clone to {memory_format}")
+    _check_memory_format(memory_format)
     return _cast(x)
+
+
+@register_lowering(aten.copy.default)
+def _copy(dst: TensorValue, src: TensorValue, non_blocking: bool = False) -> Lazy:
+    """Functional copy: src broadcast to dst's sizes, in dst's dtype (dst's values are unused)."""
+    if not is_tensor(src):
+        raise UnsupportedOp("copy from a non-tensor")
+    return _cast(src)
+
+
+@register_lowering(aten.empty.memory_format)
+def _empty(size: Any, *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None,
+           memory_format: Any = None) -> Lazy:
+    """Uninitialised memory may hold anything: zeros are as good as any, and cost nothing when the
+    graph overwrites it (a functional copy never reads it)."""
+    if layout not in (None, torch.strided):
+        raise UnsupportedOp("empty with another layout")
+    _check_memory_format(memory_format)
+    val = node_val()
+    check_dtypes(val.dtype)
+    return Lazy(val.dtype, tuple(val.shape), lambda index: ops.constant(0, compute_dtype(val.dtype)))
+
+
+@register_lowering(aten.elu.default)
+def _elu(x: TensorValue, alpha: Any = 1.0, scale: Any = 1.0, input_scale: Any = 1.0) -> Lazy:
+    """scale * (x if x > 0 else alpha * expm1(x * input_scale)), as eager's elu."""
+    if not x.dtype.is_floating_point:
+        raise UnsupportedOp("elu of integers")
+    require("expm1")
+    dt = compute_dtype(x.dtype)
+
+    def fn(a: Any) -> Any:
+        c = lambda v: ops.constant(float(v), dt)  # noqa: E731
+        neg = ops.mul(c(alpha), ops.expm1(ops.mul(a, c(input_scale))))
+        return ops.mul(c(scale), ops.where(ops.gt(a, c(0.0)), a, neg))
+    return pointwise(fn, x)
+
+
+@register_lowering(aten.leaky_relu.default)
+def _leaky_relu(x: TensorValue, negative_slope: Any = 0.01) -> Lazy:
+    if not x.dtype.is_floating_point:
+        raise UnsupportedOp("leaky_relu of integers")
+    dt = compute_dtype(x.dtype)
+
+    def fn(a: Any) -> Any:
+        return ops.where(ops.gt(a, ops.constant(0.0, dt)), a, ops.mul(a, ops.constant(float(negative_slope), dt)))
+    return pointwise(fn, x)
 
 
 @register_lowering(aten.full.default)

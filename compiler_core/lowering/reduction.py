@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from compiler_core.errors import UnsupportedOp
-from compiler_core.ir.nodes import Lazy, Reduction, StridedView, TensorValue, make_loader
+from compiler_core.ir.nodes import Lazy, Pointwise, Reduction, StridedView, TensorValue, make_loader
 from compiler_core.ir.ops import compute_dtype, ops
 from compiler_core.lowering import aten, current_graph, node_val, register_lowering
 from compiler_core.lowering.common import broadcast_loader, check_dtypes, require
@@ -24,6 +24,8 @@ Prologue = Callable[[Any, Sequence[Expr]], Any]
 
 def _dims(x: TensorValue, dims: Any) -> list[int]:
     rank = len(x.sizes)
+    if rank == 0:
+        return []  # dim 0 or -1 of a 0-d tensor: the one element, reduced over nothing
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         return list(range(rank))
     if isinstance(dims, int):
@@ -40,7 +42,7 @@ def reduce(x: TensorValue, dims: Sequence[int], keepdim: bool, rtype: str, acc: 
     out = tuple(1 if d in dims else s for d, s in enumerate(sizes)) if keepdim else tuple(sizes[d] for d in kept)
     rsizes = tuple(sizes[d] for d in dims)
     if numel(out) == 0 or numel(rsizes) == 0:
-        raise UnsupportedOp("reduction of an empty tensor")
+        return _empty_reduction(out, rtype, acc)
     load = make_loader(x)
 
     def inner(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
@@ -55,6 +57,16 @@ def reduce(x: TensorValue, dims: Sequence[int], keepdim: bool, rtype: str, acc: 
     if split:
         return _split_reduce(out, rsizes, rtype, acc, split, inner)
     return current_graph().add_computed(Reduction(acc, out, rsizes, rtype, inner, tuple(sizes), tuple(dims)))
+
+
+def _empty_reduction(out: tuple[int, ...], rtype: str, acc: torch.dtype) -> StridedView:
+    """A reduction with no outputs (an empty buffer) or over no elements (the identity: 0 for sum,
+    1 for prod; eager rejects max/min over nothing)."""
+    identity = {"sum": 0, "prod": 1}.get(rtype)
+    if identity is None and numel(out) != 0:
+        raise UnsupportedOp(f"{rtype} over no elements")
+    value = identity or 0
+    return current_graph().add_computed(Pointwise(acc, out, lambda index: ops.constant(value, acc)))
 
 
 # A few outputs over very long rows: reduce in two stages so the first has many programs.
@@ -268,3 +280,34 @@ def _layer_norm(x: TensorValue, normalized_shape: Sequence[int], weight: TensorV
     mean = _epilogue(mean_val.dtype, stat_sizes, lambda s, m: stats(s, m)[0], total, m2)
     rstd = _epilogue(rstd_val.dtype, stat_sizes, lambda s, m: stats(s, m)[1], total, m2)
     return Lazy(out_val.dtype, x.sizes, inner), mean, rstd
+
+
+@register_lowering(aten.linalg_vector_norm.default)
+def _vector_norm(x: TensorValue, ord: Any = 2, dim: Any = None, keepdim: bool = False, *,
+                 dtype: Any = None) -> Lazy:
+    """The 2-, 1-, 0- and ±inf-norms: sqrt(sum(x²)), sum(|x|), count of non-zeros, max/min |x|.
+
+    Note: other orders need pow, which has no exact spelling on every target; they stay extern.
+    """
+    val = node_val()
+    check_dtypes(x.dtype, val.dtype)
+    if not val.dtype.is_floating_point or not x.dtype.is_floating_point:
+        raise UnsupportedOp("norm of integers")
+    ord = float(ord)
+    if ord not in (2.0, 1.0, 0.0, float("inf"), float("-inf")):
+        raise UnsupportedOp(f"vector norm of order {ord}")
+    dims = _dims(x, dim)
+    if numel([x.sizes[d] for d in dims]) == 0 and ord in (float("inf"), float("-inf")):
+        raise UnsupportedOp("inf-norm over no elements")  # eager raises
+    if ord == 2.0:
+        require("sqrt")
+    acc = torch.float64 if torch.float64 in (x.dtype, val.dtype) else torch.float32
+    prologue = {
+        2.0: lambda v, full: ops.mul(v, v),
+        1.0: lambda v, full: ops.abs(v),
+        0.0: lambda v, full: ops.to_dtype(ops.ne(v, ops.constant(0.0, acc)), acc),
+    }.get(ord, lambda v, full: ops.abs(v))
+    rtype = {float("inf"): "max", float("-inf"): "min"}.get(ord, "sum")
+    buf = reduce(x, dims, keepdim, rtype, acc, prologue)
+    finish = ops.sqrt if ord == 2.0 else (lambda v: v)
+    return _epilogue(val.dtype, tuple(val.shape), finish, buf)

@@ -112,3 +112,34 @@ def _split(x: TensorValue, sizes: Any, dim: int = 0) -> tuple[TensorValue, ...]:
 def _unbind(x: TensorValue, dim: int = 0) -> tuple[TensorValue, ...]:
     dim = _dim(dim, len(x.sizes))
     return tuple(_select(x, dim, i) for i in range(x.sizes[dim]))
+
+
+@register_lowering(aten.flip.default)
+def _flip(x: TensorValue, dims: Sequence[int]) -> TensorValue:
+    """Reversed dims: index n - 1 - i (a Lazy read; strides stay non-negative in this IR)."""
+    flipped = {_dim(d, len(x.sizes)) for d in dims}
+
+    def remap(idx: Sequence[Expr]) -> list[Expr]:
+        return [x.sizes[d] - 1 - i if d in flipped and x.sizes[d] > 1 else i for d, i in enumerate(idx)]
+    return remap_view(x, x.sizes, remap)
+
+
+@register_lowering(aten.diagonal.default)
+def _diagonal(x: TensorValue, offset: int = 0, dim1: int = 0, dim2: int = 1) -> TensorValue:
+    """The other dims in order, then the diagonal: element k is x[..., k - min(offset, 0), k + max(offset, 0)]."""
+    rank = len(x.sizes)
+    d1, d2 = _dim(dim1, rank), _dim(dim2, rank)
+    if d1 == d2:
+        raise UnsupportedOp("diagonal of one dim with itself")
+    out = tuple(int(s) for s in node_val().shape)
+    rest = [d for d in range(rank) if d not in (d1, d2)]
+    lo1, lo2 = max(-offset, 0), max(offset, 0)
+
+    def remap(idx: Sequence[Expr]) -> list[Expr]:
+        full: list[Expr] = [sympy.Integer(0)] * rank
+        for k, d in enumerate(rest):
+            full[d] = idx[k]
+        full[d1] = idx[-1] + lo1
+        full[d2] = idx[-1] + lo2
+        return full
+    return remap_view(x, out, remap)

@@ -1,0 +1,116 @@
+"""Pointwise lowerings added for the OpInfo sweep: floor division, remainder/fmod, clamp with
+tensor bounds, isnan/isinf/isfinite, sign, log1p/expm1 on the interpreter, elu, leaky_relu,
+copies to other memory formats, and empty tensors (which need no kernel)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.compiler_core.helpers import check, kernel_steps
+
+torch.manual_seed(0)
+SPECIAL = torch.tensor([0.0, -0.0, 1e-8, -1e-8, 1e-3, -0.5, 3.0, 7.5, -7.5, 1e20, -1e20, 100.0, -100.0,
+                        float("inf"), -float("inf"), float("nan"), -1.0, -2.0])
+X = torch.randn(6, 7) * 4
+Y = torch.randn(7) * 3
+
+
+def native(art) -> bool:
+    return art.manifest.stats.nodes_extern == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_floor_divide_remainder_fmod_match_eager_on_signs_zeros_and_infs(dtype):
+    a = SPECIAL.to(dtype)[:, None].expand(-1, 6)
+    b = torch.tensor([2.0, -2.0, 0.0, 0.3, float("inf"), -float("inf")], dtype=dtype)
+    assert native(check(lambda p, q: torch.div(p, q, rounding_mode="floor"), a, b))
+    assert native(check(torch.remainder, a, b))
+    assert native(check(torch.fmod, a, b))
+    assert native(check(lambda p: torch.remainder(p, -1.5) + torch.fmod(p, 2.5), X.to(dtype)))
+
+
+def test_integer_remainder_stays_extern():
+    xi = torch.randint(-9, 9, (5, 4))
+    art = check(lambda p: torch.remainder(p, 4), xi)
+    assert "aten.remainder.Scalar" in art.manifest.stats.extern_ops
+
+
+def test_clamp_with_tensor_bounds_and_integers():
+    lo, hi = torch.randn(7) - 1, torch.randn(6, 1) + 1
+    x = X.clone()
+    x[0, 0] = float("nan")
+    lo[1] = float("nan")
+    assert native(check(lambda p, q, r: torch.clamp(p, q, r), x, lo, hi))
+    assert native(check(lambda p, q: torch.clamp(p, min=q), x, lo))
+    assert native(check(lambda p, r: torch.clamp(p, max=r), x, hi))
+    assert native(check(lambda p: torch.clamp(p, -3, 2), torch.randint(-9, 9, (5, 4))))
+    assert native(check(lambda p: F.hardtanh(p, -0.5, 0.5) + F.relu6(p), X))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_float_tests_and_sign(dtype):
+    x = SPECIAL.to(dtype)
+    assert native(check(lambda p: torch.stack([p.isnan(), p.isinf(), p.isfinite()]), x))
+    assert native(check(torch.sign, x))
+    assert native(check(lambda p: torch.nan_to_num(p, nan=1.0, posinf=2.0, neginf=-2.0), x))
+    xi = torch.arange(-3, 3)
+    assert native(check(lambda p: torch.stack([p.isnan(), p.isinf(), p.isfinite()]), xi))
+    assert native(check(torch.sign, xi))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_log1p_and_expm1_are_accurate_on_the_interpreter(dtype):
+    x = torch.cat([SPECIAL, torch.logspace(-30, 1, 50), -torch.logspace(-30, 0, 50)]).to(dtype)
+    assert native(check(torch.log1p, x))
+    assert native(check(torch.expm1, x))
+    assert native(check(lambda p: F.softplus(p) + F.elu(p) + F.celu(p, 0.5) + F.selu(p), X.to(dtype)))
+
+
+def test_leaky_relu():
+    assert native(check(lambda p: F.leaky_relu(p, 0.2), X))
+
+
+def test_copies_to_channels_last_keep_eager_strides():
+    x = torch.randn(2, 3, 4, 5)
+    assert native(check(lambda p: (p + 1).to(memory_format=torch.channels_last), x))
+    assert native(check(lambda p: torch.clone(p, memory_format=torch.channels_last) * 2, x))
+
+
+def test_empty_tensors_need_no_kernel():
+    e = torch.randn(3, 0, 4)
+    art = check(lambda p: p.sin() * 2 + 1, e)
+    assert native(art) and not kernel_steps(art)
+    art = check(lambda p: p.sum(1) + 1, e)  # a sum over nothing is 0
+    assert native(art)
+    art = check(lambda p: p.prod(1), e)  # a product over nothing is 1
+    assert native(art)
+    art = check(lambda p: p.sum(0), e)  # no outputs at all
+    assert native(art) and not kernel_steps(art)
+    assert native(check(lambda p: torch.cat([p, p.cos()], 1), e))
+
+
+def test_reductions_over_dim_0_of_a_0d_tensor():
+    s = torch.tensor(2.5)
+    assert native(check(lambda p: p.sum(0) + p.amax(-1, keepdim=True), s))
+    assert native(check(lambda p: torch.softmax(p, 0), s))
+    assert native(check(lambda p: p.expand(()) * 2, s))
+
+
+def test_norms():
+    x = torch.randn(5, 33)
+    for o in (2, 1, 0, float("inf"), -float("inf")):
+        assert native(check(lambda p: torch.linalg.vector_norm(p, o, dim=1), x))
+        assert native(check(lambda p: torch.linalg.vector_norm(p, o), x.to(torch.bfloat16)))
+    assert native(check(lambda p: F.normalize(p, dim=1), x))
+    art = check(lambda p: torch.linalg.vector_norm(p, 3), x)
+    assert "aten.linalg_vector_norm.default" in art.manifest.stats.extern_ops
+
+
+def test_flip_and_diagonal():
+    x = torch.randn(4, 5, 6)
+    assert native(check(lambda p: torch.flip(p, (0, 2)) + 1, x))
+    assert native(check(lambda p: torch.flip(p.transpose(0, 2), (1,)), x))
+    for off in (-2, 0, 3, 9):
+        assert native(check(lambda p: torch.diagonal(p, off, 2, 0) * 2, x))
