@@ -451,4 +451,4 @@ def _same_layout(value: StridedView, val: torch.Tensor) -> bool:
 
 
 def _load_lowerings() -> None:
-    from compiler_core.lowering import normalization, pointwise, reduction, views  # noqa: F401 - they register
+    from compiler_core.lowering import indexing, normalization, pointwise, reduction, views  # noqa: F401 - they register
