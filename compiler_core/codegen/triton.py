@@ -66,7 +66,7 @@ BINARY = {
 }
 CUDA_BINARY = {"pow": "libdevice.pow({}, {})"}
 # Floating-point `%` is C's fmod (frem) on GPUs and np.fmod in the interpreter: exact on both.
-# Note: lowerings emit fmod on floats only; integer `%` by zero has no eager-like behaviour.
+# Note: lowerings emit integer fmod only by a non-zero constant: `%` by zero has no eager-like behaviour.
 FLOAT_BINARY = {"fmod": "({} % {})"}
 
 

@@ -21,7 +21,7 @@ from compiler_core.errors import UnsupportedOp
 from compiler_core.ir.nodes import Lazy, TensorValue, make_loader
 from compiler_core.ir.ops import compute_dtype, ops
 from compiler_core.lowering import aten, node_val, register_lowering
-from compiler_core.lowering.common import broadcast_loader, check_dtypes, is_tensor
+from compiler_core.lowering.common import broadcast_loader, check_dtypes, is_tensor, remap_view
 from compiler_core.sizevars import Expr
 
 # A cat of more inputs than this stays one extern call (each input is a masked load per element).
@@ -122,6 +122,25 @@ def _cat(tensors: Sequence[TensorValue], dim: int = 0) -> Lazy:
     return Lazy(val.dtype, out, inner)
 
 
+def _nothing(val: torch.Tensor) -> Lazy:
+    """An empty result: it reads no index, so none can be out of range."""
+    check_dtypes(val.dtype)
+    return Lazy(val.dtype, tuple(val.shape), lambda index: ops.constant(0, compute_dtype(val.dtype)))
+
+
+def _as_1d(value: TensorValue) -> TensorValue:
+    """A 0-d value seen as one element of a 1-d one (a 0-d tensor indexes as a dim of size 1;
+    the lowering's result keeps the node's own 0-d sizes)."""
+    if not is_tensor(value) or value.sizes:
+        return value
+    return remap_view(value, (1,), lambda idx: [])
+
+
+def _padded(index: Sequence[Expr], rank: int) -> list[Expr]:
+    """A 0-d result's (empty) index as the index of a 0-d operand seen through `_as_1d`."""
+    return [sympy.Integer(0)] * (rank - len(index)) + list(index)
+
+
 def _index_loader(index: TensorValue, sizes: Sequence[int]) -> Callable[[Sequence[Expr]], Any]:
     if not is_tensor(index) or index.dtype not in INDEX_DTYPES:
         raise UnsupportedOp("indexing with a non-integer (or boolean mask) index")
@@ -143,10 +162,12 @@ def _check_indexable(*sizes: int) -> None:
 @register_lowering(aten.index_select.default)
 def _index_select(x: TensorValue, dim: int, index: TensorValue) -> Lazy:
     val = node_val()
+    if val.numel() == 0:
+        return _nothing(val)
     check_dtypes(x.dtype)
+    if not x.sizes:
+        x = _as_1d(x)
     rank = len(x.sizes)
-    if rank == 0:
-        raise UnsupportedOp("index_select of a 0-d tensor")
     dim = _dim(dim, rank)
     if len(index.sizes) > 1:
         raise UnsupportedOp("index_select with a multi-dim index")
@@ -156,6 +177,7 @@ def _index_select(x: TensorValue, dim: int, index: TensorValue) -> Lazy:
     _check_indexable(size)
 
     def inner(i: Sequence[Expr]) -> Any:
+        i = _padded(i, rank)
         where = [i[dim]] if index.sizes else []
         full = list(i)
         full[dim] = _indirect(load_index, where, size)
@@ -167,10 +189,14 @@ def _index_select(x: TensorValue, dim: int, index: TensorValue) -> Lazy:
 def _gather(x: TensorValue, dim: int, index: TensorValue, *, sparse_grad: bool = False) -> Lazy:
     """out[i] = x[i with dim replaced by index[i]]."""
     val = node_val()
+    if val.numel() == 0:
+        return _nothing(val)
     check_dtypes(x.dtype)
+    if not x.sizes:
+        x, index = _as_1d(x), _as_1d(index)
     rank = len(x.sizes)
-    if rank == 0 or len(index.sizes) != rank:
-        raise UnsupportedOp("gather of a 0-d tensor")
+    if len(index.sizes) != rank:
+        raise UnsupportedOp("gather with an index of another rank")
     dim = _dim(dim, rank)
     load_index = _index_loader(index, index.sizes)
     load = _converted(x, val.dtype)
@@ -178,6 +204,7 @@ def _gather(x: TensorValue, dim: int, index: TensorValue, *, sparse_grad: bool =
     _check_indexable(size)
 
     def inner(i: Sequence[Expr]) -> Any:
+        i = _padded(i, rank)
         full = list(i)
         full[dim] = _indirect(load_index, i, size)
         return load(full)
@@ -189,6 +216,8 @@ def _embedding(weight: TensorValue, indices: TensorValue, padding_idx: int = -1,
                scale_grad_by_freq: bool = False, sparse: bool = False) -> Lazy:
     """weight[indices]: rows of a [num, dim] table (padding_idx matters only to the backward)."""
     val = node_val()
+    if val.numel() == 0:
+        return _nothing(val)
     check_dtypes(weight.dtype)
     if len(weight.sizes) != 2:
         raise UnsupportedOp("embedding of a table that is not 2-d")
@@ -208,6 +237,8 @@ def _index(x: TensorValue, indices: Sequence[TensorValue | None]) -> Lazy:
     """Advanced indexing with integer tensors: the broadcast index dims replace the indexed dims
     where those are adjacent, else lead the result (numpy's rule)."""
     val = node_val()
+    if val.numel() == 0:
+        return _nothing(val)
     check_dtypes(x.dtype)
     rank = len(x.sizes)
     if len(indices) > rank:

@@ -25,9 +25,44 @@ _ROUNDING = {aten.floor: "floor", aten.ceil: "ceil", aten.trunc: "trunc", aten.r
 
 def _float_unary(name: str) -> Any:
     def lower(x: TensorValue) -> Lazy:
+        if not has_spelling(name) and name in _VIA_FLOAT64 and node_val().dtype != torch.float64:
+            return pointwise(_via_float64(_VIA_FLOAT64[name]), x, kind=Kind.INT_TO_FLOAT)
         require(name)
         return pointwise(lambda a: ops.unary_op(name, a), x, kind=Kind.INT_TO_FLOAT)
     return lower
+
+
+def _via_float64(fn: Any) -> Any:
+    """`fn` computed in float64 from a float32 value: float64's rounding errors are far below
+    float32's, so the rounded result is float32's correctly rounded one but for rare ties."""
+    return lambda a: ops.to_dtype(fn(ops.to_dtype(a, torch.float64)), torch.float32)
+
+
+def _c64(v: float) -> Any:
+    return ops.constant(v, torch.float64)
+
+
+def _sinh64(a: Any) -> Any:
+    # Note: below |x| = 1e-3 the difference of exponentials cancels; the series is exact there.
+    a3 = ops.mul(ops.mul(a, a), a)
+    series = ops.add(a, ops.add(ops.truediv(a3, _c64(6.0)), ops.truediv(ops.mul(a3, ops.mul(a, a)), _c64(120.0))))
+    direct = ops.mul(ops.sub(ops.exp(a), ops.exp(ops.neg(a))), _c64(0.5))
+    return ops.where(ops.lt(ops.abs(a), _c64(1e-3)), series, direct)
+
+
+# Unary ops the interpreter has no spelling for, composed in float64 for float32 (and narrower) values.
+_VIA_FLOAT64 = {
+    "log10": lambda a: ops.mul(ops.log(a), _c64(1.0 / math.log(10.0))),
+    "tan": lambda a: ops.truediv(ops.sin(a), ops.cos(a)),
+    "cosh": lambda a: ops.mul(ops.add(ops.exp(a), ops.exp(ops.neg(a))), _c64(0.5)),
+    "sinh": _sinh64,
+}
+
+
+def has_spelling(op: str) -> bool:
+    from compiler_core.codegen.triton import supports
+    from compiler_core.lowering import current_graph
+    return supports(op, current_graph().target)
 
 
 for _packet, _name in _FLOAT_UNARY.items():
@@ -38,9 +73,24 @@ def _rounding(name: str) -> Any:
     def lower(x: TensorValue) -> Lazy:
         if not x.dtype.is_floating_point:
             return pointwise(lambda a: a, x)  # floor/ceil/trunc/round of an integer is itself
+        if name == "round" and not has_spelling("round"):
+            require("floor", "fmod")
+            return pointwise(_round_half_even(compute_dtype(x.dtype)), x)
         require(name)
         return pointwise(lambda a: ops.unary_op(name, a), x)
     return lower
+
+
+def _round_half_even(dt: torch.dtype) -> Any:
+    """Round half to even from floor: x - floor(x) is exact, so the tie test is too."""
+    def fn(a: Any) -> Any:
+        f = ops.floor(a)
+        d = ops.sub(a, f)
+        half, one, two, zero = (ops.constant(v, dt) for v in (0.5, 1.0, 2.0, 0.0))
+        up = ops.add(f, one)
+        tie = ops.where(ops.eq(ops.fmod(f, two), zero), f, up)
+        return ops.where(ops.gt(d, half), up, ops.where(ops.lt(d, half), f, tie))
+    return fn
 
 
 for _packet, _name in _ROUNDING.items():
@@ -208,10 +258,9 @@ def _hardtanh(x: TensorValue, min_val: Any = -1.0, max_val: Any = 1.0) -> Lazy:
 def _remainder(a: Any, b: Any) -> Lazy:
     """Python's modulo for floats, as ATen computes it: fmod, then moved into b's sign.
 
-    Note: integers stay extern; eager raises on an integer division by zero.
+    Note: integers only by a non-zero scalar; eager raises on an integer division by zero.
     """
-    if not node_val().dtype.is_floating_point:
-        raise UnsupportedOp("integer remainder")
+    _check_divisor(b)
     require("fmod")
     dt = _comp(a, b)
 
@@ -225,10 +274,18 @@ def _remainder(a: Any, b: Any) -> Lazy:
 
 @register_lowering(aten.fmod.Tensor, aten.fmod.Scalar)
 def _fmod(a: Any, b: Any) -> Lazy:
-    if not node_val().dtype.is_floating_point:
-        raise UnsupportedOp("integer fmod")
+    _check_divisor(b)
     require("fmod")
     return pointwise(ops.fmod, a, b)
+
+
+def _check_divisor(b: Any) -> None:
+    """Integer `%` only by a non-zero Python scalar (Triton's and C's `%` truncate, as fmod does)."""
+    dtype = node_val().dtype
+    if dtype.is_floating_point:
+        return
+    if dtype == torch.bool or is_tensor(b) or not isinstance(b, int) or isinstance(b, bool) or b == 0:
+        raise UnsupportedOp("integer remainder by a tensor (eager raises on a zero divisor)")
 
 
 def _float_test(op: str, integer_answer: bool) -> Any:
@@ -274,16 +331,46 @@ def _pow_scalar(x: TensorValue, exponent: Any) -> Lazy:
     fn = special.get(exponent)
     if fn is not None:
         return pointwise(lambda a, e: fn(a), x, exponent, kind=Kind.BOOL_TO_LONG)
-    require("pow")
-    return pointwise(ops.pow, x, exponent, kind=Kind.BOOL_TO_LONG)
+    return pointwise(_pow_op(), x, exponent, kind=Kind.BOOL_TO_LONG)
 
 
 @register_lowering(aten.pow.Tensor_Tensor, aten.pow.Scalar)
 def _pow(a: Any, b: Any) -> Lazy:
     if not node_val().dtype.is_floating_point:
         raise UnsupportedOp("integer pow")
-    require("pow")
-    return pointwise(ops.pow, a, b, kind=Kind.BOOL_TO_LONG)
+    return pointwise(_pow_op(), a, b, kind=Kind.BOOL_TO_LONG)
+
+
+def _pow_op() -> Any:
+    """The target's pow, else C's pow composed from exp and log in float64 (with its special
+    cases: x^0 = 1^y = 1, (-1)^±inf = 1, negative bases with integer exponents, -0.0)."""
+    if has_spelling("pow"):
+        return ops.pow
+    if node_val().dtype == torch.float64:
+        raise UnsupportedOp("pow of float64 has no exact interpret spelling")
+    require("exp", "log", "floor", "fmod")
+    return _via_float64_binary(_pow64)
+
+
+def _via_float64_binary(fn: Any) -> Any:
+    return lambda a, b: ops.to_dtype(fn(ops.to_dtype(a, torch.float64), ops.to_dtype(b, torch.float64)),
+                                     torch.float32)
+
+
+def _pow64(a: Any, b: Any) -> Any:
+    zero, one, two, inf = _c64(0.0), _c64(1.0), _c64(2.0), _c64(math.inf)
+    mag = ops.exp(ops.mul(b, ops.log(ops.abs(a))))
+    integral = ops.eq(ops.floor(b), b)
+    odd = ops.eq(ops.abs(ops.fmod(b, two)), one)
+    neg_zero = ops.logical_and(ops.eq(a, zero), ops.lt(ops.truediv(one, a), zero))
+    negative = ops.logical_or(ops.lt(a, zero), neg_zero)
+    out = ops.where(ops.logical_and(negative, odd), ops.neg(mag), mag)
+    no_real_root = ops.logical_and(ops.logical_and(ops.lt(a, zero), ops.ne(a, ops.neg(inf))),
+                                   ops.logical_not(integral))
+    out = ops.where(no_real_root, _c64(math.nan), out)
+    unit = ops.logical_or(ops.eq(b, zero), ops.eq(a, one))
+    unit = ops.logical_or(unit, ops.logical_and(ops.eq(a, ops.neg(one)), ops.eq(ops.abs(b), inf)))
+    return ops.where(unit, one, out)
 
 
 def _compare(op: str) -> Any:

@@ -13,7 +13,8 @@ from typing import Any
 import sympy
 
 from compiler_core.errors import UnsupportedOp
-from compiler_core.ir.nodes import TensorValue
+from compiler_core.ir.nodes import Lazy, TensorValue
+from compiler_core.ir.ops import compute_dtype, ops
 from compiler_core.lowering import aten, node_val, prims, register_lowering
 from compiler_core.lowering.common import remap_view
 from compiler_core.sizevars import Expr, flatten, numel, unflatten
@@ -88,6 +89,8 @@ def _reshape(x: TensorValue, *args: Any) -> TensorValue:
         raise UnsupportedOp("reshape changes the element count")
     if tuple(x.sizes) == out:
         return x
+    if numel(out) == 0:  # nothing to read: no index map (and unflatten would divide by a size 0)
+        return Lazy(x.dtype, out, lambda idx: ops.constant(0, compute_dtype(x.dtype)))
     return remap_view(x, out, lambda idx: unflatten(flatten(idx, out), x.sizes))
 
 

@@ -31,10 +31,29 @@ def test_floor_divide_remainder_fmod_match_eager_on_signs_zeros_and_infs(dtype):
     assert native(check(lambda p: torch.remainder(p, -1.5) + torch.fmod(p, 2.5), X.to(dtype)))
 
 
-def test_integer_remainder_stays_extern():
+def test_integer_remainder_by_a_constant_is_native_by_a_tensor_extern():
     xi = torch.randint(-9, 9, (5, 4))
-    art = check(lambda p: torch.remainder(p, 4), xi)
-    assert "aten.remainder.Scalar" in art.manifest.stats.extern_ops
+    for d in (4, -3):
+        assert native(check(lambda p: torch.remainder(p, d) + torch.fmod(p, d), xi))
+    assert native(check(lambda p: torch.remainder(p, 3), xi.to(torch.uint8)))
+    art = check(lambda p, q: torch.remainder(p, q), xi, torch.randint(1, 5, (4,)))
+    assert "aten.remainder.Tensor" in art.manifest.stats.extern_ops  # eager raises on a zero divisor
+
+
+def test_pow_round_and_float64_compositions_on_the_interpreter():
+    v = torch.tensor([0.0, -0.0, 0.5, -0.5, 1.0, -1.0, 2.0, -2.0, 3.0, -3.0, 2.5, -2.5, 1e-30, 1e30,
+                      float("inf"), -float("inf"), float("nan"), 7.3, -0.3])
+    a = v[:, None].expand(-1, len(v))
+    for dtype in (torch.float32, torch.bfloat16):
+        assert native(check(torch.pow, a.to(dtype), v.to(dtype)))  # C's special cases, every pair
+        assert native(check(lambda p: torch.pow(p, 2.7) + torch.pow(1.7, p), X.to(dtype)))
+        ties = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997, -0.49999997, 1e10, -1e-8,
+                             3.5000002, float("nan"), float("inf"), -float("inf")])
+        assert native(check(torch.round, ties.to(dtype)))
+        x = torch.cat([torch.tensor([1e-8, -1e-5, 0.0, 1e-3, -1e-3, 9.0]), torch.randn(200) * 3]).to(dtype)
+        assert native(check(lambda p: torch.stack([p.sinh(), p.cosh(), p.tan(), p.abs().log10()]), x))
+    art = check(torch.pow, a.double(), v.double())
+    assert "aten.pow.Tensor_Tensor" in art.manifest.stats.extern_ops  # float64 has no exact composition
 
 
 def test_clamp_with_tensor_bounds_and_integers():
