@@ -17,7 +17,7 @@ from compiler_core.ir.nodes import Lazy, Pointwise, Reduction, StridedView, Tens
 from compiler_core.ir.ops import compute_dtype, ops
 from compiler_core.lowering import aten, current_graph, node_val, register_lowering
 from compiler_core.lowering.common import broadcast_loader, check_dtypes, require
-from compiler_core.sizevars import Expr, numel, unflatten
+from compiler_core.sizevars import Expr, flatten, numel, unflatten
 
 Prologue = Callable[[Any, Sequence[Expr]], Any]
 
@@ -311,3 +311,72 @@ def _vector_norm(x: TensorValue, ord: Any = 2, dim: Any = None, keepdim: bool = 
     buf = reduce(x, dims, keepdim, rtype, acc, prologue)
     finish = ops.sqrt if ord == 2.0 else (lambda v: v)
     return _epilogue(val.dtype, tuple(val.shape), finish, buf)
+
+
+register_lowering(aten.max.default)(_simple("max"))
+register_lowering(aten.min.default)(_simple("min"))
+
+
+def _arg_reduce(x: TensorValue, dim: Any, keepdim: bool, rtype: str) -> tuple[StridedView, TensorValue]:
+    """(extreme values with kept dims, index of the first extreme) over `dim` (None: all, flattened).
+
+    Note: two reductions, as softmax's: the max (or min), NaN-propagating as torch's, then the
+    smallest position whose value equals it (or is NaN when it is NaN), so ties and NaNs pick
+    the first occurrence, as eager does.
+    """
+    check_dtypes(x.dtype)
+    if x.dtype == torch.bool:
+        raise UnsupportedOp(f"arg{rtype} of bool")
+    dims = _dims(x, dim)
+    rsizes = [x.sizes[d] for d in dims]
+    n = numel(rsizes)
+    if n == 0:
+        raise UnsupportedOp(f"arg{rtype} over no elements")  # eager raises
+    acc = compute_dtype(x.dtype)
+    peak = reduce(x, dims, True, rtype, acc)
+    peak_load = broadcast_loader(peak, x.sizes)
+    load = make_loader(x)
+
+    def position(_: Any, full: Sequence[Expr]) -> Any:
+        v, p = ops.to_dtype(load(full), acc), peak_load(full)
+        hit = ops.eq(v, p)
+        if x.dtype.is_floating_point:
+            hit = ops.logical_or(hit, ops.logical_and(ops.ne(v, v), ops.ne(p, p)))
+        pos = flatten([full[d] for d in dims], rsizes)
+        return ops.where(hit, ops.index_expr(pos, torch.int64), ops.constant(n, torch.int64))
+    index = reduce(x, dims, keepdim, "min", torch.int64, position)
+    return peak, index
+
+
+def _arg(rtype: str) -> Callable[..., Lazy]:
+    def lower(x: TensorValue, dim: Any = None, keepdim: bool = False) -> Lazy:
+        val = node_val()
+        if not x.sizes:
+            return Lazy(val.dtype, tuple(val.shape), lambda index: ops.constant(0, torch.int64))
+        _, index = _arg_reduce(x, dim, keepdim, rtype)
+        return _epilogue(val.dtype, tuple(val.shape), lambda i: i, index)
+    return lower
+
+
+register_lowering(aten.argmax.default)(_arg("max"))
+register_lowering(aten.argmin.default)(_arg("min"))
+
+
+def _value_and_index(rtype: str) -> Callable[..., tuple[Lazy, Lazy]]:
+    def lower(x: TensorValue, dim: int, keepdim: bool = False) -> tuple[Lazy, Lazy]:
+        values, indices = node_val()
+        if not x.sizes:
+            load = make_loader(x)
+            return (Lazy(values.dtype, (), lambda index: ops.to_dtype(load([]), compute_dtype(values.dtype))),
+                    Lazy(indices.dtype, (), lambda index: ops.constant(0, torch.int64)))
+        peak, index = _arg_reduce(x, dim, keepdim, rtype)
+        dims = _dims(x, dim)
+        sizes = tuple(values.shape)
+        peak_view = _keep_or_squeeze(peak, dims, keepdim, sizes)
+        return (_epilogue(values.dtype, sizes, lambda v: v, peak_view),
+                _epilogue(indices.dtype, sizes, lambda i: i, index))
+    return lower
+
+
+register_lowering(aten.max.dim)(_value_and_index("max"))
+register_lowering(aten.min.dim)(_value_and_index("min"))

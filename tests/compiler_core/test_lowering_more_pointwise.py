@@ -133,3 +133,17 @@ def test_flip_and_diagonal():
     assert native(check(lambda p: torch.flip(p.transpose(0, 2), (1,)), x))
     for off in (-2, 0, 3, 9):
         assert native(check(lambda p: torch.diagonal(p, off, 2, 0) * 2, x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_argmax_argmin_and_max_min_with_indices_pick_the_first_tie_or_nan(dtype):
+    x = torch.randint(0, 4, (5, 7, 6)).float()  # many ties
+    if dtype.is_floating_point:
+        x[1, 2, 3] = x[2, 0, 0] = x[2, 5, 0] = float("nan")
+    x = x.to(dtype)
+    for fn in (lambda p: p.argmax(), lambda p: p.argmin(1), lambda p: p.argmax(-1, keepdim=True),
+               lambda p: p.max(1), lambda p: p.min(2, keepdim=True), lambda p: p.max(), lambda p: p.min()):
+        assert native(check(fn, x))
+        assert native(check(fn, x.transpose(0, 2)))
+    assert native(check(lambda p: p.argmax(1), torch.randint(0, 50, (3, 9000)).to(dtype)))  # looped rows
+    assert native(check(lambda p: p.argmax(0), torch.tensor(3).to(dtype)))
