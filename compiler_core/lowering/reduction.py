@@ -285,31 +285,35 @@ def _layer_norm(x: TensorValue, normalized_shape: Sequence[int], weight: TensorV
 @register_lowering(aten.linalg_vector_norm.default)
 def _vector_norm(x: TensorValue, ord: Any = 2, dim: Any = None, keepdim: bool = False, *,
                  dtype: Any = None) -> Lazy:
-    """The 2-, 1-, 0- and ±inf-norms: sqrt(sum(x²)), sum(|x|), count of non-zeros, max/min |x|.
-
-    Note: other orders need pow, which has no exact spelling on every target; they stay extern.
-    """
+    """The 2-, 1-, 0- and ±inf-norms: sqrt(sum(x²)), sum(|x|), count of non-zeros, max/min |x|;
+    any other order p: (sum |x|^p)^(1/p)."""
     val = node_val()
     check_dtypes(x.dtype, val.dtype)
     if not val.dtype.is_floating_point or not x.dtype.is_floating_point:
         raise UnsupportedOp("norm of integers")
     ord = float(ord)
-    if ord not in (2.0, 1.0, 0.0, float("inf"), float("-inf")):
-        raise UnsupportedOp(f"vector norm of order {ord}")
     dims = _dims(x, dim)
     if numel([x.sizes[d] for d in dims]) == 0 and ord in (float("inf"), float("-inf")):
         raise UnsupportedOp("inf-norm over no elements")  # eager raises
     if ord == 2.0:
         require("sqrt")
     acc = torch.float64 if torch.float64 in (x.dtype, val.dtype) else torch.float32
-    prologue = {
+    special = {
         2.0: lambda v, full: ops.mul(v, v),
         1.0: lambda v, full: ops.abs(v),
         0.0: lambda v, full: ops.to_dtype(ops.ne(v, ops.constant(0.0, acc)), acc),
-    }.get(ord, lambda v, full: ops.abs(v))
+        float("inf"): lambda v, full: ops.abs(v),
+        float("-inf"): lambda v, full: ops.abs(v),
+    }
+    prologue = special.get(ord)
+    finish: Callable[[Any], Any] = ops.sqrt if ord == 2.0 else (lambda v: v)
+    if prologue is None:  # (sum |x|^p)^(1/p)
+        from compiler_core.lowering.pointwise import _pow_op
+        power = _pow_op()
+        prologue = lambda v, full: power(ops.abs(v), ops.constant(ord, acc))  # noqa: E731
+        finish = lambda v: power(v, ops.constant(1.0 / ord, acc))  # noqa: E731
     rtype = {float("inf"): "max", float("-inf"): "min"}.get(ord, "sum")
     buf = reduce(x, dims, keepdim, rtype, acc, prologue)
-    finish = ops.sqrt if ord == 2.0 else (lambda v: v)
     return _epilogue(val.dtype, tuple(val.shape), finish, buf)
 
 
@@ -380,3 +384,28 @@ def _value_and_index(rtype: str) -> Callable[..., tuple[Lazy, Lazy]]:
 
 register_lowering(aten.max.dim)(_value_and_index("max"))
 register_lowering(aten.min.dim)(_value_and_index("min"))
+
+
+def _any_all(rtype: str) -> Callable[..., Lazy]:
+    """any (max) / all (min) of x != 0, reduced as int32 (NaN counts as true, as in eager)."""
+    def lower(x: TensorValue, dim: Any = None, keepdim: bool = False) -> Lazy:
+        val = node_val()
+        check_dtypes(x.dtype)
+        dims = _dims(x, dim)
+        load = make_loader(x)
+        comp = compute_dtype(x.dtype)
+
+        def truth(_: Any, full: Sequence[Expr]) -> Any:
+            return ops.to_dtype(ops.ne(ops.to_dtype(load(full), comp), ops.constant(0, comp)), torch.int32)
+        if numel([x.sizes[d] for d in dims]) == 0:
+            # Note: any of nothing is false, all of nothing is true.
+            empty = rtype == "min"
+            return Lazy(val.dtype, tuple(val.shape), lambda index: ops.constant(empty, compute_dtype(val.dtype)))
+        buf = reduce(x, dims, keepdim, rtype, torch.int32, truth)
+        out = compute_dtype(val.dtype)
+        return _epilogue(val.dtype, tuple(val.shape), lambda v: ops.to_dtype(ops.ne(v, ops.constant(0, torch.int32)), out), buf)
+    return lower
+
+
+register_lowering(aten.any.default, aten.any.dim, aten.any.dims)(_any_all("max"))
+register_lowering(aten.all.default, aten.all.dim, aten.all.dims)(_any_all("min"))

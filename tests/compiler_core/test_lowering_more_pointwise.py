@@ -123,8 +123,21 @@ def test_norms():
         assert native(check(lambda p: torch.linalg.vector_norm(p, o, dim=1), x))
         assert native(check(lambda p: torch.linalg.vector_norm(p, o), x.to(torch.bfloat16)))
     assert native(check(lambda p: F.normalize(p, dim=1), x))
-    art = check(lambda p: torch.linalg.vector_norm(p, 3), x)
-    assert "aten.linalg_vector_norm.default" in art.manifest.stats.extern_ops
+    x[0, :3] = 0
+    for o in (3, 0.5, -1, 3.5, -0.5):  # (sum |x|^p)^(1/p) through the interpreter's pow
+        assert native(check(lambda p: torch.linalg.vector_norm(p, o, dim=1), x))
+        assert native(check(lambda p: torch.linalg.vector_norm(p, o), x.to(torch.bfloat16)))
+    art = check(lambda p: torch.linalg.vector_norm(p, 3), x.double())
+    assert "aten.linalg_vector_norm.default" in art.manifest.stats.extern_ops  # no float64 pow
+
+
+def test_any_all():
+    b = torch.randn(4, 5) > 0
+    nan = torch.tensor([[0.0, float("nan")], [0.0, 0.0]])
+    for fn in (lambda p: p.any(), lambda p: p.all(1), lambda p: p.any(0, keepdim=True),
+               lambda p: torch.all(p, dim=(0, 1))):
+        for t in (b, X[:4, :5], nan, torch.randint(-1, 2, (4, 5)), torch.zeros(3, 0)):
+            assert native(check(fn, t))
 
 
 def test_flip_and_diagonal():
