@@ -409,3 +409,41 @@ def _any_all(rtype: str) -> Callable[..., Lazy]:
 
 register_lowering(aten.any.default, aten.any.dim, aten.any.dims)(_any_all("max"))
 register_lowering(aten.all.default, aten.all.dim, aten.all.dims)(_any_all("min"))
+
+
+# Scans up to this long are lowered as a reduction per output (quadratic work); longer ones stay extern.
+SCAN_AS_REDUCTION_MAX = 512
+
+
+def _scan(rtype: str, identity: float) -> Callable[..., Lazy]:
+    """cumsum / cumprod: out[..., i, ...] = reduce over r <= i of x[..., r, ...].
+
+    Note: a masked reduction per output element, not a scan: O(n²) work, so only for short
+    scan dims (Triton's scan primitives would need a scan node in the scheduler). The sum's
+    order differs from eager's sequential one, as any parallel reduction's does.
+    """
+    def lower(x: TensorValue, dim: int, *, dtype: Any = None) -> Lazy:
+        val = node_val()
+        check_dtypes(x.dtype, val.dtype)
+        acc = compute_dtype(val.dtype)
+        load = make_loader(x)
+        sizes = tuple(val.shape)
+        if not x.sizes or val.numel() == 0:
+            return Lazy(val.dtype, sizes, lambda index: ops.to_dtype(load(index), acc))
+        d = _dims(x, dim)[0]
+        n = x.sizes[d]
+        if n > SCAN_AS_REDUCTION_MAX:
+            raise UnsupportedOp(f"scan over {n} elements")
+
+        def inner(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
+            src = list(index)
+            src[d] = rindex[0]
+            keep = ops.le(ops.index_expr(rindex[0], torch.int64), ops.index_expr(index[d], torch.int64))
+            return ops.where(keep, ops.to_dtype(load(src), acc), ops.constant(identity, acc))
+        buf = current_graph().add_computed(Reduction(acc, sizes, (n,), rtype, inner))
+        return _epilogue(val.dtype, sizes, lambda v: v, buf)
+    return lower
+
+
+register_lowering(aten.cumsum.default)(_scan("sum", 0))
+register_lowering(aten.cumprod.default)(_scan("prod", 1))

@@ -160,3 +160,16 @@ def test_argmax_argmin_and_max_min_with_indices_pick_the_first_tie_or_nan(dtype)
         assert native(check(fn, x.transpose(0, 2)))
     assert native(check(lambda p: p.argmax(1), torch.randint(0, 50, (3, 9000)).to(dtype)))  # looped rows
     assert native(check(lambda p: p.argmax(0), torch.tensor(3).to(dtype)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_cumsum_cumprod(dtype):
+    x = (torch.randn(5, 33, 4) * 2).to(dtype)
+    assert native(check(lambda p: p.cumsum(1), x))
+    assert native(check(lambda p: p.cumsum(-1).sum(1), x.transpose(0, 1)))
+    if dtype != torch.bool:
+        assert native(check(lambda p: p.cumprod(0) * 2, x))
+    assert native(check(lambda p: torch.cumsum(p, 0, dtype=torch.float64), x))
+    assert native(check(lambda p: p.cumsum(0), torch.tensor(3).to(dtype)))
+    art = check(lambda p: p.cumsum(1), torch.randn(2, 600).to(dtype))
+    assert "aten.cumsum.default" in art.manifest.stats.extern_ops  # long scans stay extern
