@@ -57,7 +57,7 @@ VIEW_TARGETS = frozenset({
     aten.select.int, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default,
     aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.alias.default,
     aten.as_strided.default, prims.collapse_view.default, aten.split_with_sizes.default,
-    aten.split.Tensor, aten.unbind.int,
+    aten.split.Tensor, aten.unbind.int, aten.diagonal.default, aten.unfold.default,
 })
 
 

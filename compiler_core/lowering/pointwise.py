@@ -553,13 +553,37 @@ def _fill(*args: Any, **kwargs: Any) -> Lazy:
 @register_lowering(aten.arange.start_step, aten.arange.start, aten.arange.default)
 def _arange(*args: Any, dtype: Any = None, layout: Any = None, device: Any = None,
             pin_memory: Any = None) -> Lazy:
-    if not all(isinstance(a, int) and not isinstance(a, bool) for a in args):
-        raise UnsupportedOp("arange with non-integer bounds")
+    if not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args):
+        raise UnsupportedOp("arange with symbolic bounds")
     start, step = (0, 1) if len(args) == 1 else (args[0], args[2] if len(args) > 2 else 1)
     val = node_val()
     check_dtypes(val.dtype)
+    if isinstance(start, float) or isinstance(step, float):
+        if not val.dtype.is_floating_point:
+            raise UnsupportedOp("integer arange with float bounds")
+        # Note: start + i * step in float64 then rounded, as ATen's CPU kernel computes it.
+        comp = compute_dtype(val.dtype)
+        return Lazy(val.dtype, tuple(val.shape), lambda index: ops.to_dtype(ops.add(
+            ops.constant(float(start), torch.float64),
+            ops.mul(ops.index_expr(index[0], torch.float64), ops.constant(float(step), torch.float64))), comp))
     if val.dtype.is_floating_point and max(abs(start), abs(start + step * val.shape[0])) > 2**24:
         raise UnsupportedOp("float arange beyond exact integers")
     comp = compute_dtype(val.dtype)
     return Lazy(val.dtype, tuple(val.shape),
                 lambda index: ops.to_dtype(ops.index_expr(start + index[0] * step, torch.int64), comp))
+
+
+def _nan_ignoring(pick: str) -> Any:
+    """fmax / fmin: the other operand where one is NaN, else maximum / minimum."""
+    def lower(a: Any, b: Any) -> Lazy:
+        if not node_val().dtype.is_floating_point:
+            return pointwise(lambda x, y: ops.binary_op(pick, x, y), a, b)
+
+        def fn(x: Any, y: Any) -> Any:
+            return ops.where(ops.isnan(x), y, ops.where(ops.isnan(y), x, ops.binary_op(pick, x, y)))
+        return pointwise(fn, a, b)
+    return lower
+
+
+register_lowering(aten.fmax.default)(_nan_ignoring("maximum"))
+register_lowering(aten.fmin.default)(_nan_ignoring("minimum"))

@@ -17,7 +17,7 @@ from compiler_core.ir.nodes import Lazy, TensorValue
 from compiler_core.ir.ops import compute_dtype, ops
 from compiler_core.lowering import aten, node_val, prims, register_lowering
 from compiler_core.lowering.common import remap_view
-from compiler_core.sizevars import Expr, flatten, numel, unflatten
+from compiler_core.sizevars import Expr, ModularIndexing, flatten, numel, unflatten
 
 
 def _dim(d: int, rank: int) -> int:
@@ -145,4 +145,33 @@ def _diagonal(x: TensorValue, offset: int = 0, dim1: int = 0, dim2: int = 1) -> 
         full[d1] = idx[-1] + lo1
         full[d2] = idx[-1] + lo2
         return full
+    return remap_view(x, out, remap)
+
+
+@register_lowering(aten.repeat.default)
+def _repeat(x: TensorValue, repeats: Sequence[int]) -> TensorValue:
+    """Tiled: output index i reads x at i mod size (new leading dims are ignored)."""
+    out = tuple(int(s) for s in node_val().shape)
+    if numel(out) == 0:
+        return Lazy(x.dtype, out, lambda idx: ops.constant(0, compute_dtype(x.dtype)))
+    lead = len(out) - len(x.sizes)
+
+    def remap(idx: Sequence[Expr]) -> list[Expr]:
+        return [ModularIndexing(i, 1, n) for i, n in zip(idx[lead:], x.sizes)]
+    return remap_view(x, out, remap)
+
+
+@register_lowering(aten.unfold.default)
+def _unfold(x: TensorValue, dim: int, size: int, step: int) -> TensorValue:
+    """Windows along `dim` as a new last dim: out[..., w, ..., k] = x[..., w * step + k, ...]."""
+    rank = len(x.sizes)
+    out = tuple(int(s) for s in node_val().shape)
+    if rank == 0:
+        return remap_view(x, out, lambda idx: [])
+    dim = _dim(dim, rank)
+
+    def remap(idx: Sequence[Expr]) -> list[Expr]:
+        src = list(idx[:rank])
+        src[dim] = idx[dim] * step + idx[rank]
+        return src
     return remap_view(x, out, remap)

@@ -173,3 +173,25 @@ def test_cumsum_cumprod(dtype):
     assert native(check(lambda p: p.cumsum(0), torch.tensor(3).to(dtype)))
     art = check(lambda p: p.cumsum(1), torch.randn(2, 600).to(dtype))
     assert "aten.cumsum.default" in art.manifest.stats.extern_ops  # long scans stay extern
+
+
+def test_fmax_fmin_ignore_nans():
+    x, y = X.clone(), Y.clone()
+    x[0, 0] = y[1] = float("nan")
+    x[2, 3] = y[3] = float("nan")  # both NaN: NaN
+    assert native(check(torch.fmax, x, y))
+    assert native(check(torch.fmin, x, y))
+
+
+def test_float_arange():
+    assert native(check(lambda p: torch.arange(0.5, 3.1, 0.3) + p, torch.randn(9)))
+    assert native(check(lambda p: torch.arange(-1, 1, 0.25, dtype=torch.bfloat16) * p, torch.randn(8)))
+
+
+def test_repeat_unfold_and_diagonal_views_keep_eager_strides():
+    x = torch.randn(3, 4)
+    for fn in (lambda p: p.repeat(2, 1, 3), lambda p: p.t().repeat(2, 3) + 1, lambda p: p.repeat(0, 2),
+               lambda p: p.unfold(1, 2, 1), lambda p: (p + 1).unfold(0, 2, 1), lambda p: torch.diagonal(p),
+               lambda p: torch.diagonal(p.sin(), 1)):
+        assert native(check(fn, x))
+    assert native(check(lambda p: p.unfold(0, 1, 1), torch.tensor(2.0)))
