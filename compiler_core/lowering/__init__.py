@@ -368,7 +368,11 @@ def _maybe_realize(g: GraphLowering, node: fx.Node, out: Any) -> Any:
     g.lazy_values.append(out)
     cost = count_ops(out).ops
     if cost > REALIZE_OPS_ALWAYS or (cost > REALIZE_OPS_SHARED and len(node.users) > 1):
-        return g.realize(out)
+        # Note: in eager's layout, since an extern call may read this buffer as it is, and some
+        # (convolution, a preserve-format clone) give results laid out like their inputs.
+        val = node.meta.get("val")
+        strides = dense_strides_like(tuple(val.shape), tuple(val.stride())) if isinstance(val, torch.Tensor) else None
+        return g.realize(out, strides)
     return out
 
 

@@ -195,3 +195,25 @@ def test_repeat_unfold_and_diagonal_views_keep_eager_strides():
                lambda p: torch.diagonal(p.sin(), 1)):
         assert native(check(fn, x))
     assert native(check(lambda p: p.unfold(0, 1, 1), torch.tensor(2.0)))
+
+
+def test_realized_shared_values_keep_eager_layout_for_extern_readers():
+    """A value realized for several readers (here a channels_last copy) is written in eager's
+    layout: convolution, an extern call, lays its result out like its input, and later kernels
+    read that result with the strides eager's convolution gives."""
+    w = torch.randn(4, 3, 3, 3)
+
+    def fn(x, k):
+        y = x
+        for _ in range(10):
+            y = (y * 1.01 + 0.1).sin()
+        z = y.contiguous(memory_format=torch.channels_last)
+        return F.conv2d(z, k) + 1, z.sum()
+    check(fn, torch.randn(2, 3, 8, 8), w)
+
+    def permuted(x, k):
+        y = x.permute(0, 3, 1, 2)
+        for _ in range(10):
+            y = (y * 1.01 + 0.1).sin()
+        return F.conv2d(y, k) * 2, y.sum()
+    check(permuted, torch.randn(2, 8, 8, 3), w)
