@@ -29,7 +29,8 @@ TL_DTYPES = {
 # Unary math spelled per target. The interpreter has no libdevice, so it gets tl.* forms.
 CUDA_UNARY = {
     name: f"libdevice.{name}({{}})" for name in (
-        "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "exp", "exp2", "expm1",
+        "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
+        "exp", "exp2", "expm1",
         "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "erf", "floor", "ceil", "trunc")
 } | {"round": "libdevice.nearbyint({})", "sigmoid": "tl.sigmoid({})"}
 INTERPRET_UNARY = {

@@ -18,7 +18,8 @@ _FLOAT_UNARY = {
     aten.expm1: "expm1", aten.log: "log", aten.log2: "log2", aten.log10: "log10", aten.log1p: "log1p",
     aten.sqrt: "sqrt", aten.rsqrt: "rsqrt", aten.tanh: "tanh", aten.sigmoid: "sigmoid",
     aten.erf: "erf", aten.reciprocal: "reciprocal", aten.asin: "asin", aten.acos: "acos",
-    aten.atan: "atan", aten.sinh: "sinh", aten.cosh: "cosh",
+    aten.atan: "atan", aten.sinh: "sinh", aten.cosh: "cosh", aten.asinh: "asinh", aten.acosh: "acosh",
+    aten.atanh: "atanh",
 }
 _ROUNDING = {aten.floor: "floor", aten.ceil: "ceil", aten.trunc: "trunc", aten.round: "round"}
 
@@ -50,12 +51,70 @@ def _sinh64(a: Any) -> Any:
     return ops.where(ops.lt(ops.abs(a), _c64(1e-3)), series, direct)
 
 
+def _poly(t: Any, coeffs: list[float]) -> Any:
+    """coeffs[0] + coeffs[1] * t + ... by Horner's rule."""
+    acc = _c64(coeffs[-1])
+    for c in reversed(coeffs[:-1]):
+        acc = ops.add(ops.mul(acc, t), _c64(c))
+    return acc
+
+
+def _atan64(a: Any) -> Any:
+    """atan: |x| > 1 folded by atan(x) = pi/2 - atan(1/x), three halvings
+    (atan(t) = 2 atan(t / (1 + sqrt(1 + t²)))) to t <= tan(pi/32), then the Taylor series to t^17
+    (the next term is below 1e-20)."""
+    ax = ops.abs(a)
+    big = ops.gt(ax, _c64(1.0))
+    t = ops.where(big, ops.truediv(_c64(1.0), ax), ax)
+    for _ in range(3):
+        t = ops.truediv(t, ops.add(_c64(1.0), ops.sqrt(ops.add(_c64(1.0), ops.mul(t, t)))))
+    series = ops.mul(t, _poly(ops.mul(t, t), [(-1.0) ** k / (2 * k + 1) for k in range(9)]))
+    r = ops.mul(series, _c64(8.0))
+    r = ops.where(big, ops.sub(_c64(math.pi / 2), r), r)
+    return ops.where(ops.lt(a, _c64(0.0)), ops.neg(r), r)
+
+
+def _asin64(a: Any) -> Any:
+    # Note: 1 - x² is exact in float64 for a float32 x; x = ±1 gives atan(±inf) = ±pi/2.
+    return _atan64(ops.truediv(a, ops.sqrt(ops.sub(_c64(1.0), ops.mul(a, a)))))
+
+
+def _small_or(a: Any, series: list[float], direct: Any) -> Any:
+    """`series` (odd powers: a * poly(a²)) below |a| = 1e-3, where `direct` cancels; else `direct`."""
+    small = ops.mul(a, _poly(ops.mul(a, a), series))
+    return ops.where(ops.lt(ops.abs(a), _c64(1e-3)), small, direct)
+
+
+def _asinh64(a: Any) -> Any:
+    ax = ops.abs(a)
+    direct = ops.log(ops.add(ax, ops.sqrt(ops.add(ops.mul(ax, ax), _c64(1.0)))))
+    direct = ops.where(ops.lt(a, _c64(0.0)), ops.neg(direct), direct)
+    return _small_or(a, [1.0, -1.0 / 6.0, 3.0 / 40.0], direct)
+
+
+def _atanh64(a: Any) -> Any:
+    direct = ops.mul(_c64(0.5), ops.log(ops.truediv(ops.add(_c64(1.0), a), ops.sub(_c64(1.0), a))))
+    return _small_or(a, [1.0, 1.0 / 3.0, 1.0 / 5.0], direct)
+
+
+def _acosh64(a: Any) -> Any:
+    # Note: below 1 the result is NaN (x + sqrt(x² - 1) would cancel to 0 for large negative x).
+    direct = ops.log(ops.add(a, ops.sqrt(ops.sub(ops.mul(a, a), _c64(1.0)))))
+    return ops.where(ops.lt(a, _c64(1.0)), _c64(math.nan), direct)
+
+
 # Unary ops the interpreter has no spelling for, composed in float64 for float32 (and narrower) values.
 _VIA_FLOAT64 = {
     "log10": lambda a: ops.mul(ops.log(a), _c64(1.0 / math.log(10.0))),
     "tan": lambda a: ops.truediv(ops.sin(a), ops.cos(a)),
     "cosh": lambda a: ops.mul(ops.add(ops.exp(a), ops.exp(ops.neg(a))), _c64(0.5)),
     "sinh": _sinh64,
+    "atan": _atan64,
+    "asin": _asin64,
+    "acos": lambda a: ops.sub(_c64(math.pi / 2), _asin64(a)),
+    "asinh": _asinh64,
+    "acosh": _acosh64,
+    "atanh": _atanh64,
 }
 
 

@@ -217,3 +217,17 @@ def test_realized_shared_values_keep_eager_layout_for_extern_readers():
             y = (y * 1.01 + 0.1).sin()
         return F.conv2d(y, k) * 2, y.sum()
     check(permuted, torch.randn(2, 8, 8, 3), w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_inverse_trig_and_hyperbolic_via_float64_on_the_interpreter(dtype):
+    special = torch.tensor([0.0, -0.0, 1e-8, -1e-8, 1e-4, -1e-3, 0.999, 1.0, -1.0, 1.0000001, 0.99999994,
+                            -0.99999994, 1.5, -2.0, 10.0, 1e10, 1e30, 3e38, -3e38, float("inf"),
+                            -float("inf"), float("nan")])
+    x = torch.cat([special, torch.randn(500) * 3, torch.rand(500) * 2 - 1, torch.logspace(-38, 38, 200),
+                   -torch.logspace(-38, 38, 200)]).to(dtype)
+    for fn in (torch.atan, torch.asin, torch.acos, torch.asinh, torch.acosh, torch.atanh):
+        assert native(check(fn, x))
+    assert native(check(torch.atan, torch.arange(-5, 5)))  # integers compute in float32
+    art = check(torch.atan, x.double())
+    assert "aten.atan.default" in art.manifest.stats.extern_ops  # float64 has no exact composition
