@@ -231,3 +231,16 @@ def test_inverse_trig_and_hyperbolic_via_float64_on_the_interpreter(dtype):
     assert native(check(torch.atan, torch.arange(-5, 5)))  # integers compute in float32
     art = check(torch.atan, x.double())
     assert "aten.atan.default" in art.manifest.stats.extern_ops  # float64 has no exact composition
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(kernel_size=3), dict(kernel_size=(3, 2), stride=(2, 1), padding=1),
+    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
+    dict(kernel_size=2, divisor_override=3),
+    dict(kernel_size=4, stride=3, padding=2, ceil_mode=True, count_include_pad=False),
+])
+def test_avg_pool2d_windows_padding_and_divisors(cfg):
+    x = torch.randn(2, 3, 9, 8)
+    for t in (x, x.to(torch.bfloat16), x[0], x.permute(0, 1, 3, 2)):
+        assert native(check(lambda p: F.avg_pool2d(p, **cfg), t, decompose=False))
