@@ -18,14 +18,16 @@ import sympy
 import torch
 
 from compiler_core.errors import UnsupportedOp
-from compiler_core.ir.nodes import Lazy, TensorValue, make_loader
+from compiler_core.ir.nodes import Lazy, TensorValue, count_ops, make_loader
 from compiler_core.ir.ops import compute_dtype, ops
-from compiler_core.lowering import aten, node_val, register_lowering
+from compiler_core.lowering import aten, current_graph, node_val, register_lowering
 from compiler_core.lowering.common import broadcast_loader, check_dtypes, is_tensor, remap_view
 from compiler_core.sizevars import Expr
 
 # A cat of more inputs than this stays one extern call (each input is a masked load per element).
 MAX_CAT_INPUTS = 32
+# A cat input whose body costs more ops than this is written to memory before the cat reads it.
+CAT_PIECE_OPS_INLINE = 8
 INDEX_DTYPES = (torch.int64, torch.int32)
 
 
@@ -95,6 +97,8 @@ def _cat(tensors: Sequence[TensorValue], dim: int = 0) -> Lazy:
         return Lazy(val.dtype, out, lambda index: ops.constant(0, compute_dtype(val.dtype)))
     if len(pieces) > MAX_CAT_INPUTS:
         raise UnsupportedOp(f"cat of {len(pieces)} inputs")
+    if len(pieces) > 1:
+        pieces = [_cheap(t) for t in pieces]
     loads, offsets, start = [], [], 0
     for t in pieces:
         loads.append(_converted(t, val.dtype))
@@ -120,6 +124,17 @@ def _cat(tensors: Sequence[TensorValue], dim: int = 0) -> Lazy:
             value = ops.where(cond, v, value)
         return value
     return Lazy(val.dtype, out, inner)
+
+
+def _cheap(value: TensorValue) -> TensorValue:
+    """`value`, written to memory first if computing it costs more than a few ops.
+
+    Note: every element of a cat evaluates each piece's body (all but one masked off), so a
+    costly piece is computed once into a buffer rather than once per piece of the output.
+    """
+    if isinstance(value, Lazy) and count_ops(value).ops > CAT_PIECE_OPS_INLINE:
+        return current_graph().realize(value)
+    return value
 
 
 def _nothing(val: torch.Tensor) -> Lazy:

@@ -126,3 +126,17 @@ def test_masked_loads_carry_the_mask():
         ops.masked(cond, lambda: ops.load("x", XINDEX - 4), 0.0)
     load = [line for line in h.lines if "in_ptr0" in line][0]
     assert cond.text in load
+
+
+def test_costly_cat_inputs_are_computed_once_not_per_piece():
+    def heavy(p):
+        for _ in range(6):
+            p = (p * 1.1).sin()
+        return p
+    x = torch.randn(4, 5)
+    art = check(lambda p: torch.cat([heavy(p), p, heavy(p * 2)], 1), x)
+    assert native(art)
+    sources = [art.blobs[k.source.digest].decode().split("def fxcc")[-1] for k in art.manifest.kernels]
+    cat = [src for src in sources if "tl.where" in src]
+    assert len(cat) == 1 and "tl.sin(" not in cat[0]  # the cat reads the sines from memory
+    assert sum(src.count("tl.sin(") for src in sources) == 12  # each sine once
