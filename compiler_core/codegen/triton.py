@@ -30,7 +30,8 @@ TL_DTYPES = {
 # Unary math spelled per target. The interpreter has no libdevice, so it gets tl.* forms.
 CUDA_UNARY = {
     name: f"libdevice.{name}({{}})" for name in (
-        "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "exp", "exp2", "expm1",
+        "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
+        "exp", "exp2", "expm1",
         "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "erf", "floor", "ceil", "trunc")
 } | {"round": "libdevice.nearbyint({})", "sigmoid": "tl.sigmoid({})"}
 INTERPRET_UNARY = {
@@ -39,10 +40,21 @@ INTERPRET_UNARY = {
     "erf": "tl.erf({})", "floor": "tl.floor({})", "ceil": "tl.ceil({})", "sigmoid": "tl.sigmoid({})",
     "tanh": "(1.0 - 2.0 / (tl.exp(2.0 * {0}) + 1.0))",
     "trunc": "tl.where({0} < 0, tl.ceil({0}), tl.floor({0}))",
+    # Note: log(1 + x) loses x's low bits when |x| is small. Goldberg's correction scales log(u)
+    # by x / (u - 1), the exact ratio of x to the rounded u - 1, which keeps a few-ulp error; u == x
+    # (|x| >= 2**24, or inf) needs no correction.
+    "log1p": "tl.where(1.0 + {0} == 1.0, {0}, tl.where(1.0 + {0} == {0}, tl.log(1.0 + {0}), "
+             "tl.log(1.0 + {0}) * ({0} / ((1.0 + {0}) - 1.0))))",
+    # Note: Kahan's expm1: (u - 1) * x / log(u) with u = exp(x) cancels exp's rounding error.
+    "expm1": "tl.where(tl.exp({0}) == 1.0, {0}, tl.where(tl.exp({0}) - 1.0 == -1.0, -1.0, "
+             "tl.where(tl.exp({0}) == float(\"inf\"), tl.exp({0}), "
+             "(tl.exp({0}) - 1.0) * ({0} / tl.log(tl.exp({0}))))))",
 }
 COMMON_UNARY = {
     "abs": "tl.abs({})", "neg": "-{}", "bitwise_not": "~{}", "logical_not": "({} == 0)",
     "reciprocal": "(1.0 / {})", "isnan": "({0} != {0})",
+    "isinf": "(tl.abs({0}) == float(\"inf\"))",
+    "isfinite": "(({0} == {0}) & (tl.abs({0}) != float(\"inf\")))",
 }
 BINARY = {
     "add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "truediv": "({} / {})",
@@ -55,6 +67,9 @@ BINARY = {
     "minimum": "tl.where(({0} < {1}) | ({0} != {0}), {0}, {1})",
 }
 CUDA_BINARY = {"pow": "libdevice.pow({}, {})"}
+# Floating-point `%` is C's fmod (frem) on GPUs and np.fmod in the interpreter: exact on both.
+# Note: lowerings emit integer fmod only by a non-zero constant: `%` by zero has no eager-like behaviour.
+FLOAT_BINARY = {"fmod": "({} % {})"}
 
 
 def unary_table(target: str) -> dict[str, str]:
@@ -62,7 +77,7 @@ def unary_table(target: str) -> dict[str, str]:
 
 
 def binary_table(target: str) -> dict[str, str]:
-    return BINARY | (CUDA_BINARY if target == "cuda" else {})
+    return BINARY | FLOAT_BINARY | (CUDA_BINARY if target == "cuda" else {})
 
 
 def supports(op: str, target: str) -> bool:
@@ -150,6 +165,9 @@ class TritonHandler(OpsHandler):
         index = kernel_index(expr, self.kernel)
         self.size_symbols |= index.free_symbols - {XINDEX, RINDEX}
         return index
+    # indirect index symbol → the variable saying where it is in range; masks of enclosing ops.masked
+    indirect_masks: dict[sympy.Symbol, str] = field(default_factory=dict)
+    mask_stack: list[str] = field(default_factory=list)
 
     def emit(self, text: str, dtype: torch.dtype) -> TVal:
         key = f"{text}:{dtype}"
@@ -168,6 +186,8 @@ class TritonHandler(OpsHandler):
             parts.append("xmask")
         if expr.has(RINDEX):
             parts.append("rmask")
+        parts += [self.indirect_masks[s] for s in sorted(expr.free_symbols, key=str) if s in self.indirect_masks]
+        parts += self.mask_stack
         return " & ".join(parts) or None
 
     def load(self, name: str, index: Expr) -> TVal:
@@ -177,11 +197,11 @@ class TritonHandler(OpsHandler):
         mask = self.mask_for(index)
         buf_dtype = self.buffer_dtypes[name]
         where = render_index(index)
-        if mask is None:
+        if mask is None or not (index.has(XINDEX) or index.has(RINDEX)):
             # Note: an address that depends on no index (a 0-d input, a broadcast scalar) still loads
             # a block: a scalar load mixes badly with blocks in Triton's interpreter (logical and
             # where on scalars), and the hardware serves the repeated address from cache.
-            where, mask = f"{where} + 0 * xindex", "xmask"
+            where, mask = f"{where} + 0 * xindex", f"xmask & {mask}" if mask else "xmask"
         text = f"tl.load({self.args[name]} + ({where}), {mask})"
         comp = compute_dtype(buf_dtype)
         if comp != buf_dtype:
@@ -223,6 +243,22 @@ class TritonHandler(OpsHandler):
 
     def where(self, cond: TVal, a: TVal, b: TVal) -> TVal:
         return self.emit(f"tl.where({cond.text}, {a.text}, {b.text})", a.dtype)
+
+    def indirect_indexing(self, x: TVal, size: int) -> sympy.Symbol:
+        v = self.to_dtype(x, torch.int64)
+        wrapped = self.emit(f"tl.where({v.text} < 0, {v.text} + {int(size)}, {v.text})", torch.int64)
+        valid = self.emit(f"(({wrapped.text} >= 0) & ({wrapped.text} < {int(size)}))", torch.bool)
+        sym = sympy.Symbol(wrapped.text, integer=True, nonnegative=True)
+        self.indirect_masks[sym] = valid.text
+        return sym
+
+    def masked(self, mask: TVal, body: Any, other: bool | float) -> TVal:
+        self.mask_stack.append(mask.text)
+        try:
+            value = body()
+        finally:
+            self.mask_stack.pop()
+        return self.where(mask, value, self.constant(other, value.dtype))
 
 
 @dataclass(frozen=True)

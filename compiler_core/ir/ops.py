@@ -7,7 +7,7 @@ compile many graphs at once (threads or asyncio tasks each see their own handler
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
@@ -75,6 +75,20 @@ class OpsHandler:
     def where(self, cond: Any, a: Any, b: Any) -> Any:
         raise NotImplementedError
 
+    def indirect_indexing(self, x: Any, size: int) -> sympy.Symbol:
+        """A symbol standing for integer value `x` used as an index into a dim of `size`.
+
+        Negative values wrap (x + size), as torch's indexing does; loads whose index holds the
+        symbol are masked to in-range values (an out-of-range index reads `0`, never memory
+        outside the buffer).
+        """
+        raise NotImplementedError
+
+    def masked(self, mask: Any, body: Callable[[], Any], other: bool | float) -> Any:
+        """`body()` where `mask` holds, else `other`; loads inside `body` are masked by `mask`,
+        so their addresses may be out of range where it does not hold."""
+        raise NotImplementedError
+
 
 _handler: ContextVar[OpsHandler | None] = ContextVar("fxcc_ops_handler", default=None)
 
@@ -108,7 +122,7 @@ class _Ops:
             return lambda op, x: current_handler().unary(op, x)
         if name == "binary_op":
             return lambda op, a, b: current_handler().binary(op, a, b)
-        if name in ("load", "constant", "index_expr", "to_dtype", "where"):
+        if name in ("load", "constant", "index_expr", "to_dtype", "where", "indirect_indexing", "masked"):
             return getattr(current_handler(), name)
         raise AttributeError(f"ops.{name} is not in the op vocabulary")
 
@@ -121,6 +135,7 @@ class CountingHandler(OpsHandler):
 
     def __init__(self) -> None:
         self.ops = 0
+        self.indirect = 0
         self.loads: list[tuple[str, sympy.Expr]] = []
 
     def load(self, name: str, index: sympy.Expr) -> Any:
@@ -144,3 +159,14 @@ class CountingHandler(OpsHandler):
 
     def where(self, cond: Any, a: Any, b: Any) -> Any:
         self.ops += 1
+
+    def indirect_indexing(self, x: Any, size: int) -> sympy.Symbol:
+        # Note: a fresh symbol per use: an indirect read never equals a direct one, so the
+        # scheduler never takes it from a producer's registers.
+        self.ops += 1
+        self.indirect += 1
+        return sympy.Symbol(f"indirect{self.indirect}", integer=True, nonnegative=True)
+
+    def masked(self, mask: Any, body: Callable[[], Any], other: bool | float) -> Any:
+        self.ops += 1
+        return body()

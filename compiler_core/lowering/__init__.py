@@ -61,7 +61,7 @@ VIEW_TARGETS = frozenset({
     aten.select.int, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default,
     aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.alias.default,
     aten.as_strided.default, prims.collapse_view.default, aten.split_with_sizes.default,
-    aten.split.Tensor, aten.unbind.int,
+    aten.split.Tensor, aten.unbind.int, aten.diagonal.default, aten.unfold.default,
 })
 
 
@@ -142,9 +142,30 @@ class GraphLowering:
 
     def add_computed(self, data: Pointwise | Reduction, strides: tuple[int, ...] | None = None) -> StridedView:
         sizes = data.ranges
-        buf = Buffer(self.new_name(), data.dtype, sizes, strides or contiguous_strides(sizes), "computed")
+        strides = strides or contiguous_strides(sizes)
+        if _nbytes(sizes, data.dtype) == 0:
+            return self._empty_buffer(sizes, strides, data.dtype)
+        buf = Buffer(self.new_name(), data.dtype, sizes, strides, "computed")
         self.program.append(ComputedBuffer(buf, data))
         return self.add_buffer(buf)
+
+    def _empty_buffer(self, sizes: tuple[int, ...], strides: tuple[int, ...], dtype: torch.dtype) -> StridedView:
+        """A zero-element buffer: allocated by the plan, never written (no kernel over no elements).
+
+        Note: this is how lowerings of empty tensors stay native: their values need no code.
+        """
+        name = self.new_name("empty")
+        self.program.append(ExternCall(name, "aten.empty_strided.default", [_ints(sizes), _ints(strides)],
+                                       {"dtype": DtypeArg(value=dtype_name(dtype)),
+                                        "device": DeviceArg(value=self._device())}))
+        return self.add_buffer(Buffer(name, dtype, sizes, strides, "extern"))
+
+    def _device(self) -> str:
+        node = _node.get()
+        val = node.meta.get("val") if node is not None else None
+        if isinstance(val, torch.Tensor):
+            return val.device.type
+        return next((p.spec.device for p in self.spec.placeholders), "cpu")
 
     def realize(self, value: TensorValue, strides: tuple[int, ...] | None = None) -> StridedView:
         """`value` written to memory (a no-op for values already there)."""
@@ -367,7 +388,11 @@ def _maybe_realize(g: GraphLowering, node: fx.Node, out: Any) -> Any:
     g.lazy_values.append(out)
     cost = count_ops(out).ops
     if cost > REALIZE_OPS_ALWAYS or (cost > REALIZE_OPS_SHARED and len(node.users) > 1):
-        return g.realize(out)
+        # Note: in eager's layout, since an extern call may read this buffer as it is, and some
+        # (convolution, a preserve-format clone) give results laid out like their inputs.
+        val = node.meta.get("val")
+        strides = dense_strides_like(sizes_of(val), strides_of(val)) if isinstance(val, torch.Tensor) else None
+        return g.realize(out, strides)
     return out
 
 
@@ -468,4 +493,4 @@ def _same_layout(value: StridedView, val: torch.Tensor) -> bool:
 
 
 def _load_lowerings() -> None:
-    from compiler_core.lowering import normalization, pointwise, reduction, views  # noqa: F401 - they register
+    from compiler_core.lowering import indexing, normalization, pointwise, reduction, views  # noqa: F401 - they register

@@ -13,7 +13,7 @@ from compiler_core.errors import UnsupportedOp
 from compiler_core.ir.nodes import Lazy, Loader, StridedView, TensorValue, index_vars, make_loader
 from compiler_core.ir.ops import compute_dtype, ops
 from compiler_core.lowering import node_val
-from compiler_core.sizevars import Expr, FloorDiv, ModularIndexing, linear_index, numel, simplify_index
+from compiler_core.sizevars import Expr, FloorDiv, ModularIndexing, linear_index, simplify_index
 from compiler_core.symbolic import hints_of, is_symbolic, sizes_of
 
 Kind = ELEMENTWISE_TYPE_PROMOTION_KIND
@@ -86,8 +86,6 @@ def pointwise(fn: Callable[..., Any], *args: Any, kind: Kind = Kind.DEFAULT,
     """
     val = node_val()
     sizes, out_dtype = sizes_of(val), val.dtype
-    if numel(sizes) == 0:
-        raise UnsupportedOp("empty tensor")
     check_dtypes(out_dtype)
     comp, res = promote(args, kind)
     if res != out_dtype:
@@ -124,6 +122,8 @@ def _as_strides(expr: Expr, syms: list[sympy.Symbol], sizes: Sequence[Any]) -> t
     if expr.has(FloorDiv, ModularIndexing):
         return None
     expr = expr.subs({s: 0 for s, n in zip(syms, sizes) if n == 1})
+    if not syms:  # a 0-d view: one element at a fixed offset
+        return ((), int(expr)) if expr.is_Integer and expr >= 0 else None
     try:
         poly = sympy.Poly(expr, *syms)
     except sympy.PolynomialError:

@@ -1,4 +1,4 @@
-"""Batch norm lowerings: inference (running statistics, pointwise) and functional training (per-channel reductions)."""
+"""Batch norm lowerings (inference: running statistics, pointwise; functional training: per-channel reductions) and group norm."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from compiler_core.errors import UnsupportedOp
 from compiler_core.ir.nodes import Lazy, Loader, TensorValue, make_loader
 from compiler_core.ir.ops import compute_dtype, ops
 from compiler_core.lowering import aten, node_val, register_lowering
-from compiler_core.lowering.common import broadcast_loader, check_dtypes, require
-from compiler_core.lowering.reduction import _two_pass
-from compiler_core.sizevars import Expr
+from compiler_core.lowering.common import broadcast_loader, check_dtypes, remap_view, require
+from compiler_core.lowering.reduction import _keep_or_squeeze, _two_pass
+from compiler_core.sizevars import Expr, FloorDiv, flatten, unflatten
 from compiler_core.symbolic import sizes_of
 
 
@@ -115,3 +115,41 @@ def _batch_norm_training(x: TensorValue, weight: TensorValue | None, bias: Tenso
         per_channel(vals[3].dtype, lambda i: blend(rm(i), mean_of(s_at(i)))),
         per_channel(vals[4].dtype, lambda i: blend(rv(i), ops.truediv(m_at(i), ops.constant(unbiased, acc)))),
     )
+
+
+@register_lowering(aten.native_group_norm.default)
+def _group_norm(x: TensorValue, weight: TensorValue | None, bias: TensorValue | None, n: int, c: int,
+                hxw: int, group: int, eps: float) -> tuple[Lazy, Lazy, Lazy]:
+    """x as [N, G, C/G * HxW] (row-major): per (sample, group) mean and rstd (two-pass), then
+    (x - mean) * rstd * weight[c] + bias[c]; mean and rstd come out as [N, G]."""
+    out, mean_val, rstd_val = node_val()
+    check_dtypes(x.dtype, out.dtype, mean_val.dtype)
+    if not x.dtype.is_floating_point or len(x.sizes) < 2 or out.numel() == 0 or group <= 0 or c % group:
+        raise UnsupportedOp("group norm of integers, of rank < 2, empty, or with uneven groups")
+    require("rsqrt")
+    acc = _acc(x)
+    per_group = (c // group) * hxw
+    grouped = remap_view(x, (n, group, per_group), lambda idx: unflatten(flatten(idx, (n, group, per_group)), x.sizes))
+    total, m2, count, _ = _two_pass(grouped, [2], True, acc, 0.0)
+    stat_sizes = (n, group)
+    total_v = _keep_or_squeeze(total, [2], False, stat_sizes)
+    m2_v = _keep_or_squeeze(m2, [2], False, stat_sizes)
+    total_load, m2_load = make_loader(total_v), make_loader(m2_v)
+    channels_per_group = c // group
+
+    def stats(s: Any, m: Any) -> tuple[Any, Any]:
+        mean = ops.truediv(s, ops.constant(float(count), acc))
+        var = ops.truediv(m, ops.constant(float(count), acc))
+        return mean, ops.rsqrt(ops.add(var, ops.constant(float(eps), acc)))
+
+    def group_of(index: Sequence[Expr]) -> list[Expr]:
+        return [index[0], FloorDiv(index[1], channels_per_group)]
+
+    y = _normalize(x, lambda i: stats(total_load(group_of(i)), m2_load(group_of(i)))[0],
+                   lambda i: stats(total_load(group_of(i)), m2_load(group_of(i)))[1],
+                   _channel(weight), _channel(bias), acc, out.dtype)
+
+    def stat(val: torch.Tensor, k: int) -> Lazy:
+        return Lazy(val.dtype, stat_sizes, lambda index: ops.to_dtype(
+            stats(total_load(index), m2_load(index))[k], compute_dtype(val.dtype)))
+    return y, stat(mean_val, 0), stat(rstd_val, 1)

@@ -13,11 +13,11 @@ from typing import Any
 import torch
 
 from compiler_core.errors import UnsupportedOp
-from compiler_core.ir.nodes import Lazy, Reduction, StridedView, TensorValue, make_loader
+from compiler_core.ir.nodes import Lazy, Pointwise, Reduction, StridedView, TensorValue, make_loader
 from compiler_core.ir.ops import compute_dtype, ops
 from compiler_core.lowering import aten, current_graph, node_val, register_lowering
 from compiler_core.lowering.common import broadcast_loader, check_dtypes, require
-from compiler_core.sizevars import Expr, numel, unflatten
+from compiler_core.sizevars import Expr, flatten, numel, unflatten
 from compiler_core.symbolic import is_symbolic, sizes_of
 
 Prologue = Callable[[Any, Sequence[Expr]], Any]
@@ -25,6 +25,8 @@ Prologue = Callable[[Any, Sequence[Expr]], Any]
 
 def _dims(x: TensorValue, dims: Any) -> list[int]:
     rank = len(x.sizes)
+    if rank == 0:
+        return []  # dim 0 or -1 of a 0-d tensor: the one element, reduced over nothing
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         return list(range(rank))
     if isinstance(dims, int):
@@ -41,7 +43,7 @@ def reduce(x: TensorValue, dims: Sequence[int], keepdim: bool, rtype: str, acc: 
     out = tuple(1 if d in dims else s for d, s in enumerate(sizes)) if keepdim else tuple(sizes[d] for d in kept)
     rsizes = tuple(sizes[d] for d in dims)
     if numel(out) == 0 or numel(rsizes) == 0:
-        raise UnsupportedOp("reduction of an empty tensor")
+        return _empty_reduction(out, rtype, acc)
     load = make_loader(x)
 
     def inner(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
@@ -56,6 +58,16 @@ def reduce(x: TensorValue, dims: Sequence[int], keepdim: bool, rtype: str, acc: 
     if split:
         return _split_reduce(out, rsizes, rtype, acc, split, inner)
     return current_graph().add_computed(Reduction(acc, out, rsizes, rtype, inner, tuple(sizes), tuple(dims)))
+
+
+def _empty_reduction(out: tuple[int, ...], rtype: str, acc: torch.dtype) -> StridedView:
+    """A reduction with no outputs (an empty buffer) or over no elements (the identity: 0 for sum,
+    1 for prod; eager rejects max/min over nothing)."""
+    identity = {"sum": 0, "prod": 1}.get(rtype)
+    if identity is None and numel(out) != 0:
+        raise UnsupportedOp(f"{rtype} over no elements")
+    value = identity or 0
+    return current_graph().add_computed(Pointwise(acc, out, lambda index: ops.constant(value, acc)))
 
 
 # A few outputs over very long rows: reduce in two stages so the first has many programs.
@@ -271,3 +283,227 @@ def _layer_norm(x: TensorValue, normalized_shape: Sequence[int], weight: TensorV
     mean = _epilogue(mean_val.dtype, stat_sizes, lambda s, m: stats(s, m)[0], total, m2)
     rstd = _epilogue(rstd_val.dtype, stat_sizes, lambda s, m: stats(s, m)[1], total, m2)
     return Lazy(out_val.dtype, x.sizes, inner), mean, rstd
+
+
+@register_lowering(aten.linalg_vector_norm.default)
+def _vector_norm(x: TensorValue, ord: Any = 2, dim: Any = None, keepdim: bool = False, *,
+                 dtype: Any = None) -> Lazy:
+    """The 2-, 1-, 0- and ±inf-norms: sqrt(sum(x²)), sum(|x|), count of non-zeros, max/min |x|;
+    any other order p: (sum |x|^p)^(1/p)."""
+    val = node_val()
+    check_dtypes(x.dtype, val.dtype)
+    if not val.dtype.is_floating_point or not x.dtype.is_floating_point:
+        raise UnsupportedOp("norm of integers")
+    ord = float(ord)
+    dims = _dims(x, dim)
+    if numel([x.sizes[d] for d in dims]) == 0 and ord in (float("inf"), float("-inf")):
+        raise UnsupportedOp("inf-norm over no elements")  # eager raises
+    if ord == 2.0:
+        require("sqrt")
+    acc = torch.float64 if torch.float64 in (x.dtype, val.dtype) else torch.float32
+    special = {
+        2.0: lambda v, full: ops.mul(v, v),
+        1.0: lambda v, full: ops.abs(v),
+        0.0: lambda v, full: ops.to_dtype(ops.ne(v, ops.constant(0.0, acc)), acc),
+        float("inf"): lambda v, full: ops.abs(v),
+        float("-inf"): lambda v, full: ops.abs(v),
+    }
+    prologue = special.get(ord)
+    finish: Callable[[Any], Any] = ops.sqrt if ord == 2.0 else (lambda v: v)
+    if prologue is None:  # (sum |x|^p)^(1/p)
+        from compiler_core.lowering.pointwise import _pow_op
+        power = _pow_op()
+        prologue = lambda v, full: power(ops.abs(v), ops.constant(ord, acc))
+        finish = lambda v: power(v, ops.constant(1.0 / ord, acc))
+    rtype = {float("inf"): "max", float("-inf"): "min"}.get(ord, "sum")
+    buf = reduce(x, dims, keepdim, rtype, acc, prologue)
+    return _epilogue(val.dtype, sizes_of(val), finish, buf)
+
+
+register_lowering(aten.max.default)(_simple("max"))
+register_lowering(aten.min.default)(_simple("min"))
+
+
+def _arg_reduce(x: TensorValue, dim: Any, keepdim: bool, rtype: str) -> tuple[StridedView, TensorValue]:
+    """(extreme values with kept dims, index of the first extreme) over `dim` (None: all, flattened).
+
+    Note: two reductions, as softmax's: the max (or min), NaN-propagating as torch's, then the
+    smallest position whose value equals it (or is NaN when it is NaN), so ties and NaNs pick
+    the first occurrence, as eager does.
+    """
+    check_dtypes(x.dtype)
+    if x.dtype == torch.bool:
+        raise UnsupportedOp(f"arg{rtype} of bool")
+    dims = _dims(x, dim)
+    rsizes = [x.sizes[d] for d in dims]
+    n = numel(rsizes)
+    if n == 0:
+        raise UnsupportedOp(f"arg{rtype} over no elements")  # eager raises
+    acc = compute_dtype(x.dtype)
+    peak = reduce(x, dims, True, rtype, acc)
+    peak_load = broadcast_loader(peak, x.sizes)
+    load = make_loader(x)
+
+    def position(_: Any, full: Sequence[Expr]) -> Any:
+        v, p = ops.to_dtype(load(full), acc), peak_load(full)
+        hit = ops.eq(v, p)
+        if x.dtype.is_floating_point:
+            hit = ops.logical_or(hit, ops.logical_and(ops.ne(v, v), ops.ne(p, p)))
+        pos = flatten([full[d] for d in dims], rsizes)
+        return ops.where(hit, ops.index_expr(pos, torch.int64), ops.constant(n, torch.int64))
+    index = reduce(x, dims, keepdim, "min", torch.int64, position)
+    return peak, index
+
+
+def _arg(rtype: str) -> Callable[..., Lazy]:
+    def lower(x: TensorValue, dim: Any = None, keepdim: bool = False) -> Lazy:
+        val = node_val()
+        if not x.sizes:
+            return Lazy(val.dtype, sizes_of(val), lambda index: ops.constant(0, torch.int64))
+        _, index = _arg_reduce(x, dim, keepdim, rtype)
+        return _epilogue(val.dtype, sizes_of(val), lambda i: i, index)
+    return lower
+
+
+register_lowering(aten.argmax.default)(_arg("max"))
+register_lowering(aten.argmin.default)(_arg("min"))
+
+
+def _value_and_index(rtype: str) -> Callable[..., tuple[Lazy, Lazy]]:
+    def lower(x: TensorValue, dim: int, keepdim: bool = False) -> tuple[Lazy, Lazy]:
+        values, indices = node_val()
+        if not x.sizes:
+            load = make_loader(x)
+            return (Lazy(values.dtype, (), lambda index: ops.to_dtype(load([]), compute_dtype(values.dtype))),
+                    Lazy(indices.dtype, (), lambda index: ops.constant(0, torch.int64)))
+        peak, index = _arg_reduce(x, dim, keepdim, rtype)
+        dims = _dims(x, dim)
+        sizes = sizes_of(values)
+        peak_view = _keep_or_squeeze(peak, dims, keepdim, sizes)
+        return (_epilogue(values.dtype, sizes, lambda v: v, peak_view),
+                _epilogue(indices.dtype, sizes, lambda i: i, index))
+    return lower
+
+
+register_lowering(aten.max.dim)(_value_and_index("max"))
+register_lowering(aten.min.dim)(_value_and_index("min"))
+
+
+def _any_all(rtype: str) -> Callable[..., Lazy]:
+    """any (max) / all (min) of x != 0, reduced as int32 (NaN counts as true, as in eager)."""
+    def lower(x: TensorValue, dim: Any = None, keepdim: bool = False) -> Lazy:
+        val = node_val()
+        check_dtypes(x.dtype)
+        dims = _dims(x, dim)
+        load = make_loader(x)
+        comp = compute_dtype(x.dtype)
+
+        def truth(_: Any, full: Sequence[Expr]) -> Any:
+            return ops.to_dtype(ops.ne(ops.to_dtype(load(full), comp), ops.constant(0, comp)), torch.int32)
+        if numel([x.sizes[d] for d in dims]) == 0:
+            # Note: any of nothing is false, all of nothing is true.
+            empty = rtype == "min"
+            return Lazy(val.dtype, sizes_of(val), lambda index: ops.constant(empty, compute_dtype(val.dtype)))
+        buf = reduce(x, dims, keepdim, rtype, torch.int32, truth)
+        out = compute_dtype(val.dtype)
+        return _epilogue(val.dtype, sizes_of(val), lambda v: ops.to_dtype(ops.ne(v, ops.constant(0, torch.int32)), out), buf)
+    return lower
+
+
+register_lowering(aten.any.default, aten.any.dim, aten.any.dims)(_any_all("max"))
+register_lowering(aten.all.default, aten.all.dim, aten.all.dims)(_any_all("min"))
+
+
+# Scans up to this long are lowered as a reduction per output (quadratic work); longer ones stay extern.
+SCAN_AS_REDUCTION_MAX = 512
+
+
+def _scan(rtype: str, identity: float) -> Callable[..., Lazy]:
+    """cumsum / cumprod: out[..., i, ...] = reduce over r <= i of x[..., r, ...].
+
+    Note: a masked reduction per output element, not a scan: O(n²) work, so only for short
+    scan dims (Triton's scan primitives would need a scan node in the scheduler). The sum's
+    order differs from eager's sequential one, as any parallel reduction's does.
+    """
+    def lower(x: TensorValue, dim: int, *, dtype: Any = None) -> Lazy:
+        val = node_val()
+        check_dtypes(x.dtype, val.dtype)
+        acc = compute_dtype(val.dtype)
+        load = make_loader(x)
+        sizes = sizes_of(val)
+        if not x.sizes or val.numel() == 0:
+            return Lazy(val.dtype, sizes, lambda index: ops.to_dtype(load(index), acc))
+        d = _dims(x, dim)[0]
+        n = x.sizes[d]
+        if n > SCAN_AS_REDUCTION_MAX:
+            raise UnsupportedOp(f"scan over {n} elements")
+
+        def inner(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
+            src = list(index)
+            src[d] = rindex[0]
+            keep = ops.le(ops.index_expr(rindex[0], torch.int64), ops.index_expr(index[d], torch.int64))
+            return ops.where(keep, ops.to_dtype(load(src), acc), ops.constant(identity, acc))
+        buf = current_graph().add_computed(Reduction(acc, sizes, (n,), rtype, inner))
+        return _epilogue(val.dtype, sizes, lambda v: v, buf)
+    return lower
+
+
+register_lowering(aten.cumsum.default)(_scan("sum", 0))
+register_lowering(aten.cumprod.default)(_scan("prod", 1))
+
+
+def _pair(v: Any, default: Sequence[int]) -> tuple[int, int]:
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    if not v:
+        v = list(default)
+    return (int(v[0]), int(v[-1]))
+
+
+@register_lowering(aten.avg_pool2d.default)
+def _avg_pool2d(x: TensorValue, kernel_size: Sequence[int], stride: Sequence[int] = (), padding: Any = 0,
+                ceil_mode: bool = False, count_include_pad: bool = True,
+                divisor_override: int | None = None) -> Lazy:
+    """A sum over each window (masked loads outside the input) divided as ATen divides: by the
+    window clipped to the padded input, or to the input itself without count_include_pad."""
+    val = node_val()
+    check_dtypes(x.dtype, val.dtype)
+    if not x.dtype.is_floating_point or len(x.sizes) not in (3, 4) or val.numel() == 0:
+        raise UnsupportedOp("avg_pool2d of integers, of another rank, or empty")
+    kh, kw = _pair(kernel_size, ())
+    sh, sw = _pair(stride, (kh, kw))
+    ph, pw = _pair(padding, (0, 0))
+    ih, iw = x.sizes[-2:]
+    lead = len(x.sizes) - 2
+    acc = compute_dtype(val.dtype)
+    load = make_loader(x)
+    i64 = torch.int64
+
+    def c(v: int) -> Any:
+        return ops.constant(v, i64)
+
+    def inner(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
+        h = index[lead] * sh - ph + rindex[0]
+        w = index[lead + 1] * sw - pw + rindex[1]
+        hv, wv = ops.index_expr(h, i64), ops.index_expr(w, i64)
+        inside = ops.logical_and(ops.logical_and(ops.ge(hv, c(0)), ops.lt(hv, c(ih))),
+                                 ops.logical_and(ops.ge(wv, c(0)), ops.lt(wv, c(iw))))
+        return ops.masked(inside, lambda: ops.to_dtype(load([*index[:lead], h, w]), acc), 0.0)
+    total = current_graph().add_computed(Reduction(acc, sizes_of(val), (kh, kw), "sum", inner))
+    total_load = make_loader(total)
+
+    def divisor(index: Sequence[Expr]) -> Any:
+        if divisor_override:
+            return ops.constant(float(divisor_override), acc)
+        hs = ops.index_expr(index[lead] * sh, i64)
+        ws = ops.index_expr(index[lead + 1] * sw, i64)
+        hs, ws = ops.sub(hs, c(ph)), ops.sub(ws, c(pw))
+        he = ops.minimum(ops.add(hs, c(kh)), c(ih + ph))
+        we = ops.minimum(ops.add(ws, c(kw)), c(iw + pw))
+        if not count_include_pad:
+            hs, ws = ops.maximum(hs, c(0)), ops.maximum(ws, c(0))
+            he, we = ops.minimum(he, c(ih)), ops.minimum(we, c(iw))
+        return ops.to_dtype(ops.mul(ops.sub(he, hs), ops.sub(we, ws)), acc)
+
+    out = compute_dtype(val.dtype)
+    return Lazy(val.dtype, sizes_of(val),
+                lambda index: ops.to_dtype(ops.truediv(total_load(index), divisor(index)), out))

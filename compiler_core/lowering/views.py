@@ -13,10 +13,11 @@ from typing import Any
 import sympy
 
 from compiler_core.errors import UnsupportedOp
-from compiler_core.ir.nodes import TensorValue
+from compiler_core.ir.nodes import Lazy, TensorValue
+from compiler_core.ir.ops import compute_dtype, ops
 from compiler_core.lowering import aten, node_val, prims, register_lowering
 from compiler_core.lowering.common import remap_view
-from compiler_core.sizevars import Expr, flatten, numel, unflatten
+from compiler_core.sizevars import Expr, ModularIndexing, flatten, numel, unflatten
 from compiler_core.symbolic import sizes_of
 
 
@@ -89,6 +90,8 @@ def _reshape(x: TensorValue, *args: Any) -> TensorValue:
         raise UnsupportedOp("reshape changes the element count")
     if tuple(x.sizes) == out:
         return x
+    if numel(out) == 0:  # nothing to read: no index map (and unflatten would divide by a size 0)
+        return Lazy(x.dtype, out, lambda idx: ops.constant(0, compute_dtype(x.dtype)))
     return remap_view(x, out, lambda idx: unflatten(flatten(idx, out), x.sizes))
 
 
@@ -113,3 +116,63 @@ def _split(x: TensorValue, sizes: Any, dim: int = 0) -> tuple[TensorValue, ...]:
 def _unbind(x: TensorValue, dim: int = 0) -> tuple[TensorValue, ...]:
     dim = _dim(dim, len(x.sizes))
     return tuple(_select(x, dim, i) for i in range(x.sizes[dim]))
+
+
+@register_lowering(aten.flip.default)
+def _flip(x: TensorValue, dims: Sequence[int]) -> TensorValue:
+    """Reversed dims: index n - 1 - i (a Lazy read; strides stay non-negative in this IR)."""
+    flipped = {_dim(d, len(x.sizes)) for d in dims}
+
+    def remap(idx: Sequence[Expr]) -> list[Expr]:
+        return [x.sizes[d] - 1 - i if d in flipped and x.sizes[d] > 1 else i for d, i in enumerate(idx)]
+    return remap_view(x, x.sizes, remap)
+
+
+@register_lowering(aten.diagonal.default)
+def _diagonal(x: TensorValue, offset: int = 0, dim1: int = 0, dim2: int = 1) -> TensorValue:
+    """The other dims in order, then the diagonal: element k is x[..., k - min(offset, 0), k + max(offset, 0)]."""
+    rank = len(x.sizes)
+    d1, d2 = _dim(dim1, rank), _dim(dim2, rank)
+    if d1 == d2:
+        raise UnsupportedOp("diagonal of one dim with itself")
+    out = tuple(int(s) for s in node_val().shape)
+    rest = [d for d in range(rank) if d not in (d1, d2)]
+    lo1, lo2 = max(-offset, 0), max(offset, 0)
+
+    def remap(idx: Sequence[Expr]) -> list[Expr]:
+        full: list[Expr] = [sympy.Integer(0)] * rank
+        for k, d in enumerate(rest):
+            full[d] = idx[k]
+        full[d1] = idx[-1] + lo1
+        full[d2] = idx[-1] + lo2
+        return full
+    return remap_view(x, out, remap)
+
+
+@register_lowering(aten.repeat.default)
+def _repeat(x: TensorValue, repeats: Sequence[int]) -> TensorValue:
+    """Tiled: output index i reads x at i mod size (new leading dims are ignored)."""
+    out = tuple(int(s) for s in node_val().shape)
+    if numel(out) == 0:
+        return Lazy(x.dtype, out, lambda idx: ops.constant(0, compute_dtype(x.dtype)))
+    lead = len(out) - len(x.sizes)
+
+    def remap(idx: Sequence[Expr]) -> list[Expr]:
+        return [ModularIndexing(i, 1, n) for i, n in zip(idx[lead:], x.sizes)]
+    return remap_view(x, out, remap)
+
+
+@register_lowering(aten.unfold.default)
+def _unfold(x: TensorValue, dim: int, size: int, step: int) -> TensorValue:
+    """Windows along `dim` as a new last dim: out[..., w, ..., k] = x[..., w * step + k, ...]."""
+    rank = len(x.sizes)
+    out = tuple(int(s) for s in node_val().shape)
+    if rank == 0:
+        return remap_view(x, out, lambda idx: [])
+    dim = _dim(dim, rank)
+
+    def remap(idx: Sequence[Expr]) -> list[Expr]:
+        src = list(idx[:rank])
+        src[dim] = idx[dim] * step + idx[rank]
+        return src
+    return remap_view(x, out, remap)

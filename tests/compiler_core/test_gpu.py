@@ -91,3 +91,25 @@ def test_transformer_block_training_on_cuda():
     x.grad = None
     model(x).square().sum().backward()
     torch.testing.assert_close(got, x.grad, atol=1e-3, rtol=1e-3)
+
+
+NEW_LOWERINGS = {
+    "cat_pad_index": (lambda x, i: torch.cat([F.pad(x, (1, 2)), x[:, :3].sin()], 1)[i] + x[:, i[:4] % 48].sum(),
+                      [(64, 48)]),
+    "gather_embedding": (lambda x, i: torch.gather(x, 1, i[:, None].expand(-1, 5) % 48)
+                         + F.embedding(i[:5] % 64, x).sum(0)[:5], [(64, 48)]),
+    "pointwise": (lambda x, i: torch.remainder(x, 1.5) + torch.div(x, 0.7, rounding_mode="floor") + x.sign()
+                  + x.isnan() + torch.fmax(x, x.flip(0)) + x.abs() ** x + torch.round(x * 4), [(64, 48)]),
+    "reductions": (lambda x, i: (x.argmax(1), *x.max(0), (x > 0).any(1), x.cumsum(1),
+                                torch.linalg.vector_norm(x, 3, dim=1)), [(64, 48)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NEW_LOWERINGS))
+def test_masked_indirect_and_newer_lowerings_on_cuda(name: str) -> None:
+    fn, shapes = NEW_LOWERINGS[name]
+    torch.manual_seed(0)
+    x = torch.randn(shapes[0], device="cuda")
+    i = torch.randint(-64, 64, (64,), device="cuda")  # negative indices wrap
+    art = check_cuda(fn, x, i)
+    assert art.manifest.stats.nodes_extern == 0

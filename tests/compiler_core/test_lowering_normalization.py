@@ -1,4 +1,4 @@
-"""Batch norm lowerings vs eager: inference with running statistics, functional training with updates."""
+"""Normalization lowerings vs eager: batch norm (inference with running statistics, functional training with updates), group norm."""
 
 from __future__ import annotations
 
@@ -47,3 +47,18 @@ def test_batch_norm_training_normalizes_in_the_statistics_kernel():
         return aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True, 0.1, 1e-5)[0]
     art = check(f, X, W, B, RM, RV, decompose=False)
     assert art.manifest.stats.kernels == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,groups", [((2, 6, 5, 4), 3), ((3, 4), 2), ((2, 8, 7), 8), ((1, 6, 3, 3, 2), 1)])
+def test_native_group_norm_outputs_match_eager(shape, groups, dtype):
+    import math
+
+    x = torch.randn(shape, dtype=dtype)
+    w, b = torch.randn(shape[1], dtype=dtype), torch.randn(shape[1], dtype=dtype)
+    hxw = math.prod(shape[2:])
+    art = check(lambda p, q, r: torch.ops.aten.native_group_norm(p, q, r, shape[0], shape[1], hxw, groups, 1e-5),
+                x, w, b, decompose=False)  # (out, mean, rstd)
+    assert art.manifest.stats.nodes_extern == 0
+    art = check(lambda p: torch.nn.functional.group_norm(p.transpose(0, 1).transpose(0, 1), groups), x)
+    assert art.manifest.stats.nodes_extern == 0
