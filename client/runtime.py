@@ -276,6 +276,11 @@ class SymbolReader:
         self.bindings = [(b.name, b.input, b.dim) for b in plan.symbols]
         self.guard_texts = list(plan.guards)
         self.check = compile_exprs(self.guard_texts) if self.guard_texts else None
+        # (input, dim) of every stride the plan assumes, and one evaluator for all of them
+        self.stride_slots = [(i, d) for i, st in enumerate(plan.input_strides) if st is not None
+                             for d in range(len(st))]
+        texts = [str(x) for st in plan.input_strides if st is not None for x in st]
+        self.strides = compile_exprs(texts) if texts else None
 
     def __call__(self, args: list[Any]) -> SizeEnv:
         syms = SizeEnv()
@@ -286,6 +291,11 @@ class SymbolReader:
             for text, ok in zip(self.guard_texts, self.check(syms)):
                 if not ok:
                     raise GuardFailed(f"guard {text} fails for {syms}")
+        if self.strides is not None:
+            for (i, d), want in zip(self.stride_slots, self.strides(syms)):
+                t = args[i]
+                if t.shape[d] > 1 and t.stride(d) != want:
+                    raise GuardFailed(f"input {i} has stride {t.stride(d)} in dim {d}, the plan assumes {want}")
         return syms
 
 

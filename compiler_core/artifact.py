@@ -80,6 +80,9 @@ class FreeStep(_Model):
 Step = Annotated[KernelStep | ExternStep | AllocStep | FreeStep, Field(discriminator="kind")]
 
 
+MAX_INPUTS = 20_000
+
+
 class SymbolBinding(_Model):
     """Where a size symbol's value comes from at run time: dim `dim` of input `input`, or the
     input itself when it is an integer (dim None). `lo`/`hi` is the range the plan serves."""
@@ -116,6 +119,9 @@ class Plan(_Model):
     outputs: list[Arg]
     symbols: list[SymbolBinding] = Field(default_factory=list, max_length=256)
     guards: list[GuardText] = Field(default_factory=list, max_length=1024)
+    # With size symbols: each input's strides as the plan's code assumes them (None: an integer
+    # input), checked per call with the guards (dims of size 1 excepted).
+    input_strides: list[list[int | SizeText] | None] = Field(default_factory=list, max_length=MAX_INPUTS)
 
 
 class TuningRecord(_Model):

@@ -79,6 +79,7 @@ def compile_graph(gm: fx.GraphModule, graph: GraphSpec, target: str,
         if syms:
             lowered.symbols = symbol_bindings(graph)
             lowered.guards = range_guards(graph) + shape_env_guards(syms)
+            lowered.input_strides = [list(p.spec.strides) if p.spec else None for p in graph.placeholders]
         plan = build_plan(lowered, items, rendered)
         kernels = kernel_infos(rendered.values(), blobs)
         return plan, kernels, compile_stats(graph, lowered, items, kernels)

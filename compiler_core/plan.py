@@ -58,7 +58,7 @@ def build_plan(g: GraphLowering, items: Sequence[Kernel | ExternCall],
     # such plans allocate every buffer (frees still return memory to torch's caching allocator).
     final = planned if g.symbols else reuse_buffers(planned, g.outputs)
     return Plan(inputs=list(g.inputs), steps=final, outputs=g.outputs, symbols=g.symbols,
-                guards=g.guards)
+                guards=g.guards, input_strides=g.input_strides)
 
 
 def size_text(x: Any) -> int | str:

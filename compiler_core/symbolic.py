@@ -11,6 +11,7 @@ Symbols are positive integers: Dynamo specializes sizes 0 and 1, so a symbol is 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
@@ -151,6 +152,14 @@ def strides_of(t: Any) -> tuple[SizeExpr, ...]:
 
 def offset_of(t: Any) -> SizeExpr:
     return sym_value(t.storage_offset())
+
+
+def size_symbols_of(expr: sympy.Basic) -> set[sympy.Symbol]:
+    """The graph's size symbols in `expr` (not index variables, not indirect-load symbols)."""
+    return {s for s in expr.free_symbols if _SIZE_NAME.fullmatch(s.name) and s.is_positive}
+
+
+_SIZE_NAME = re.compile(r"s[0-9]+")
 
 
 def is_symbolic(*exprs: Any) -> bool:

@@ -19,7 +19,7 @@ from compiler_core.ir.nodes import ComputedBuffer, Reduction, body_reads
 from compiler_core.ir.ops import OpsHandler, compute_dtype, result_dtype, use_handler
 from compiler_core.scheduler import Coords, Kernel, kernel_index, node_coords, run_body, store_index
 from compiler_core.sizevars import RINDEX, XINDEX, Expr, FloorDiv, render_index
-from compiler_core.symbolic import hint, is_symbolic
+from compiler_core.symbolic import hint, is_symbolic, size_symbols_of
 
 TL_DTYPES = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -163,7 +163,7 @@ class TritonHandler(OpsHandler):
     def index(self, expr: Expr) -> Expr:
         """`expr` in kernel coordinates; its size symbols become kernel parameters."""
         index = kernel_index(expr, self.kernel)
-        self.size_symbols |= index.free_symbols - {XINDEX, RINDEX}
+        self.size_symbols |= size_symbols_of(index)
         return index
     # indirect index symbol → the variable saying where it is in range; masks of enclosing ops.masked
     indirect_masks: dict[sympy.Symbol, str] = field(default_factory=dict)
@@ -342,7 +342,7 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str,
             h.registers[node.name] = value
             if node.name in kernel.stored:
                 index = store_index(node, coords, kernel)
-                h.size_symbols |= index.free_symbols - {XINDEX, RINDEX}
+                h.size_symbols |= size_symbols_of(index)
                 mask = "xmask & rmask" if (coords.full and not node.is_reduction() and reduction) else "xmask"
                 out = value.text
                 if value.dtype != node.buffer.dtype:

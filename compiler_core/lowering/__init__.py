@@ -120,6 +120,7 @@ class GraphLowering:
     extern_ops: list[str] = field(default_factory=list)
     symbols: list[Any] = field(default_factory=list)  # SymbolBindings of a symbolic graph
     guards: list[str] = field(default_factory=list)  # relations the plan's code assumes
+    input_strides: list[Any] = field(default_factory=list)  # per input, for a symbolic plan
     lazy_values: list[Lazy] = field(default_factory=list)
     _realized: set[int] = field(default_factory=set)
     env: dict[fx.Node, Any] = field(default_factory=dict)

@@ -222,3 +222,13 @@ def test_training_with_dynamic_batch_compiles_forward_and_backward_once_each():
     compiles = _compiles()
     assert len(compiles) == 4, [e.source for e in compiles]  # static fw+bw, then dynamic fw+bw
     assert all(e.stats.kernels >= 1 for e in compiles[2:])
+
+
+def test_symbolic_plan_checks_input_strides():
+    """An input laid out unlike the plan assumes (a transposed view) is refused, not misread."""
+    request = _dynamic_request()
+    runner = load_plan(compile_request(request))
+    x = torch.randn(8, 16)
+    runner(_args_for(request, x))
+    with pytest.raises(GuardFailed, match="stride"):
+        runner(_args_for(request, torch.randn(16, 8).t()))

@@ -88,7 +88,7 @@ def test_boolean_and_float_indices_are_not_lowered():
 def test_an_empty_result_reads_no_index():
     art = check(lambda p, q: torch.index_select(p, 1, q), torch.randn(2, 0), torch.tensor([], dtype=torch.int64))
     assert native(art)  # an empty result reads nothing
-    with pytest.raises(Exception):
+    with pytest.raises((IndexError, RuntimeError)):
         torch.index_select(torch.randn(2, 0), 1, torch.tensor([0]))  # eager rejects it
 
 
@@ -102,7 +102,7 @@ def test_out_of_range_indices_are_masked_in_the_generated_load():
     with use_handler(h):
         sym = ops.indirect_indexing(ops.load("idx", XINDEX), 7)
         ops.load("x", sym * 3 + 1)
-    load = [line for line in h.lines if "in_ptr1" in line][0]
+    load = next(line for line in h.lines if "in_ptr1" in line)
     mask = h.indirect_masks[sym]
     assert mask in load and "xmask" in load
     assert isinstance(sym, sympy.Symbol)
@@ -125,7 +125,7 @@ def test_masked_loads_carry_the_mask():
     with use_handler(h):
         cond = ops.lt(ops.index_expr(XINDEX, torch.int64), ops.constant(4, torch.int64))
         ops.masked(cond, lambda: ops.load("x", XINDEX - 4), 0.0)
-    load = [line for line in h.lines if "in_ptr0" in line][0]
+    load = next(line for line in h.lines if "in_ptr0" in line)
     assert cond.text in load
 
 

@@ -34,7 +34,7 @@ def test_floor_divide_remainder_fmod_match_eager_on_signs_zeros_and_infs(dtype):
 def test_integer_remainder_by_a_constant_is_native_by_a_tensor_extern():
     xi = torch.randint(-9, 9, (5, 4))
     for d in (4, -3):
-        assert native(check(lambda p: torch.remainder(p, d) + torch.fmod(p, d), xi))
+        assert native(check(lambda p: torch.remainder(p, d) + torch.fmod(p, d), xi))  # noqa: B023 - called at once
     assert native(check(lambda p: torch.remainder(p, 3), xi.to(torch.uint8)))
     art = check(lambda p, q: torch.remainder(p, q), xi, torch.randint(1, 5, (4,)))
     assert "aten.remainder.Tensor" in art.manifest.stats.extern_ops  # eager raises on a zero divisor
@@ -120,13 +120,13 @@ def test_reductions_over_dim_0_of_a_0d_tensor():
 def test_norms():
     x = torch.randn(5, 33)
     for o in (2, 1, 0, float("inf"), -float("inf")):
-        assert native(check(lambda p: torch.linalg.vector_norm(p, o, dim=1), x))
-        assert native(check(lambda p: torch.linalg.vector_norm(p, o), x.to(torch.bfloat16)))
+        assert native(check(lambda p: torch.linalg.vector_norm(p, o, dim=1), x))  # noqa: B023 - called at once
+        assert native(check(lambda p: torch.linalg.vector_norm(p, o), x.to(torch.bfloat16)))  # noqa: B023 - called at once
     assert native(check(lambda p: F.normalize(p, dim=1), x))
     x[0, :3] = 0
     for o in (3, 0.5, -1, 3.5, -0.5):  # (sum |x|^p)^(1/p) through the interpreter's pow
-        assert native(check(lambda p: torch.linalg.vector_norm(p, o, dim=1), x))
-        assert native(check(lambda p: torch.linalg.vector_norm(p, o), x.to(torch.bfloat16)))
+        assert native(check(lambda p: torch.linalg.vector_norm(p, o, dim=1), x))  # noqa: B023 - called at once
+        assert native(check(lambda p: torch.linalg.vector_norm(p, o), x.to(torch.bfloat16)))  # noqa: B023 - called at once
     art = check(lambda p: torch.linalg.vector_norm(p, 3), x.double())
     assert "aten.linalg_vector_norm.default" in art.manifest.stats.extern_ops  # no float64 pow
 
@@ -145,7 +145,7 @@ def test_flip_and_diagonal():
     assert native(check(lambda p: torch.flip(p, (0, 2)) + 1, x))
     assert native(check(lambda p: torch.flip(p.transpose(0, 2), (1,)), x))
     for off in (-2, 0, 3, 9):
-        assert native(check(lambda p: torch.diagonal(p, off, 2, 0) * 2, x))
+        assert native(check(lambda p: torch.diagonal(p, off, 2, 0) * 2, x))  # noqa: B023 - called at once
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
@@ -234,11 +234,11 @@ def test_inverse_trig_and_hyperbolic_via_float64_on_the_interpreter(dtype):
 
 
 @pytest.mark.parametrize("cfg", [
-    dict(kernel_size=3), dict(kernel_size=(3, 2), stride=(2, 1), padding=1),
-    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
-    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
-    dict(kernel_size=2, divisor_override=3),
-    dict(kernel_size=4, stride=3, padding=2, ceil_mode=True, count_include_pad=False),
+    {"kernel_size": 3}, {"kernel_size": (3, 2), "stride": (2, 1), "padding": 1},
+    {"kernel_size": 3, "stride": 2, "padding": 1, "ceil_mode": True},
+    {"kernel_size": 3, "stride": 2, "padding": 1, "ceil_mode": True, "count_include_pad": False},
+    {"kernel_size": 2, "divisor_override": 3},
+    {"kernel_size": 4, "stride": 3, "padding": 2, "ceil_mode": True, "count_include_pad": False},
 ])
 def test_avg_pool2d_windows_padding_and_divisors(cfg):
     x = torch.randn(2, 3, 9, 8)
