@@ -11,6 +11,7 @@ Symbols are positive integers: Dynamo specializes sizes 0 and 1, so a symbol is 
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
@@ -116,18 +117,9 @@ def to_torch(expr: sympy.Expr, symbols: Mapping[sympy.Symbol, Any]) -> Any:
             return (ev(e.args[0]) // ev(e.args[1])) % ev(e.args[2])
         if isinstance(e, sympy.Mod):
             return ev(e.args[0]) % ev(e.args[1])
-        if isinstance(e, sympy.Max):
-            vals = [ev(a) for a in e.args]
-            out = vals[0]
-            for v in vals[1:]:
-                out = torch.sym_max(out, v)
-            return out
-        if isinstance(e, sympy.Min):
-            vals = [ev(a) for a in e.args]
-            out = vals[0]
-            for v in vals[1:]:
-                out = torch.sym_min(out, v)
-            return out
+        if isinstance(e, (sympy.Max, sympy.Min)):
+            pick = torch.sym_max if isinstance(e, sympy.Max) else torch.sym_min
+            return functools.reduce(pick, [ev(a) for a in e.args])
         raise UnsupportedOp(f"size expression {e} cannot be rebuilt")
     return ev(expr)
 

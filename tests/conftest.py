@@ -10,6 +10,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +69,18 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
     if keys:
         client.delete(*keys)
     client.close()
+
+
+@pytest.fixture
+def fresh_compiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A fresh local cache, no service, and no compiled graphs or compile events from before."""
+    import torch
+
+    from client import backend
+
+    monkeypatch.setenv("FXCC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("FXCC_URL", raising=False)
+    torch._dynamo.reset()
+    backend.reset()
+    yield
+    torch._dynamo.reset()

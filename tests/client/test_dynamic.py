@@ -11,7 +11,6 @@ import pytest
 import torch
 from torch import nn
 
-from client import backend
 from client.backend import events
 from client.examples import GPT2Block, TransformerBlock
 from client.runtime import GuardFailed, load_plan
@@ -20,13 +19,8 @@ from compiler_core.wire import CompileRequest
 
 
 @pytest.fixture(autouse=True)
-def _fresh(tmp_path, monkeypatch):
-    monkeypatch.setenv("FXCC_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("FXCC_URL", raising=False)
-    torch._dynamo.reset()
-    backend.reset()
+def _fresh(fresh_compiles):
     yield
-    torch._dynamo.reset()
 
 
 def _compiles() -> list:

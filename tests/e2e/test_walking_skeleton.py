@@ -94,3 +94,48 @@ def test_seed_examples_compile_remotely_then_hit_shared_cache(cluster, redis_url
     assert httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10).status_code == 401
     job = httpx.get(f"{url}/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()
     assert job["state"] == "done" and job["worker"]
+
+
+DYNAMIC_CLIENT = """
+import json, sys, torch
+from torch import nn
+from client.backend import events
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 8)).eval()
+compiled = torch.compile(model, backend="fxcc")
+err = 0.0
+with torch.no_grad():
+    for batch in (2, 3, 5, 9, 17):
+        x = torch.randn(batch, 16)
+        err = max(err, (compiled(x) - model(x)).abs().max().item())
+rows = [{"source": e.source, "key": e.key, "kernels": e.stats.kernels if e.stats else 0,
+         "error": e.error} for e in events()]
+print(json.dumps({"events": rows, "max_abs_err": err}))
+"""
+
+
+def _dynamic_pass(env: dict[str, str]) -> dict:
+    out = subprocess.run([sys.executable, "-c", DYNAMIC_CLIENT], env=env, check=True, timeout=600,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_dynamic_shapes_compile_once_on_the_cluster_then_hit(cluster, redis_url, redis_prefix, tmp_path):
+    """A graph with a symbolic batch travels to a real worker (size symbols, guards and size
+    expressions in JSON), runs for every batch size, and a second machine gets it from the cache."""
+    url, env = cluster
+    r = redis.Redis.from_url(redis_url)
+    client_env = {k: v for k, v in env.items() if k not in ("FXCC_REDIS_URL", "FXCC_REDIS_PREFIX")}
+    client_env["FXCC_URL"] = url
+
+    first = _dynamic_pass(dict(client_env, FXCC_CACHE_DIR=str(tmp_path / "dyn-a")))
+    assert first["max_abs_err"] < 1e-4, first
+    assert [e["source"] for e in first["events"]] == ["remote-compiled", "remote-compiled"], first
+    assert first["events"][1]["kernels"] >= 1 and not any(e["error"] for e in first["events"])
+    jobs = _job_count(r, redis_prefix)
+
+    second = _dynamic_pass(dict(client_env, FXCC_CACHE_DIR=str(tmp_path / "dyn-b")))
+    assert second["max_abs_err"] < 1e-4, second
+    assert [e["source"] for e in second["events"]] == ["remote-hit", "remote-hit"], second
+    assert [e["key"] for e in second["events"]] == [e["key"] for e in first["events"]]
+    assert _job_count(r, redis_prefix) == jobs, "the second machine caused a new compile job"

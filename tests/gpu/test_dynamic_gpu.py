@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from client import backend, cuda_loader
+from client import cuda_loader
 from client.backend import events, fxcc_backend
 from client.examples import GPT2Block
 
@@ -17,13 +17,8 @@ pytestmark = [
 
 
 @pytest.fixture(autouse=True)
-def _fresh(tmp_path, monkeypatch):
-    monkeypatch.setenv("FXCC_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("FXCC_URL", raising=False)
-    torch._dynamo.reset()
-    backend.reset()
+def _fresh(fresh_compiles):
     yield
-    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("which", ["mlp", "gpt2"])
