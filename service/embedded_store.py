@@ -62,6 +62,7 @@ class EmbeddedStore:
         self._dead: deque[dict[str, str]] = deque(maxlen=1000)
         self._job_ttl_s = job_ttl_s
         self._running: dict[str, int] = {p: 0 for p in PRIORITIES}
+        self._jobs_done = 0  # by the in-process workers, since the service started
         self.max_artifact_bytes = max_artifact_bytes
 
     def ping(self) -> None:
@@ -239,7 +240,9 @@ class EmbeddedStore:
                 self._move(job_id, stage)
 
     def mark_done(self, job_id: str, stats: dict[str, Any]) -> None:
-        self._move(job_id, JobStage.DONE, finished_at=now_s(), stats=stats, error=None)
+        if self._move(job_id, JobStage.DONE, finished_at=now_s(), stats=stats, error=None) is not None:
+            with self._cond:
+                self._jobs_done += 1
 
     def mark_failed(self, job_id: str, error: JobError, *, dead_letter: bool = False) -> None:
         job = self._move(job_id, JobStage.FAILED, finished_at=now_s(), error=error, stats=None)
@@ -321,7 +324,10 @@ class EmbeddedStore:
             return out
 
     def workers(self) -> list[dict[str, Any]]:
-        return [{"id": "embedded", "device": "cpu", "in_process": True, "beat_at": time.time()}]
+        with self._cond:
+            done = self._jobs_done
+        return [{"id": "embedded", "device": "cpu", "in_process": True, "beat_at": time.time(),
+                 "jobs_done": done}]
 
     def heartbeat(self, worker: str, info: dict[str, Any], claims: list[Claim]) -> None:
         """Nothing to do: embedded workers live and die with the service process."""

@@ -43,6 +43,8 @@ def test_embedded_end_to_end(embedded_settings: ServiceSettings,
         status = client.get("/v1/status").json()
         assert (status["cache"]["misses"], status["cache"]["hits"], status["cache"]["puts"]) == (1, 2, 1)
         assert status["queue"]["interactive"] == {"waiting": 0, "running": 0}
+        stats = client.get("/v1/stats").json()
+        assert [w["jobs_done"] for w in stats["workers"]] == [1]  # the embedded worker's one job
 
     # The artifact outlives the process: a new service on the same data dir answers from disk.
     with TestClient(create_app(embedded_settings)) as client:
