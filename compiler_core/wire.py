@@ -304,22 +304,19 @@ def _check_symbols(graph: GraphSpec) -> None:
 
 
 def _sym_texts(args: list[Any]) -> list[str]:
-    out: list[str] = []
-    for a in args:
-        if isinstance(a, SymArg):
-            out.append(a.expr)
-        elif isinstance(a, ListArg):
-            out.extend(_sym_texts(a.items))
-    return out
+    """Every size expression in `args`, lists included."""
+    return [a.expr for a in _leaves(args) if isinstance(a, SymArg)]
 
 
 def _refs(args: list[Any]) -> list[str]:
-    out: list[str] = []
+    """Every node name `args` refer to, lists included."""
+    return [a.name for a in _leaves(args) if isinstance(a, NodeRef)]
+
+
+def _leaves(args: list[Any]) -> list[Any]:
+    out: list[Any] = []
     for a in args:
-        if isinstance(a, NodeRef):
-            out.append(a.name)
-        elif isinstance(a, ListArg):
-            out.extend(_refs(a.items))
+        out.extend(_leaves(a.items) if isinstance(a, ListArg) else [a])
     return out
 
 

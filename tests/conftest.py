@@ -73,13 +73,15 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def fresh_compiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A fresh local cache, no service, and no compiled graphs or compile events from before."""
+    """A fresh local cache, no service, the client's default settings, and no compiled graphs or
+    compile events from before (a test sets what it needs after this)."""
     import torch
 
     from client import backend
 
+    for k in ("FXCC_URL", "FXCC_TOKEN", "FXCC_MODE", "FXCC_FALLBACK", "FXCC_BLOCKING", "FXCC_PRECOMPILE"):
+        monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("FXCC_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("FXCC_URL", raising=False)
     torch._dynamo.reset()
     backend.reset()
     yield

@@ -183,22 +183,9 @@ def _index_select(x: TensorValue, dim: int, index: TensorValue) -> Lazy:
     check_dtypes(x.dtype)
     if not x.sizes:
         x = _as_1d(x)
-    rank = len(x.sizes)
-    dim = _dim(dim, rank)
     if len(index.sizes) > 1:
         raise UnsupportedOp("index_select with a multi-dim index")
-    load_index = _index_loader(index, index.sizes)
-    load = _converted(x, val.dtype)
-    size = x.sizes[dim]
-    _check_indexable(size)
-
-    def inner(i: Sequence[Expr]) -> Any:
-        i = _padded(i, rank)
-        where = [i[dim]] if index.sizes else []
-        full = list(i)
-        full[dim] = _indirect(load_index, where, size)
-        return load(full)
-    return Lazy(val.dtype, sizes_of(val), inner)
+    return _along_dim(x, dim, index, lambda i, d: [i[d]] if index.sizes else [])
 
 
 @register_lowering(aten.gather.default)
@@ -210,9 +197,16 @@ def _gather(x: TensorValue, dim: int, index: TensorValue, *, sparse_grad: bool =
     check_dtypes(x.dtype)
     if not x.sizes:
         x, index = _as_1d(x), _as_1d(index)
-    rank = len(x.sizes)
-    if len(index.sizes) != rank:
+    if len(index.sizes) != len(x.sizes):
         raise UnsupportedOp("gather with an index of another rank")
+    return _along_dim(x, dim, index, lambda i, d: i)
+
+
+def _along_dim(x: TensorValue, dim: int, index: TensorValue,
+               where: Callable[[list[Expr], int], list[Expr]]) -> Lazy:
+    """out[i] = x[i with `dim` replaced by index[where(i, dim)]] (index_select, gather)."""
+    val = node_val()
+    rank = len(x.sizes)
     dim = _dim(dim, rank)
     load_index = _index_loader(index, index.sizes)
     load = _converted(x, val.dtype)
@@ -220,9 +214,8 @@ def _gather(x: TensorValue, dim: int, index: TensorValue, *, sparse_grad: bool =
     _check_indexable(size)
 
     def inner(i: Sequence[Expr]) -> Any:
-        i = _padded(i, rank)
-        full = list(i)
-        full[dim] = _indirect(load_index, i, size)
+        full = list(_padded(i, rank))
+        full[dim] = _indirect(load_index, where(list(full), dim), size)
         return load(full)
     return Lazy(val.dtype, sizes_of(val), inner)
 

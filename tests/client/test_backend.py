@@ -10,14 +10,8 @@ from client.examples import seed_workloads
 
 
 @pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    for k in ("FXCC_URL", "FXCC_TOKEN", "FXCC_MODE", "FXCC_FALLBACK"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("FXCC_CACHE_DIR", str(tmp_path / "cache"))
-    torch._dynamo.reset()
-    backend.reset()
+def _isolated(fresh_compiles):
     yield
-    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("index", [0, 1, 2], ids=["cos_sin", "bias_gelu_ln", "transformer_block"])

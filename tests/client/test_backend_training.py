@@ -14,14 +14,8 @@ from client.remote import RemoteService
 
 
 @pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    for k in ("FXCC_URL", "FXCC_TOKEN", "FXCC_FALLBACK", "FXCC_BLOCKING", "FXCC_PRECOMPILE"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("FXCC_CACHE_DIR", str(tmp_path / "cache"))
-    torch._dynamo.reset()
-    backend.reset()
+def _isolated(fresh_compiles):
     yield
-    torch._dynamo.reset()
 
 
 def mlp() -> torch.nn.Module:

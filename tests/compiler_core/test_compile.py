@@ -30,6 +30,16 @@ class TransformerBlock(nn.Module):
         return self.norm2(x + self.mlp(x))
 
 
+def compiled_one_graph(model: Any, x: torch.Tensor) -> Artifact:
+    """`model` compiled through fxcc in inference: it matches eager, and it was one graph."""
+    arts: list[Artifact] = []
+    with torch.no_grad():
+        got = torch.compile(model, backend=fxcc_backend(arts))(x)
+        torch.testing.assert_close(got, model(x), atol=1e-4, rtol=1e-4)
+    (art,) = arts
+    return art
+
+
 def fxcc_backend(artifacts: list[Artifact]) -> Any:
     """A minimal torch.compile backend: AOTAutograd, then compile_request and the client runtime."""
     def compiler(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
@@ -54,13 +64,7 @@ def fxcc_backend(artifacts: list[Artifact]) -> Any:
 
 def test_transformer_block_inference() -> None:
     torch.manual_seed(0)
-    model = TransformerBlock().eval()
-    x = torch.randn(2, 8, 32)
-    arts: list[Artifact] = []
-    with torch.no_grad():
-        got = torch.compile(model, backend=fxcc_backend(arts))(x)
-        torch.testing.assert_close(got, model(x), atol=1e-4, rtol=1e-4)
-    (art,) = arts
+    art = compiled_one_graph(TransformerBlock().eval(), torch.randn(2, 8, 32))
     stats = art.manifest.stats
     assert stats.kernels <= 8
     # The attention chain is one SDPA call (compiler_core/passes/attention.py): no bmm is left.

@@ -15,7 +15,7 @@ from compiler_core.graph import rebuild_graph
 from compiler_core.passes.attention import CPU_OP, CUDA_OP, find_attention, fuse_attention
 from compiler_core.wire import GraphSpec
 from tests.compiler_core.helpers import check, compile_fn, run
-from tests.compiler_core.test_compile import fxcc_backend
+from tests.compiler_core.test_compile import compiled_one_graph, fxcc_backend
 
 SDPA_OPS = {CPU_OP, CUDA_OP}
 
@@ -43,13 +43,8 @@ def fired(art: Artifact) -> bool:
 
 def test_fires_on_the_transformer_block_and_matches_eager() -> None:
     torch.manual_seed(0)
-    model = TransformerBlock(64, 4).eval()  # the seed block: head dim 16, here seq 32 (scores 8 × 32 × 32)
-    x = torch.randn(2, 32, 64)
-    arts: list[Artifact] = []
-    with torch.no_grad():
-        got = torch.compile(model, backend=fxcc_backend(arts))(x)
-        torch.testing.assert_close(got, model(x), atol=1e-4, rtol=1e-4)
-    (art,) = arts
+    # the seed block: head dim 16, here seq 32 (scores 8 × 32 × 32)
+    art = compiled_one_graph(TransformerBlock(64, 4).eval(), torch.randn(2, 32, 64))
     stats = art.manifest.stats
     assert CPU_OP in stats.extern_ops and "aten.bmm.default" not in stats.extern_ops
     assert not scores_shaped(art, (2 * 4, 32, 32))

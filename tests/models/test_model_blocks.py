@@ -8,15 +8,9 @@ from client.examples import model_blocks
 
 
 @pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    for k in ("FXCC_URL", "FXCC_FALLBACK", "FXCC_BLOCKING", "FXCC_PRECOMPILE"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("FXCC_CACHE_DIR", str(tmp_path / "cache"))
+def _isolated(fresh_compiles, monkeypatch):
     monkeypatch.setenv("FXCC_FALLBACK", "error")  # a block that falls back is a failure here
-    torch._dynamo.reset()
-    backend.reset()
     yield
-    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("name", ["transformer", "gpt2", "llama", "bottleneck"])

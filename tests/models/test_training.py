@@ -8,21 +8,14 @@ import pytest
 import torch
 
 from bench.training_table import GRAD_TOL, LOSS_TOL, MODELS, OPTIMIZERS, PARAM_TOL, train_both
-from client import backend
 
 CI_STEPS = 5
 
 
 @pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    for k in ("FXCC_URL", "FXCC_BLOCKING", "FXCC_PRECOMPILE"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("FXCC_CACHE_DIR", str(tmp_path / "cache"))
+def _isolated(fresh_compiles, monkeypatch):
     monkeypatch.setenv("FXCC_FALLBACK", "error")  # a graph that falls back is a failure here
-    torch._dynamo.reset()
-    backend.reset()
     yield
-    torch._dynamo.reset()
 
 
 def assert_runs_match(where: str, eager, fx, param_tol: dict) -> None:

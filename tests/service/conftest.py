@@ -43,6 +43,17 @@ def redis_store(redis_settings: ServiceSettings) -> Iterator:
     store.close()
 
 
+@pytest.fixture(params=["redis", "embedded"])
+def store(request: pytest.FixtureRequest, embedded_settings: ServiceSettings) -> Iterator:
+    """The same test against both stores: a RedisStore under the test's prefix, an EmbeddedStore."""
+    if request.param == "redis":
+        yield request.getfixturevalue("redis_store")
+    else:
+        from service.embedded_store import EmbeddedStore
+
+        yield EmbeddedStore(embedded_settings.data_dir)
+
+
 def contiguous(sizes: tuple[int, ...], dtype: str = "float32") -> TensorSpec:
     strides, acc = [], 1
     for s in reversed(sizes):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -11,17 +11,7 @@ from compiler_core.artifact import Artifact, KernelInfo, add_blob
 from compiler_core.compile import compile_request
 from compiler_core.keys import compile_key
 from compiler_core.wire import CompileRequest
-from service.embedded_store import EmbeddedStore
-from service.settings import ServiceSettings
 from service.store import JobError, JobStage, JobState, Store, TokenRecord
-
-
-@pytest.fixture(params=["redis", "embedded"])
-def store(request: pytest.FixtureRequest, embedded_settings: ServiceSettings) -> Iterator[Store]:
-    if request.param == "redis":
-        yield request.getfixturevalue("redis_store")
-    else:
-        yield EmbeddedStore(embedded_settings.data_dir)
 
 
 def artifact_with_blobs(req: CompileRequest) -> Artifact:

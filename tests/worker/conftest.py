@@ -16,5 +16,6 @@ _spec.loader.exec_module(_fixtures)
 redis_settings = _fixtures.redis_settings
 embedded_settings = _fixtures.embedded_settings
 redis_store = _fixtures.redis_store
+store = _fixtures.store
 make_unary = _fixtures.make_unary
 make_sum = _fixtures.make_sum

@@ -4,7 +4,7 @@ tuned one, and leaves tuned ones alone; a CPU worker stores untuned artifacts. T
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -12,8 +12,6 @@ from compiler_core.artifact import Artifact
 from compiler_core.compile import compile_request
 from compiler_core.keys import compile_key
 from compiler_core.wire import CompileRequest, Target
-from service.embedded_store import EmbeddedStore
-from service.settings import ServiceSettings
 from service.store import Claim, JobState, Store
 from worker import process
 from worker.process import JobPolicy, process_claim
@@ -21,12 +19,6 @@ from worker.process import JobPolicy, process_claim
 GPU = JobPolicy(tune_device="cuda:0")
 
 
-@pytest.fixture(params=["redis", "embedded"])
-def store(request: pytest.FixtureRequest, embedded_settings: ServiceSettings) -> Iterator[Store]:
-    if request.param == "redis":
-        yield request.getfixturevalue("redis_store")
-    else:
-        yield EmbeddedStore(embedded_settings.data_dir)
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -12,18 +12,8 @@ from compiler_core.compile import compile_request
 from compiler_core.keys import compile_key
 from compiler_core.signing import verify_manifest
 from compiler_core.wire import CompileRequest
-from service.embedded_store import EmbeddedStore
-from service.settings import ServiceSettings
 from service.store import Claim, JobStage, JobState, Store
 from worker.process import JobPolicy, process_claim
-
-
-@pytest.fixture(params=["redis", "embedded"])
-def store(request: pytest.FixtureRequest, embedded_settings: ServiceSettings) -> Iterator[Store]:
-    if request.param == "redis":
-        yield request.getfixturevalue("redis_store")
-    else:
-        yield EmbeddedStore(embedded_settings.data_dir)
 
 
 def queue(store: Store, req: CompileRequest, request_json: str | None = None) -> Claim:
