@@ -135,7 +135,7 @@ def compile_cubin(fn: Any, info: KernelInfo, sig: KernelSignature, arch: int) ->
     attrs = {(i,): [["tt.divisibility", 16]] for i in sorted(sig.divisible16)}
     src = ASTSource(fn, signature, constexprs, attrs)
     t0 = time.perf_counter()
-    with TRITON_LOCK, warnings.catch_warnings():
+    with TRITON_LOCK, _library_jitted(), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # knob-default notices from newer Tritons
         compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                                   options={"num_warps": info.num_warps, "num_stages": info.num_stages})
@@ -295,6 +295,43 @@ def _jit_not_interpreted() -> Iterator[None]:
             yield
         finally:
             knobs.runtime.interpret = saved
+
+
+_jitted: dict[int, Any] = {}  # id(InterpretedFunction) -> its JITFunction twin (made once)
+
+
+@contextlib.contextmanager
+def _library_jitted() -> Iterator[None]:
+    """Triton's own @jit library functions (tl.sum's combine, tl.softmax, ...) as the compiler
+    needs them, also under TRITON_INTERPRET=1.
+
+    Note: with the interpreter on when triton.language is imported, its @jit helpers are
+    InterpretedFunctions; Triton >= 3.9's code generator cannot inline those ("'value' object
+    has no attribute 'data'" on tl.sum). For the length of one cross-compile (under TRITON_LOCK,
+    so no interpreted launch runs meanwhile) they are swapped for JITFunction twins, then put back.
+    """
+    import sys
+
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    swapped: list[tuple[dict[str, Any], str, Any]] = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith("triton.language"):
+            continue
+        namespace = vars(module)
+        for attr, value in list(namespace.items()):
+            if isinstance(value, InterpretedFunction):
+                twin = _jitted.get(id(value))
+                if twin is None:
+                    twin = _jitted[id(value)] = JITFunction(value.fn)
+                swapped.append((namespace, attr, value))
+                namespace[attr] = twin
+    try:
+        yield
+    finally:
+        for namespace, attr, value in swapped:
+            namespace[attr] = value
 
 
 def cuda_build_unavailable() -> str | None:

@@ -54,8 +54,13 @@ prims = torch.ops.prims
 
 LOWERINGS: dict[Any, Callable[..., Any]] = {}
 
-# A lazy value read by several consumers is recomputed in each, unless its body is this big.
+# A lazy value read by several consumers is recomputed in each, unless its body is this big or
+# reads this many buffers. Note: without the reads bound, a residual stream (x + a + b + ...,
+# read by each layer's LayerNorm and by the next add) stayed lazy through a whole network: each
+# LayerNorm kernel re-read every earlier layer's output (GPT-2's were 4-5x slower than
+# Inductor's on the H200) and all those outputs stayed alive to the end.
 REALIZE_OPS_SHARED = 24
+REALIZE_READS_SHARED = 4
 VIEW_TARGETS = frozenset({
     aten.permute.default, aten.transpose.int, aten.t.default, aten.expand.default, aten.slice.Tensor,
     aten.select.int, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default,
@@ -387,8 +392,10 @@ def _maybe_realize(g: GraphLowering, node: fx.Node, out: Any) -> Any:
     if not isinstance(out, Lazy):
         return out
     g.lazy_values.append(out)
-    cost = count_ops(out).ops
-    if cost > REALIZE_OPS_ALWAYS or (cost > REALIZE_OPS_SHARED and len(node.users) > 1):
+    counted = count_ops(out)
+    cost, reads = counted.ops, len({name for name, _ in counted.loads})
+    shared = len(node.users) > 1 and (cost > REALIZE_OPS_SHARED or reads > REALIZE_READS_SHARED)
+    if cost > REALIZE_OPS_ALWAYS or shared:
         # Note: in eager's layout, since an extern call may read this buffer as it is, and some
         # (convolution, a preserve-format clone) give results laid out like their inputs.
         val = node.meta.get("val")

@@ -74,6 +74,7 @@ def find_unaligned(gm: fx.GraphModule) -> dict[str, tuple[int, int]]:
 
 def rewrite(spec: GraphSpec, pads: dict[str, tuple[int, int]]) -> GraphSpec:
     nodes: list[Node] = []
+    producers = {w.name: w for w in spec.nodes}
     for w in spec.nodes:
         if w.name not in pads:
             nodes.append(w)
@@ -83,12 +84,38 @@ def rewrite(spec: GraphSpec, pads: dict[str, tuple[int, int]]) -> GraphSpec:
         padded_at = [1] if w.target == "aten.mm.default" else [0, 2]  # addmm: bias and b
         for i in padded_at:
             name = f"{w.name}_fxpad{i}"
-            nodes.append(Node(name=name, target="aten.constant_pad_nd.default",
-                              args=[args[i], ListArg(items=[IntArg(value=0), IntArg(value=pad)]),
-                                    FloatArg(value=0.0)]))
+            source = _transposed_source(args[i], producers) if i == padded_at[-1] else None
+            if source is not None:
+                # b = t(W) (a Linear's weight): pad W's rows, in W's own memory order, and
+                # transpose the padded copy, so the copy reads and writes contiguously and the
+                # matmul still gets a transposed operand (cuBLAS's "tn" kernels, as unpadded).
+                nodes.append(Node(name=f"{name}_rows", target="aten.constant_pad_nd.default",
+                                  args=[source, ListArg(items=[IntArg(value=0), IntArg(value=0),
+                                                               IntArg(value=0), IntArg(value=pad)]),
+                                        FloatArg(value=0.0)]))
+                nodes.append(Node(name=name, target="aten.t.default", args=[NodeRef(name=f"{name}_rows")]))
+            else:
+                nodes.append(Node(name=name, target="aten.constant_pad_nd.default",
+                                  args=[args[i], ListArg(items=[IntArg(value=0), IntArg(value=pad)]),
+                                        FloatArg(value=0.0)]))
             args[i] = NodeRef(name=name)
         wide = f"{w.name}_fxwide"
         nodes.append(Node(name=wide, target=w.target, args=args, kwargs=w.kwargs))
         nodes.append(Node(name=w.name, target="aten.slice.Tensor",
                           args=[NodeRef(name=wide), IntArg(value=1), IntArg(value=0), IntArg(value=n)]))
     return GraphSpec.model_validate({**spec.model_dump(), "nodes": [x.model_dump() for x in nodes]})
+
+
+def _transposed_source(arg: object, producers: dict[str, Node]) -> NodeRef | None:
+    """W where `arg` is `t(W)` or `permute(W, [1, 0])` of a 2-D W, else None."""
+    if not isinstance(arg, NodeRef) or arg.name not in producers:
+        return None
+    w = producers[arg.name]
+    if not w.args or not isinstance(w.args[0], NodeRef):
+        return None
+    if w.target == "aten.t.default":
+        return w.args[0]
+    if w.target == "aten.permute.default" and len(w.args) > 1 and isinstance(w.args[1], ListArg) and \
+            [getattr(x, "value", None) for x in w.args[1].items] == [1, 0]:
+        return w.args[0]
+    return None
