@@ -100,6 +100,7 @@ def start_embedded_workers(store: Store, settings: ServiceSettings, stop: thread
 
     if isinstance(store, EmbeddedStore):
         store.worker_device = policy.tune_device or "cpu"  # what /v1/stats says the workers run on
+        store.worker_tune_arch = policy.tune_arch
     consumers = [Consumer(store, f"embedded-{i}", stop, block_ms=min(settings.claim_block_ms, 250), policy=policy)
                  for i in range(settings.embedded_workers)]
     for c in consumers:

@@ -76,7 +76,9 @@ class EmbeddedStore:
         self._running: Counter[str] = Counter({p: 0 for p in PRIORITIES})
         self._jobs_done = 0  # by the in-process workers, since the service started
         self.max_artifact_bytes = max_artifact_bytes
-        self.worker_device = "cpu"  # what the in-process workers run on (set by the service at start)
+        # What the in-process workers run on, and the arch of the tune jobs they take (set at start).
+        self.worker_device = "cpu"
+        self.worker_tune_arch: int | None = None
 
     def ping(self) -> None:
         if not self.root.is_dir():
@@ -366,8 +368,8 @@ class EmbeddedStore:
     def workers(self) -> list[dict[str, Any]]:
         with self._cond:
             done = self._jobs_done
-        return [{"id": "embedded", "device": self.worker_device, "in_process": True, "beat_at": time.time(),
-                 "jobs_done": done}]
+        return [{"id": "embedded", "device": self.worker_device, "tune_arch": self.worker_tune_arch,
+                 "in_process": True, "beat_at": time.time(), "jobs_done": done}]
 
     def heartbeat(self, worker: str, info: dict[str, Any], claims: list[Claim]) -> None:
         """Nothing to do: embedded workers live and die with the service process."""

@@ -15,7 +15,8 @@ def gather_stats(store: Store) -> dict[str, Any]:
     workers = []
     for w in store.workers():
         beat = w.get("beat_at")
-        workers.append({"id": w.get("id"), "device": w.get("device"), "concurrency": w.get("concurrency"),
+        workers.append({"id": w.get("id"), "device": w.get("device"), "tune_arch": w.get("tune_arch"),
+                        "concurrency": w.get("concurrency"),
                         "jobs": w.get("jobs", []), "jobs_done": w.get("jobs_done", 0),
                         "heartbeat_age_s": None if beat is None else round(max(now - beat, 0.0), 3)})
     counters = store.counters()

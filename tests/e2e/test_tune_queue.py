@@ -99,7 +99,7 @@ def test_cpu_cluster_queues_one_tune_job_that_no_cpu_worker_claims(cluster: str,
     stats = httpx.get(f"{url}/v1/stats", headers=AUTH, timeout=30).json()
     assert stats["tune"] == {"sm_90": {"waiting": 1, "running": 0}}
     assert stats["queue"]["tune"] == {"waiting": 1, "running": 0}
-    assert len(stats["workers"]) == 2 and all(w["device"] == "cpu" for w in stats["workers"])
+    assert [(w["device"], w["tune_arch"]) for w in stats["workers"]] == [("cpu", None)] * 2
     status = httpx.get(f"{url}/v1/status", headers=AUTH, timeout=30).json()
     assert status["tune"] == stats["tune"] and all(w["tune_arch"] is None for w in status["workers"])
     again = httpx.get(f"{url}/v1/jobs/{tune['id']}", headers=AUTH, timeout=30).json()

@@ -99,7 +99,8 @@ def test_embedded_service_on_a_gpu_tunes_the_untuned_artifacts_of_its_arch(
         manifest = client.get(f"/v1/artifacts/{compiled['key']}").json()["manifest"]
         assert manifest["tuned"] and all(k["tuning"]["device"] == "Fake GPU" for k in manifest["kernels"])
         assert seen == ["cuda:0"]
-        assert client.get("/v1/stats").json()["workers"][0]["device"] == "cuda:0"
+        [worker] = client.get("/v1/stats").json()["workers"]
+        assert (worker["device"], worker["tune_arch"]) == ("cuda:0", 90)
 
 
 def test_embedded_device_is_validated(embedded_settings: ServiceSettings) -> None:
