@@ -94,7 +94,8 @@ if redis.call('GET', inflight) == ARGV[1] then redis.call('DEL', inflight) end
 return 1
 """
 
-# A running job back to its priority's stream (a tune job to its arch's tune stream). KEYS: job, interactive stream, precompile stream.
+# A running job back to its priority's stream (a tune job to its arch's tune stream, which its
+# 'stream' field names). KEYS: job, interactive stream, precompile stream.
 # ARGV: now, error JSON ('' keeps the old one), attempt change ('0' or '-1'), stream max len.
 RETRY = f"""
 local s = redis.call('HGET', KEYS[1], 'stage')
