@@ -74,6 +74,7 @@ def _check_tuned_and_runs(untuned: Any, tuned: Any) -> None:
 
 def test_a_gpu_worker_thread_tunes_what_a_cpu_worker_stored(tmp_path: Path) -> None:
     pytest.importorskip("redis")  # worker.loop's outage handling names redis-py's errors
+    pytest.importorskip("pydantic_settings")  # the worker's settings
     from compiler_core.keys import compile_key
     from service.embedded_store import EmbeddedStore
     from worker.loop import Consumer
@@ -121,6 +122,7 @@ def test_worker_processes_on_redis_cpu_compiles_gpu_tunes(request: pytest.Fixtur
     if not os.environ.get("FXCC_TEST_REDIS_URL") and shutil.which("redis-server") is None:
         pytest.skip("needs a Redis: FXCC_TEST_REDIS_URL or redis-server on PATH")
     pytest.importorskip("redis")
+    pytest.importorskip("pydantic_settings")
     from compiler_core.keys import compile_key
     from service.redis_store import RedisStore
     from service.settings import ServiceSettings
