@@ -115,7 +115,8 @@ def compile_and_store(store: Store, job: JobRecord, policy: JobPolicy) -> None:
         store.mark_done(job.id, existing.manifest.stats.model_dump())
         return
     request = load_request(store, job)
-    if existing is not None and not _tunes(policy, request):
+    tune_now = _tunes(policy, request) and tunes_before_storing(job, request)
+    if existing is not None and not tune_now:
         # Again, in case the attempt that stored it died before queueing its tuning (one tune job
         # per key at a time: a second submit joins the first).
         queue_tuning(store, existing.manifest, request)
@@ -127,7 +128,7 @@ def compile_and_store(store: Store, job: JobRecord, policy: JobPolicy) -> None:
     target = request.options.target
     # Note: what compiler_core.build.compile_and_build does, split so that the job shows its
     # stages. Tuning comes first, so that the cubins are built for the winning configs.
-    if artifact.manifest.kernels and _tunes(policy, request):
+    if artifact.manifest.kernels and tune_now:
         store.mark_stage(job.id, JobStage.AUTOTUNING)
         artifact = autotune_for_target(artifact, request, policy.tune_device)
     if target.kind == "cuda" and artifact.manifest.kernels and cuda_build_unavailable() is None:
@@ -139,12 +140,23 @@ def compile_and_store(store: Store, job: JobRecord, policy: JobPolicy) -> None:
     store.mark_stage(job.id, JobStage.STORING)
     signature = sign_manifest(artifact.manifest, policy.signing_key) if policy.signing_key else None
     store.put_artifact(artifact, signature)  # blobs, then manifest
-    if not _tunes(policy, request):  # a worker that could tune has tried (tuning failures are logged)
+    if not tune_now:  # a worker that tuned has tried (tuning failures are logged)
         queue_tuning(store, artifact.manifest, request)
     stats = artifact.manifest.stats.model_dump()
     store.mark_done(job.id, stats)
     log.info("job %s: done, %d kernels, %d extern ops, %.3f s", job.id, stats["kernels"],
              stats["nodes_extern"], stats["compile_s"])
+
+
+def tunes_before_storing(job: JobRecord, request: CompileRequest) -> bool:
+    """Whether a GPU worker tunes a compile before storing it, rather than through its tune queue.
+
+    Note: an interactive compile in the default mode is a first call waiting: it gets the
+    heuristic configs as soon as they are built, and the tuned artifact supersedes them a few
+    seconds later (the same GPU takes the tune job next; clients refresh their copy). Precompile
+    jobs (nobody waits) and max-autotune (the user asked to pay for tuning) tune first.
+    """
+    return job.priority == "precompile" or request.options.mode == "max-autotune"
 
 
 def _tunes(policy: JobPolicy, request: CompileRequest) -> bool:
