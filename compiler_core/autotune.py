@@ -516,6 +516,11 @@ def autotune_for_target(artifact: Artifact, request: CompileRequest, device: str
 def tuning_device(target_arch: int, device: str) -> str | None:
     """`device` when it is a CUDA GPU of the target's arch (timings on another GPU would not
     transfer), else None."""
+    return device if device_arch(device) == target_arch else None
+
+
+def device_arch(device: str) -> int | None:
+    """The SM arch of CUDA GPU `device` (90 for an H100/H200), or None when it is not a usable GPU."""
     if not device.startswith("cuda"):
         return None
     try:
@@ -526,8 +531,8 @@ def tuning_device(target_arch: int, device: str) -> str | None:
         major, minor = torch.cuda.get_device_capability(device)
     except Exception:  # noqa: BLE001 - no usable GPU: no tuning
         return None
-    return device if major * 10 + minor == target_arch else None
+    return major * 10 + minor
 
 
-__all__ = ["Config", "KernelShape", "autotune_artifact", "autotune_for_target", "candidate_configs", "mismatch", "retile_step",
-           "select_config", "tuning_device"]
+__all__ = ["Config", "KernelShape", "autotune_artifact", "autotune_for_target", "candidate_configs", "device_arch",
+           "mismatch", "retile_step", "select_config", "tuning_device"]

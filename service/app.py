@@ -85,11 +85,22 @@ def log_auth_mode(settings: ServiceSettings, auth: Authenticator) -> None:
 
 
 def start_embedded_workers(store: Store, settings: ServiceSettings, stop: threading.Event) -> list:
-    """In-process worker threads for embedded mode (the same job loop as `fxcc worker`)."""
+    """In-process worker threads for embedded mode (the same job loop as `fxcc worker`). On a GPU
+    (FXCC_EMBEDDED_DEVICE, `auto` by default) they tune as a GPU worker does: compiles for its arch,
+    and the tune jobs of its arch."""
     # Imported here: only embedded mode runs the compiler inside the service process.
     from worker.loop import Consumer, JobPolicy
+    from worker.main import resolve_device
+    from worker.process import on_device
 
-    policy = JobPolicy.from_settings(settings)
+    policy = on_device(JobPolicy.from_settings(settings), resolve_device(settings.embedded_device))
+    if policy.tune_device is not None:
+        log.info("embedded worker tunes on %s (sm_%d)", policy.tune_device, policy.tune_arch)
+    from service.embedded_store import EmbeddedStore
+
+    if isinstance(store, EmbeddedStore):
+        store.worker_device = policy.tune_device or "cpu"  # what /v1/stats says the workers run on
+        store.worker_tune_arch = policy.tune_arch
     consumers = [Consumer(store, f"embedded-{i}", stop, block_ms=min(settings.claim_block_ms, 250), policy=policy)
                  for i in range(settings.embedded_workers)]
     for c in consumers:

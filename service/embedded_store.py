@@ -1,4 +1,5 @@
-"""EmbeddedStore: artifacts on local disk, jobs and the queue in memory, for `fxcc serve` without Redis."""
+"""EmbeddedStore: artifacts on local disk, jobs and the queues (compile, and tune per GPU arch) in memory,
+for `fxcc serve` without Redis."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections import Counter, deque
+from collections import Counter, defaultdict, deque
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,15 @@ log = logging.getLogger("fxcc.service.embedded")
 RECENT_WINDOW = 1000  # jobs counted per state for /v1/stats, as RedisStore counts them
 
 
+def tune_queue(arch: int) -> str:
+    return f"tune:sm_{arch}"
+
+
+def queue_of(job: JobRecord) -> str:
+    """The queue a job waits in: its priority's, or its arch's tune queue."""
+    return tune_queue(job.arch) if job.kind == "tune" and job.arch is not None else job.priority
+
+
 class EmbeddedStore:
     """One process's store. A single lock guards jobs, queues and single flight."""
 
@@ -57,13 +67,18 @@ class EmbeddedStore:
         self._jobs: dict[str, JobRecord] = {}
         self._requests: dict[str, str] = {}
         self._inflight: dict[str, str] = {}
-        self._queues: dict[str, deque[str]] = {p: deque() for p in PRIORITIES}
+        self._tune_inflight: dict[str, str] = {}  # artifact key -> its tune job (one in flight per key)
+        # Queues by name: the priorities, and "tune:sm_<arch>" per GPU arch (as the Redis streams).
+        self._queues: defaultdict[str, deque[str]] = defaultdict(deque, {p: deque() for p in PRIORITIES})
         self._counters: Counter[str] = Counter()
         self._dead: deque[dict[str, str]] = deque(maxlen=1000)
         self._job_ttl_s = job_ttl_s
-        self._running: dict[str, int] = {p: 0 for p in PRIORITIES}
+        self._running: Counter[str] = Counter({p: 0 for p in PRIORITIES})
         self._jobs_done = 0  # by the in-process workers, since the service started
         self.max_artifact_bytes = max_artifact_bytes
+        # What the in-process workers run on, and the arch of the tune jobs they take (set at start).
+        self.worker_device = "cpu"
+        self.worker_tune_arch: int | None = None
 
     def ping(self) -> None:
         if not self.root.is_dir():
@@ -200,6 +215,22 @@ class EmbeddedStore:
             self._cond.notify_all()
             return Submitted(job_id=job_id, created=True)
 
+    def submit_tune(self, key: str, arch: int, request_json: str) -> Submitted:
+        with self._cond:
+            existing = self._jobs.get(self._tune_inflight.get(key, ""))
+            if existing is not None and not existing.finished:
+                return Submitted(job_id=existing.id)
+            job_id = uuid.uuid4().hex
+            created = now_s()
+            self._jobs[job_id] = JobRecord(id=job_id, key=key, kind="tune", arch=arch, state=JobState.QUEUED,
+                                           stage=JobStage.QUEUED, stages={"queued": created},
+                                           priority="precompile", created_at=created)
+            self._requests[job_id] = request_json
+            self._tune_inflight[key] = job_id
+            self._queues[tune_queue(arch)].append(job_id)
+            self._cond.notify_all()
+            return Submitted(job_id=job_id, created=True)
+
     def get_job(self, job_id: str) -> JobRecord | None:
         with self._cond:
             return self._jobs.get(job_id)
@@ -225,12 +256,13 @@ class EmbeddedStore:
         for job_id in [j.id for j in self._jobs.values() if j.finished and (j.finished_at or 0) < horizon]:
             del self._jobs[job_id]
 
-    def mark_started(self, job_id: str, worker: str, *, takeover: bool = False) -> JobRecord | None:
+    def mark_started(self, job_id: str, worker: str, *, takeover: bool = False,
+                     stage: JobStage = JobStage.LOWERING) -> JobRecord | None:
         with self._cond:
             job = self._jobs.get(job_id)
             if job is None or not (job.stage is JobStage.QUEUED or (takeover and job.state is JobState.RUNNING)):
                 return None
-            return self._move(job_id, JobStage.LOWERING, started_at=now_s(), worker=worker,
+            return self._move(job_id, stage, started_at=now_s(), worker=worker,
                               attempt=job.attempt + 1)
 
     def mark_stage(self, job_id: str, stage: JobStage) -> None:
@@ -247,7 +279,7 @@ class EmbeddedStore:
     def mark_failed(self, job_id: str, error: JobError, *, dead_letter: bool = False) -> None:
         job = self._move(job_id, JobStage.FAILED, finished_at=now_s(), error=error, stats=None)
         if dead_letter and job is not None:
-            self._dead.appendleft({"job_id": job_id, "key": job.key, "attempts": str(job.attempt),
+            self._dead.appendleft({"job_id": job_id, "key": job.key, "kind": job.kind, "attempts": str(job.attempt),
                                    "error": error.model_dump_json(), "at": repr(now_s())})
 
     def retry(self, claim: Claim, error: JobError) -> None:
@@ -262,7 +294,7 @@ class EmbeddedStore:
             if job is not None and job.state is JobState.RUNNING:
                 self._move(job.id, JobStage.QUEUED, worker=None, attempt=job.attempt + attempt_change,
                            error=error or job.error)
-                self._queues[job.priority].append(job.id)
+                self._queues[queue_of(job)].append(job.id)
             self.ack(claim)
 
     def cancel(self, job_id: str) -> CancelOutcome:
@@ -293,21 +325,23 @@ class EmbeddedStore:
                 "stage": stage, "state": state_of(stage), "stages": stages, **fields})
             if job.finished:
                 self._requests.pop(job_id, None)
-                if self._inflight.get(job.key) == job_id:
-                    del self._inflight[job.key]
+                inflight = self._tune_inflight if job.kind == "tune" else self._inflight
+                if inflight.get(job.key) == job_id:
+                    del inflight[job.key]
             self._cond.notify_all()
             return job
 
     # ------------------------------------------------------------ queue
 
-    def claim(self, consumer: str, block_ms: int) -> list[Claim]:
+    def claim(self, consumer: str, block_ms: int, tune_arch: int | None = None) -> list[Claim]:
         deadline = time.monotonic() + block_ms / 1000
+        names = PRIORITIES + ((tune_queue(tune_arch),) if tune_arch is not None else ())
         with self._cond:
             while True:
-                for p in PRIORITIES:
-                    if self._queues[p]:
-                        self._running[p] += 1
-                        return [Claim(job_id=self._queues[p].popleft(), stream=p, consumer=consumer)]
+                for name in names:
+                    if self._queues[name]:
+                        self._running[name] += 1
+                        return [Claim(job_id=self._queues[name].popleft(), stream=name, consumer=consumer)]
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return []
@@ -320,14 +354,22 @@ class EmbeddedStore:
     def queue_depths(self) -> dict[str, dict[str, int]]:
         with self._cond:
             out = {p: {"waiting": len(self._queues[p]), "running": self._running[p]} for p in PRIORITIES}
+            tune = self.tune_depths().values()
+            out["tune"] = {"waiting": sum(t["waiting"] for t in tune), "running": sum(t["running"] for t in tune)}
             out["dead_letter"] = {"waiting": len(self._dead), "running": 0}
             return out
+
+    def tune_depths(self) -> dict[str, dict[str, int]]:
+        with self._cond:
+            names = sorted(n for n in self._queues if n.startswith("tune:"))
+            return {n.removeprefix("tune:"): {"waiting": len(self._queues[n]), "running": self._running[n]}
+                    for n in names}
 
     def workers(self) -> list[dict[str, Any]]:
         with self._cond:
             done = self._jobs_done
-        return [{"id": "embedded", "device": "cpu", "in_process": True, "beat_at": time.time(),
-                 "jobs_done": done}]
+        return [{"id": "embedded", "device": self.worker_device, "tune_arch": self.worker_tune_arch,
+                 "in_process": True, "beat_at": time.time(), "jobs_done": done}]
 
     def heartbeat(self, worker: str, info: dict[str, Any], claims: list[Claim]) -> None:
         """Nothing to do: embedded workers live and die with the service process."""

@@ -14,13 +14,17 @@ JOB = "job:{job_id}"  # hash: stage, stage times, worker, attempt, request JSON,
 INFLIGHT = "inflight:{key}"  # single flight: compile key -> id of the job compiling it (SET NX)
 STREAM_INTERACTIVE = "jobs:interactive"  # read before precompile: a user is waiting on these
 STREAM_PRECOMPILE = "jobs:precompile"
+TUNE_STREAM = "tune:sm_{arch}"  # tune jobs of one GPU arch; read only by GPU workers of that arch
+TUNE_ARCHS = "tune:archs"  # set of the archs that have a tune stream (for stats)
+TUNE_INFLIGHT = "tuneflight:{key}"  # single flight: artifact key -> id of the job tuning it
 DEAD_LETTER = "jobs:dead"  # stream of jobs that failed job_max_attempts times, with their error
 RECENT_JOBS = "jobs:recent"  # sorted set: job id scored by creation time (GET /v1/jobs)
 WORKER = "worker:{worker_id}"  # heartbeat: JSON info, expires unless renewed
 LIVE_WORKERS = "workers:live"  # sorted set: worker id scored by its last heartbeat (no SCAN needed)
 TOKENS = "tokens"  # hash: sha256 of a token made over the API -> JSON TokenRecord (never the token)
 
-GROUP = "workers"  # the one consumer group every worker reads the job streams through
+GROUP = "workers"  # the one consumer group every worker reads the compile streams through
+TUNE_GROUP = "tuners"  # the consumer group of each tune stream (GPU workers of its arch)
 STREAM_FIELD = "job_id"  # a stream entry carries only the job id; the request lives in the hash
 
 
@@ -37,6 +41,7 @@ class RedisKeys:
         self.manifest_index = prefix + MANIFEST_INDEX
         self.tokens = prefix + TOKENS
         self.live_workers = prefix + LIVE_WORKERS
+        self.tune_archs = prefix + TUNE_ARCHS
 
     def blob(self, digest: str) -> str:
         return self.prefix + BLOB.format(digest=digest)
@@ -52,6 +57,16 @@ class RedisKeys:
 
     def inflight(self, key: str) -> str:
         return self.prefix + INFLIGHT.format(key=key)
+
+    def tune_stream(self, arch: int) -> str:
+        return self.prefix + TUNE_STREAM.format(arch=arch)
+
+    def tune_inflight(self, key: str) -> str:
+        return self.prefix + TUNE_INFLIGHT.format(key=key)
+
+    def group(self, stream: str) -> str:
+        """The consumer group of `stream`: tune streams have their own."""
+        return TUNE_GROUP if stream.startswith(self.prefix + "tune:") else GROUP
 
     def worker(self, worker_id: str) -> str:
         return self.prefix + WORKER.format(worker_id=worker_id)

@@ -38,13 +38,38 @@ if extra > 0 then redis.call('ZREMRANGEBYRANK', KEYS[5], 0, extra - 1) end
 return {{'created', ARGV[1]}}
 """
 
+# Note: one tune job per artifact key in flight, as SUBMIT keeps one compile job per key. The tune
+# job copies the compile request (the tuner re-derives the schedule from it); the stored artifact
+# itself is read by the worker that takes the job.
+# KEYS: tune inflight, job, tune stream, recent-jobs zset, tune archs set.
+# ARGV: job id, job key prefix, inflight ttl ms, job ttl s, stream max len, recent max, created_at,
+#       arch, then the job's fields.
+SUBMIT_TUNE = f"""
+local existing = redis.call('GET', KEYS[1])
+if existing then
+  local s = redis.call('HGET', ARGV[2] .. existing, 'stage')
+  if s == 'queued' or {_RUNNING} then return {{'joined', existing}} end
+end
+if redis.call('XLEN', KEYS[3]) >= tonumber(ARGV[5]) then return {{'full', ''}} end
+redis.call('HSET', KEYS[2], unpack(ARGV, 9))
+local entry = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'job_id', ARGV[1])
+redis.call('HSET', KEYS[2], 'stream', KEYS[3], 'entry_id', entry, 'inflight', KEYS[1])
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+redis.call('SADD', KEYS[5], ARGV[8])
+redis.call('ZADD', KEYS[4], ARGV[7], ARGV[1])
+local extra = redis.call('ZCARD', KEYS[4]) - tonumber(ARGV[6])
+if extra > 0 then redis.call('ZREMRANGEBYRANK', KEYS[4], 0, extra - 1) end
+return {{'created', ARGV[1]}}
+"""
+
 # A fresh delivery starts only a queued job (a promoted job has two entries; the second one
 # finds it running or finished); a takeover of a dead worker's entry also restarts a running one.
-# KEYS: job. ARGV: now, worker, takeover ('1' or '0').
+# KEYS: job. ARGV: now, worker, takeover ('1' or '0'), first stage ('lowering'; 'autotuning' for tune jobs).
 START = f"""
 local s = redis.call('HGET', KEYS[1], 'stage')
 if s ~= 'queued' and not (ARGV[3] == '1' and {_RUNNING}) then return 0 end
-redis.call('HSET', KEYS[1], 'stage', 'lowering', 't:lowering', ARGV[1], 'started_at', ARGV[1], 'worker', ARGV[2])
+redis.call('HSET', KEYS[1], 'stage', ARGV[4], 't:' .. ARGV[4], ARGV[1], 'started_at', ARGV[1], 'worker', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 return 1
 """
@@ -57,18 +82,20 @@ redis.call('HSET', KEYS[1], 'stage', ARGV[1], 't:' .. ARGV[1], ARGV[2])
 return 1
 """
 
-# Finishing also drops the single-flight entry, but only if it still points at this job.
+# Finishing also drops the single-flight entry, but only if it still points at this job. A compile
+# job's entry is the inflight key of its artifact key; a tune job names its own in field 'inflight'.
 # KEYS: job. ARGV: job id, job ttl s, inflight key prefix, final stage, now, then fields.
 FINISH = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'stage', ARGV[4], 't:' .. ARGV[4], ARGV[5], 'finished_at', ARGV[5], unpack(ARGV, 6))
 redis.call('EXPIRE', KEYS[1], ARGV[2])
-local inflight = ARGV[3] .. redis.call('HGET', KEYS[1], 'key')
+local inflight = redis.call('HGET', KEYS[1], 'inflight') or (ARGV[3] .. redis.call('HGET', KEYS[1], 'key'))
 if redis.call('GET', inflight) == ARGV[1] then redis.call('DEL', inflight) end
 return 1
 """
 
-# A running job back to its priority's stream. KEYS: job, interactive stream, precompile stream.
+# A running job back to its priority's stream (a tune job to its arch's tune stream, which its
+# 'stream' field names). KEYS: job, interactive stream, precompile stream.
 # ARGV: now, error JSON ('' keeps the old one), attempt change ('0' or '-1'), stream max len.
 RETRY = f"""
 local s = redis.call('HGET', KEYS[1], 'stage')
@@ -78,6 +105,7 @@ if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[2]) end
 if ARGV[3] ~= '0' then redis.call('HINCRBY', KEYS[1], 'attempt', ARGV[3]) end
 local stream = KEYS[3]
 if redis.call('HGET', KEYS[1], 'priority') == 'interactive' then stream = KEYS[2] end
+if redis.call('HGET', KEYS[1], 'kind') == 'tune' then stream = redis.call('HGET', KEYS[1], 'stream') end
 local entry = redis.call('XADD', stream, 'MAXLEN', '~', ARGV[4], '*', 'job_id', redis.call('HGET', KEYS[1], 'id'))
 redis.call('HSET', KEYS[1], 'stream', stream, 'entry_id', entry)
 return 1
@@ -94,17 +122,17 @@ redis.call('EXPIRE', KEYS[1], ARGV[2])
 local stream = redis.call('HGET', KEYS[1], 'stream')
 local entry = redis.call('HGET', KEYS[1], 'entry_id')
 if stream and entry then redis.call('XDEL', stream, entry) end
-local inflight = ARGV[3] .. redis.call('HGET', KEYS[1], 'key')
+local inflight = redis.call('HGET', KEYS[1], 'inflight') or (ARGV[3] .. redis.call('HGET', KEYS[1], 'key'))
 if redis.call('GET', inflight) == ARGV[1] then redis.call('DEL', inflight) end
 return 'cancelled'
 """
 
-# A heartbeat keeps the single-flight entry of a job being compiled from expiring.
+# A heartbeat keeps the single-flight entry of a job being compiled (or tuned) from expiring.
 # KEYS: job. ARGV: inflight key prefix, job id, ttl ms.
 RENEW = """
 local key = redis.call('HGET', KEYS[1], 'key')
 if not key then return 0 end
-local inflight = ARGV[1] .. key
+local inflight = redis.call('HGET', KEYS[1], 'inflight') or (ARGV[1] .. key)
 if redis.call('GET', inflight) ~= ARGV[2] then return 0 end
 return redis.call('PEXPIRE', inflight, ARGV[3])
 """

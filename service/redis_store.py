@@ -1,4 +1,5 @@
-"""RedisStore: jobs as hashes, the queue as two streams with one group, API tokens; artifacts via RedisCache."""
+"""RedisStore: jobs as hashes, the queue as two compile streams and one tune stream per GPU arch, API
+tokens; artifacts via RedisCache."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 import redis
 
 from service import redis_scripts as lua
-from service.keys import GROUP, STREAM_FIELD, RedisKeys
+from service.keys import STREAM_FIELD, RedisKeys
 from service.redis_cache import RedisCache
 from service.settings import ServiceSettings
 from service.store import (
@@ -64,13 +66,14 @@ class RedisStore(RedisCache):
         self.r = client
         self.settings = settings
         self._submit = self.r.register_script(lua.SUBMIT)
+        self._submit_tune = self.r.register_script(lua.SUBMIT_TUNE)
         self._start = self.r.register_script(lua.START)
         self._stage = self.r.register_script(lua.STAGE)
         self._finish = self.r.register_script(lua.FINISH)
         self._retry = self.r.register_script(lua.RETRY)
         self._cancel = self.r.register_script(lua.CANCEL)
         self._renew = self.r.register_script(lua.RENEW)
-        self._groups_ready = False
+        self._groups_ready: set[str] = set()
 
     def ping(self) -> None:
         self.r.ping()
@@ -98,11 +101,30 @@ class RedisStore(RedisCache):
                 self.k.recent_jobs]
         args = [job_id, self.k.job(""), s.inflight_ttl_s * 1000, s.job_ttl_s, priority, s.stream_max_len,
                 s.recent_jobs_max, repr(created)]
-        self._ensure_groups()
+        self._ensure_groups(self.k.streams())
         outcome, got = self._submit(keys=keys, args=args + [x for kv in fields.items() for x in kv])
         if outcome == b"full":
             raise QueueFull(f"the {priority} queue holds {s.stream_max_len} jobs (FXCC_STREAM_MAX_LEN); "
                             "retry later")
+        return Submitted(job_id=got.decode(), created=outcome == b"created")
+
+    def submit_tune(self, key: str, arch: int, request_json: str) -> Submitted:
+        job_id = uuid.uuid4().hex
+        created = now_s()
+        fields = {"id": job_id, "key": key, "kind": "tune", "arch": str(arch), "stage": JobStage.QUEUED.value,
+                  "priority": "precompile", "created_at": repr(created), "t:queued": repr(created),
+                  "attempt": "0", "request": request_json}
+        s = self.settings
+        stream = self.k.tune_stream(arch)
+        keys = [self.k.tune_inflight(key), self.k.job(job_id), stream, self.k.recent_jobs, self.k.tune_archs]
+        # Note: a queued tune job may wait long for a GPU of its arch, so its single-flight entry
+        # lives as long as its record; once a worker runs it, heartbeats renew it as for compiles.
+        args = [job_id, self.k.job(""), s.job_ttl_s * 1000, s.job_ttl_s, s.stream_max_len, s.recent_jobs_max,
+                repr(created), arch]
+        self._ensure_groups([stream])
+        outcome, got = self._submit_tune(keys=keys, args=args + [x for kv in fields.items() for x in kv])
+        if outcome == b"full":
+            raise QueueFull(f"the sm_{arch} tune queue holds {s.stream_max_len} jobs (FXCC_STREAM_MAX_LEN)")
         return Submitted(job_id=got.decode(), created=outcome == b"created")
 
     def get_job(self, job_id: str) -> JobRecord | None:
@@ -131,8 +153,10 @@ class RedisStore(RedisCache):
                 counts[state_of(JobStage(stage.decode())).value] += 1
         return counts
 
-    def mark_started(self, job_id: str, worker: str, *, takeover: bool = False) -> JobRecord | None:
-        if not self._start(keys=[self.k.job(job_id)], args=[repr(now_s()), worker, "1" if takeover else "0"]):
+    def mark_started(self, job_id: str, worker: str, *, takeover: bool = False,
+                     stage: JobStage = JobStage.LOWERING) -> JobRecord | None:
+        args = [repr(now_s()), worker, "1" if takeover else "0", stage.value]
+        if not self._start(keys=[self.k.job(job_id)], args=args):
             return None
         return self.get_job(job_id)
 
@@ -146,7 +170,8 @@ class RedisStore(RedisCache):
         self._finished(job_id, JobStage.FAILED, error=error.model_dump_json(), stats="")
         if dead_letter:
             job = self.get_job(job_id)
-            entry = {"job_id": job_id, "key": job.key if job else "", "attempts": job.attempt if job else 0,
+            entry = {"job_id": job_id, "key": job.key if job else "", "kind": job.kind if job else "",
+                     "attempts": job.attempt if job else 0,
                      "error": error.model_dump_json(), "at": repr(now_s())}
             self.r.xadd(self.k.dead_letter, entry, maxlen=self.settings.dead_letter_max_len, approximate=True)
             log.error("job %s failed %d times; moved to the dead-letter stream: %s: %s", job_id,
@@ -177,51 +202,58 @@ class RedisStore(RedisCache):
 
     # ------------------------------------------------------------ queue
 
-    def _ensure_groups(self) -> None:
-        if self._groups_ready:
-            return
-        for stream in self.k.streams():
+    def _ensure_groups(self, streams: Sequence[str]) -> None:
+        for stream in streams:
+            if stream in self._groups_ready:
+                continue
             try:
                 # From id 0, so that jobs queued before any worker existed are delivered too.
-                self.r.xgroup_create(stream, GROUP, id="0", mkstream=True)
+                self.r.xgroup_create(stream, self.k.group(stream), id="0", mkstream=True)
             except redis.ResponseError as e:
                 if "BUSYGROUP" not in str(e):
                     raise
-        self._groups_ready = True
+            self._groups_ready.add(stream)
 
-    def claim(self, consumer: str, block_ms: int) -> list[Claim]:
+    def claim(self, consumer: str, block_ms: int, tune_arch: int | None = None) -> list[Claim]:
         try:
-            return self._claim(consumer, block_ms)
+            return self._claim(consumer, block_ms, tune_arch)
         except redis.ResponseError as e:
             if "NOGROUP" not in str(e):
                 raise
             # The streams were deleted under us (FLUSHDB, a Redis restart): make them again.
-            self._groups_ready = False
-            return self._claim(consumer, block_ms)
+            self._groups_ready.clear()
+            return self._claim(consumer, block_ms, tune_arch)
 
-    def _claim(self, consumer: str, block_ms: int) -> list[Claim]:
-        self._ensure_groups()
-        claims = self._reclaim_stuck(consumer)
+    def _claim(self, consumer: str, block_ms: int, tune_arch: int | None) -> list[Claim]:
+        # Note: only a consumer with a GPU of the arch reads (or reclaims from) a tune stream, so a
+        # CPU worker never holds a tune job.
+        compile_streams = self.k.streams()
+        streams = compile_streams + ((self.k.tune_stream(tune_arch),) if tune_arch is not None else ())
+        self._ensure_groups(streams)
+        claims = self._reclaim_stuck(consumer, streams)
         if claims:
             return claims
-        for stream in self.k.streams():
+        for stream in streams:
             claims = self._read(consumer, {stream: ">"}, block_ms=None)
             if claims:
                 return claims
-        # Nothing waiting: block on both streams; if both deliver, interactive comes first.
-        return self._read(consumer, {s: ">" for s in self.k.streams()}, block_ms=block_ms)
+        # Nothing waiting: block on the compile streams (one XREADGROUP reads through one group
+        # name, and tune streams have their own group: a tune job queued meanwhile waits for the
+        # next round, at most block_ms); if both deliver, interactive comes first.
+        return self._read(consumer, {s: ">" for s in compile_streams}, block_ms=block_ms)
 
     def _read(self, consumer: str, streams: dict[str, str], block_ms: int | None) -> list[Claim]:
-        reply = self.r.xreadgroup(GROUP, consumer, streams, count=1, block=block_ms)
+        group = self.k.group(next(iter(streams)))
+        reply = self.r.xreadgroup(group, consumer, streams, count=1, block=block_ms)
         found: dict[str, list[Claim]] = {}
         for stream, entries in reply or []:
             name = stream.decode()
             found[name] = [c for c in (self._entry(name, consumer, e) for e in entries) if c]
-        return [c for s in self.k.streams() for c in found.get(s, [])]
+        return [c for s in streams for c in found.get(s, [])]
 
-    def _reclaim_stuck(self, consumer: str) -> list[Claim]:
-        for stream in self.k.streams():
-            reply = self.r.xautoclaim(stream, GROUP, consumer, self.settings.claim_idle_ms,
+    def _reclaim_stuck(self, consumer: str, streams: Sequence[str]) -> list[Claim]:
+        for stream in streams:
+            reply = self.r.xautoclaim(stream, self.k.group(stream), consumer, self.settings.claim_idle_ms,
                                       start_id="0-0", count=1)
             claims = [replace(c, reclaimed=True) for c in (self._entry(stream, consumer, e) for e in reply[1]) if c]
             if claims:
@@ -235,27 +267,33 @@ class RedisStore(RedisCache):
         entry_id = entry_id.decode()
         job_id = (fields or {}).get(STREAM_FIELD.encode())
         if job_id is None:
-            self.r.xack(stream, GROUP, entry_id)  # not one of ours (or trimmed): drop it
+            self.r.xack(stream, self.k.group(stream), entry_id)  # not one of ours (or trimmed): drop it
             return None
         return Claim(job_id=job_id.decode(), stream=stream, entry_id=entry_id, consumer=consumer)
 
     def ack(self, claim: Claim) -> None:
-        # One group reads the streams, so an acknowledged entry is dead weight: delete it, and
+        # One group reads each stream, so an acknowledged entry is dead weight: delete it, and
         # a stream's length stays the number of jobs waiting or running.
         pipe = self.r.pipeline(transaction=False)
-        pipe.xack(claim.stream, GROUP, claim.entry_id)
+        pipe.xack(claim.stream, self.k.group(claim.stream), claim.entry_id)
         pipe.xdel(claim.stream, claim.entry_id)
         pipe.execute()
 
+    def _depth(self, stream: str) -> dict[str, int]:
+        self._ensure_groups([stream])
+        running = self.r.xpending(stream, self.k.group(stream))["pending"]
+        return {"waiting": max(self.r.xlen(stream) - running, 0), "running": running}
+
     def queue_depths(self) -> dict[str, dict[str, int]]:
-        self._ensure_groups()
-        out = {}
-        for priority in PRIORITIES:
-            stream = self.k.stream(priority)
-            running = self.r.xpending(stream, GROUP)["pending"]
-            out[priority] = {"waiting": max(self.r.xlen(stream) - running, 0), "running": running}
+        out = {priority: self._depth(self.k.stream(priority)) for priority in PRIORITIES}
+        tune = list(self.tune_depths().values())
+        out["tune"] = {"waiting": sum(t["waiting"] for t in tune), "running": sum(t["running"] for t in tune)}
         out["dead_letter"] = {"waiting": self.r.xlen(self.k.dead_letter), "running": 0}
         return out
+
+    def tune_depths(self) -> dict[str, dict[str, int]]:
+        archs = sorted(int(a) for a in self.r.smembers(self.k.tune_archs))
+        return {f"sm_{arch}": self._depth(self.k.tune_stream(arch)) for arch in archs}
 
     def workers(self) -> list[dict[str, Any]]:
         ids = self.r.zrangebyscore(self.k.live_workers, time.time() - self.settings.worker_ttl_s, "+inf")
@@ -276,7 +314,7 @@ class RedisStore(RedisCache):
         pipe.zadd(self.k.live_workers, {worker: now})
         pipe.zremrangebyscore(self.k.live_workers, "-inf", now - self.settings.worker_ttl_s)
         for c in claims:
-            pipe.xclaim(c.stream, GROUP, c.consumer, 0, [c.entry_id], justid=True)
+            pipe.xclaim(c.stream, self.k.group(c.stream), c.consumer, 0, [c.entry_id], justid=True)
             self._renew(keys=[self.k.job(c.job_id)], client=pipe,
                         args=[self.k.inflight(""), c.job_id, self.settings.inflight_ttl_s * 1000])
         pipe.execute()
@@ -313,7 +351,8 @@ def _record(h: dict[bytes, bytes]) -> JobRecord | None:
 
     stage = JobStage(s["stage"])
     return JobRecord(
-        id=s["id"], key=s["key"], state=state_of(stage), stage=stage,
+        id=s["id"], key=s["key"], kind=s.get("kind", "compile"), arch=int(s["arch"]) if s.get("arch") else None,
+        state=state_of(stage), stage=stage,
         stages=dict(sorted(((k[2:], float(v)) for k, v in s.items() if k.startswith("t:")), key=lambda kv: kv[1])),
         priority=s["priority"], created_at=float(s["created_at"]), started_at=opt_float("started_at"),
         finished_at=opt_float("finished_at"), worker=s.get("worker") or None,

@@ -83,6 +83,9 @@ class ServiceSettings(BaseSettings):
     inflight_ttl_s: int = Field(default=3_600, ge=1)
     job_ttl_s: int = Field(default=7 * 86_400, ge=1)
     embedded_workers: int = Field(default=1, ge=1)
+    # What embedded mode's in-process workers run on: `auto` (a CUDA GPU when torch sees one),
+    # `cpu` (never tune), `cuda`, `cuda:N` or `N`. On a GPU they autotune as `fxcc worker` does.
+    embedded_device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d{1,3})?|\d{1,3})$")
 
     # Test hook, off by default: a worker sleeps this long before each compile, so that tests can
     # kill or stop it mid-job. Never set it in production.

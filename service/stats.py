@@ -9,12 +9,14 @@ from service.store import Store
 
 
 def gather_stats(store: Store) -> dict[str, Any]:
-    """Queue depth per priority, live workers with heartbeat age, jobs per state, cache figures."""
+    """Queue depth per priority (and tune jobs), tune jobs per GPU arch, live workers with heartbeat
+    age, jobs per state, cache figures."""
     now = time.time()
     workers = []
     for w in store.workers():
         beat = w.get("beat_at")
-        workers.append({"id": w.get("id"), "device": w.get("device"), "concurrency": w.get("concurrency"),
+        workers.append({"id": w.get("id"), "device": w.get("device"), "tune_arch": w.get("tune_arch"),
+                        "concurrency": w.get("concurrency"),
                         "jobs": w.get("jobs", []), "jobs_done": w.get("jobs_done", 0),
                         "heartbeat_age_s": None if beat is None else round(max(now - beat, 0.0), 3)})
     counters = store.counters()
@@ -22,8 +24,8 @@ def gather_stats(store: Store) -> dict[str, Any]:
     cache = {"entries": store.cache_entries(), "bytes": counters.get("bytes", 0), "hits": hits,
              "misses": misses, "puts": counters.get("puts", 0), "rejected": counters.get("rejected", 0),
              "hit_rate": round(hits / (hits + misses), 4) if hits + misses else None}
-    return {"store": store.mode, "queue": store.queue_depths(), "workers": workers,
-            "jobs": store.job_counts(), "cache": cache}
+    return {"store": store.mode, "queue": store.queue_depths(), "tune": store.tune_depths(),
+            "workers": workers, "jobs": store.job_counts(), "cache": cache}
 
 
 def render_metrics(stats: dict[str, Any]) -> str:
@@ -42,6 +44,10 @@ def render_metrics(stats: dict[str, Any]) -> str:
            [({"priority": p}, q["waiting"]) for p, q in queue.items()])
     metric("fxcc_queue_running_jobs", "gauge", "Jobs a worker holds.",
            [({"priority": p}, q["running"]) for p, q in queue.items()])
+    metric("fxcc_tune_waiting_jobs", "gauge", "Tune jobs waiting for a GPU of their arch.",
+           [({"arch": a}, q["waiting"]) for a, q in stats["tune"].items()])
+    metric("fxcc_tune_running_jobs", "gauge", "Tune jobs a GPU worker holds.",
+           [({"arch": a}, q["running"]) for a, q in stats["tune"].items()])
     metric("fxcc_workers", "gauge", "Workers with a current heartbeat.", [({}, len(stats["workers"]))])
     metric("fxcc_worker_heartbeat_age_seconds", "gauge", "Seconds since each worker's last heartbeat.",
            [({"worker": str(w["id"]), "device": str(w["device"])}, w["heartbeat_age_s"])

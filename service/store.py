@@ -16,9 +16,13 @@ Priority = Literal["interactive", "precompile"]
 PRIORITIES: tuple[Priority, ...] = ("interactive", "precompile")
 
 
+JobKind = Literal["compile", "tune"]
+
+
 class JobStage(str, Enum):
-    """Where a compile job is. A job moves forward only, except that a crashed attempt (or a worker
-    stopped by SIGTERM) sends it back to queued."""
+    """Where a job is. A job moves forward only, except that a crashed attempt (or a worker
+    stopped by SIGTERM) sends it back to queued. A compile job starts at lowering; a tune job
+    (an untuned artifact to tune on a GPU of its arch) starts at autotuning."""
 
     QUEUED = "queued"  # in a stream, waiting for a worker
     LOWERING = "lowering"  # a worker claimed it: rebuilding the graph and lowering it to loop IR
@@ -64,11 +68,14 @@ class JobError(BaseModel):
 class JobRecord(BaseModel):
     """A job as stored and as GET /v1/jobs/{id} returns it. Times are Unix seconds.
 
-    `stages` holds when the job entered each stage (the latest time, for a retried job).
+    `stages` holds when the job entered each stage (the latest time, for a retried job). A tune
+    job (`kind` "tune") tunes the stored untuned artifact of `key` on a GPU of sm_`arch`.
     """
 
     id: str
     key: str
+    kind: JobKind = "compile"
+    arch: int | None = None  # tune jobs: the SM arch whose GPUs may take it
     state: JobState
     stage: JobStage
     stages: dict[str, float] = {}
@@ -199,6 +206,11 @@ class Store(Protocol):
         """Queue a job for `key` unless the artifact exists or a job for it is queued/running."""
         ...
 
+    def submit_tune(self, key: str, arch: int, request_json: str) -> Submitted:
+        """Queue a tune job for the stored untuned artifact of `key` on the sm_`arch` tune queue,
+        unless a tune job for `key` is queued or running (then that one's id, created False)."""
+        ...
+
     def get_job(self, job_id: str) -> JobRecord | None: ...
 
     def get_request(self, job_id: str) -> str | None: ...
@@ -211,8 +223,9 @@ class Store(Protocol):
         """The most recent 1000 jobs, counted per state."""
         ...
 
-    def mark_started(self, job_id: str, worker: str, *, takeover: bool = False) -> JobRecord | None:
-        """queued → lowering (attempt + 1); with `takeover` also a running stage → lowering.
+    def mark_started(self, job_id: str, worker: str, *, takeover: bool = False,
+                     stage: JobStage = JobStage.LOWERING) -> JobRecord | None:
+        """queued → `stage` (attempt + 1); with `takeover` also a running stage → `stage`.
 
         None when the job is unknown or not in a state this claim may start.
         """
@@ -237,8 +250,9 @@ class Store(Protocol):
     def dead_letters(self, limit: int) -> list[dict[str, str]]: ...
 
     # ---- queue
-    def claim(self, consumer: str, block_ms: int) -> list[Claim]:
-        """Jobs for `consumer`: stuck ones first, then interactive, then precompile."""
+    def claim(self, consumer: str, block_ms: int, tune_arch: int | None = None) -> list[Claim]:
+        """Jobs for `consumer`: stuck ones first, then interactive, then precompile, then (only
+        for a consumer with a GPU of sm_`tune_arch`) tune jobs of that arch."""
         ...
 
     def ack(self, claim: Claim) -> None: ...
@@ -248,7 +262,12 @@ class Store(Protocol):
         ...
 
     def queue_depths(self) -> dict[str, dict[str, int]]:
-        """Per priority: jobs waiting for a worker and jobs a worker holds."""
+        """Per priority, and `tune` (every arch's tune queue together): jobs waiting for a worker
+        and jobs a worker holds."""
+        ...
+
+    def tune_depths(self) -> dict[str, dict[str, int]]:
+        """Per arch key ("sm_90") that ever had a tune job: waiting and running tune jobs."""
         ...
 
     def workers(self) -> list[dict[str, Any]]:

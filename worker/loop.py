@@ -34,7 +34,7 @@ class Consumer:
         backoff_s = 0.5
         while not self.stop.is_set():
             try:
-                claims = self.store.claim(self.name, self.block_ms)
+                claims = self.store.claim(self.name, self.block_ms, tune_arch=self.policy.tune_arch)
             except redis.RedisError as e:  # an outage must not kill the worker: wait it out
                 backoff_s = min(backoff_s * 2, 10.0)
                 log.warning("%s: store unavailable (%s: %s); retrying in %.0f s", self.name,

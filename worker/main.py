@@ -10,7 +10,6 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import replace
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -47,6 +46,7 @@ def worker_main(concurrency: int = 1, device: str = "auto") -> None:
 
     from service.redis_store import RedisStore
     from worker.loop import Consumer, JobPolicy, heartbeat_loop
+    from worker.process import on_device
 
     store = RedisStore(settings)
     try:
@@ -62,14 +62,15 @@ def worker_main(concurrency: int = 1, device: str = "auto") -> None:
     install_signal_handlers(stop, hard_stop)
     names = [worker_id] if concurrency == 1 else [f"{worker_id}-{i}" for i in range(concurrency)]
     resolved = resolve_device(device)
-    # Note: a GPU worker tunes the CUDA targets of its GPU's arch; a CPU worker stores heuristic configs.
-    policy = replace(JobPolicy.from_settings(settings),
-                     tune_device=resolved if resolved.startswith("cuda") else None)
+    # Note: a GPU worker tunes the CUDA targets of its GPU's arch (and takes that arch's tune jobs);
+    # a CPU worker stores heuristic configs and never reads a tune queue.
+    policy = on_device(JobPolicy.from_settings(settings), resolved)
     consumers = [Consumer(store, n, stop, block_ms=settings.claim_block_ms, policy=policy) for n in names]
     info = {"id": worker_id, "device": resolved, "concurrency": concurrency,
-            "started_at": time.time()}
-    log.info("worker %s: %d consumer(s), device %s, redis %s, prefix %r%s", worker_id, concurrency,
-             info["device"], redacted_url(settings.redis_url), settings.redis_prefix,
+            "tune_arch": policy.tune_arch, "started_at": time.time()}
+    log.info("worker %s: %d consumer(s), device %s%s, redis %s, prefix %r%s", worker_id, concurrency,
+             info["device"], f" (tunes sm_{policy.tune_arch})" if policy.tune_arch else "",
+             redacted_url(settings.redis_url), settings.redis_prefix,
              ", signing manifests" if policy.signing_key else "")
     beats_stop = threading.Event()
     beats = threading.Thread(target=heartbeat_loop, name="fxcc-heartbeat", daemon=True,

@@ -1,14 +1,15 @@
-"""One compile job, start to finish: lowering → building (CUDA targets) → storing → done, or retry / fail."""
+"""One job, start to finish: a compile (lowering → autotuning on a GPU → building → storing) or a tune
+job (worker/tune.py), then done, or retry / fail."""
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pydantic import ValidationError
 
-from compiler_core.autotune import autotune_for_target, tuning_device
+from compiler_core.autotune import autotune_for_target, device_arch, tuning_device
 from compiler_core.build import build_artifact, cuda_build_unavailable
 from compiler_core.compile import compile_request
 from compiler_core.errors import FxccError, InvalidGraph
@@ -16,6 +17,7 @@ from compiler_core.signing import sign_manifest
 from compiler_core.wire import CompileRequest
 from service.settings import ServiceSettings
 from service.store import ArtifactTooLarge, Claim, JobError, JobRecord, JobStage, Store
+from worker.tune import queue_tuning, tune_and_store
 
 log = logging.getLogger("fxcc.worker")
 
@@ -29,6 +31,7 @@ class JobPolicy:
     signing_key: bytes | None = None
     compile_delay_s: float = 0.0  # test hook (FXCC_TEST_ONLY_COMPILE_DELAY_S); 0 in production
     tune_device: str | None = None  # "cuda:0": autotune CUDA targets of this GPU's arch there
+    tune_arch: int | None = None  # that GPU's SM arch: the worker also takes its tune queue's jobs
 
     @classmethod
     def from_settings(cls, settings: ServiceSettings) -> JobPolicy:
@@ -38,6 +41,15 @@ class JobPolicy:
 
 
 DEFAULT_POLICY = JobPolicy()
+
+
+def on_device(policy: JobPolicy, device: str) -> JobPolicy:
+    """`policy` for a worker on `device`: a CUDA GPU tunes the compiles of its arch and takes the
+    tune jobs of its arch; anything else (a CPU) stores heuristic configs and tunes nothing."""
+    arch = device_arch(device)
+    if arch is None:
+        return replace(policy, tune_device=None, tune_arch=None)
+    return replace(policy, tune_device=device, tune_arch=arch)
 
 
 def is_final(exc: BaseException) -> bool:
@@ -67,13 +79,18 @@ def process_claim(store: Store, claim: Claim, *, worker: str = "embedded",
             f"job was started {job.attempt} times without finishing; its workers died")), dead_letter=True)
         store.ack(claim)
         return store.get_job(job.id)
-    started = store.mark_started(job.id, worker, takeover=claim.reclaimed)
+    first = JobStage.AUTOTUNING if job.kind == "tune" else JobStage.LOWERING
+    started = store.mark_started(job.id, worker, takeover=claim.reclaimed, stage=first)
     if started is None:  # another worker holds it, or it was cancelled
         store.ack(claim)
         return store.get_job(job.id)
-    log.info("job %s: compiling key %s (attempt %d)", job.id, job.key[:12], started.attempt)
+    log.info("job %s: %s key %s (attempt %d)", job.id, "tuning" if job.kind == "tune" else "compiling",
+             job.key[:12], started.attempt)
     try:
-        compile_and_store(store, started, policy)
+        if started.kind == "tune":
+            tune_and_store(store, started, load_request(store, started), policy)
+        else:
+            compile_and_store(store, started, policy)
     except Exception as e:  # any crash of the compiler is the job's outcome
         error = JobError.of(e)
         if is_final(e):
@@ -92,13 +109,17 @@ def process_claim(store: Store, claim: Claim, *, worker: str = "embedded",
 
 def compile_and_store(store: Store, job: JobRecord, policy: JobPolicy) -> None:
     """Compile the job's request (unless its artifact already exists, tuned or not tunable
-    here), store it, mark it done."""
+    here), store it, queue a tune job if it is untuned and a GPU could tune it, mark it done."""
     existing = store.fetch_artifact(job.key, blobs=False, count=False)  # whole, blobs and all
-    if existing is not None and (existing.manifest.tuned or policy.tune_device is None):
+    if existing is not None and existing.manifest.tuned:
         store.mark_done(job.id, existing.manifest.stats.model_dump())
         return
     request = load_request(store, job)
-    if existing is not None and not _tunes(policy, request):
+    tune_now = _tunes(policy, request) and tunes_before_storing(job, request)
+    if existing is not None and not tune_now:
+        # Again, in case the attempt that stored it died before queueing its tuning (one tune job
+        # per key at a time: a second submit joins the first).
+        queue_tuning(store, existing.manifest, request)
         store.mark_done(job.id, existing.manifest.stats.model_dump())
         return  # else a GPU worker replaces an untuned artifact by a tuned one
     if policy.compile_delay_s:
@@ -107,7 +128,7 @@ def compile_and_store(store: Store, job: JobRecord, policy: JobPolicy) -> None:
     target = request.options.target
     # Note: what compiler_core.build.compile_and_build does, split so that the job shows its
     # stages. Tuning comes first, so that the cubins are built for the winning configs.
-    if artifact.manifest.kernels and _tunes(policy, request):
+    if artifact.manifest.kernels and tune_now:
         store.mark_stage(job.id, JobStage.AUTOTUNING)
         artifact = autotune_for_target(artifact, request, policy.tune_device)
     if target.kind == "cuda" and artifact.manifest.kernels and cuda_build_unavailable() is None:
@@ -119,10 +140,23 @@ def compile_and_store(store: Store, job: JobRecord, policy: JobPolicy) -> None:
     store.mark_stage(job.id, JobStage.STORING)
     signature = sign_manifest(artifact.manifest, policy.signing_key) if policy.signing_key else None
     store.put_artifact(artifact, signature)  # blobs, then manifest
+    if not tune_now:  # a worker that tuned has tried (tuning failures are logged)
+        queue_tuning(store, artifact.manifest, request)
     stats = artifact.manifest.stats.model_dump()
     store.mark_done(job.id, stats)
     log.info("job %s: done, %d kernels, %d extern ops, %.3f s", job.id, stats["kernels"],
              stats["nodes_extern"], stats["compile_s"])
+
+
+def tunes_before_storing(job: JobRecord, request: CompileRequest) -> bool:
+    """Whether a GPU worker tunes a compile before storing it, rather than through its tune queue.
+
+    Note: an interactive compile in the default mode is a first call waiting: it gets the
+    heuristic configs as soon as they are built, and the tuned artifact supersedes them a few
+    seconds later (the same GPU takes the tune job next; clients refresh their copy). Precompile
+    jobs (nobody waits) and max-autotune (the user asked to pay for tuning) tune first.
+    """
+    return job.priority == "precompile" or request.options.mode == "max-autotune"
 
 
 def _tunes(policy: JobPolicy, request: CompileRequest) -> bool:

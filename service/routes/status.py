@@ -14,12 +14,13 @@ router = APIRouter(prefix="/v1", tags=["status"])
 
 @router.get("/status", dependencies=[Depends(require("client"))])
 def get_status(store: StoreDep) -> dict[str, Any]:
-    return {"store": store.mode, "queue": store.queue_depths(), "workers": store.workers(),
-            "cache": store.counters()}
+    return {"store": store.mode, "queue": store.queue_depths(), "tune": store.tune_depths(),
+            "workers": store.workers(), "cache": store.counters()}
 
 
 @router.get("/stats", dependencies=[Depends(require("admin"))])
 def get_stats(store: StoreDep) -> dict[str, Any]:
-    """Queue depth per priority (and the dead-letter stream), live workers with heartbeat age and
-    device, the last 1000 jobs per state, cache entries, bytes, counters and hit rate."""
+    """Queue depth per priority (with all tune jobs and the dead-letter stream), tune jobs per GPU
+    arch (`tune`), live workers with heartbeat age and device, the last 1000 jobs per state,
+    cache entries, bytes, counters and hit rate."""
     return gather_stats(store)

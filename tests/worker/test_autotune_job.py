@@ -1,5 +1,6 @@
-"""A GPU worker's jobs on both stores: it tunes before it builds, replaces an untuned artifact by a
-tuned one, and leaves tuned ones alone; a CPU worker stores untuned artifacts. The GPU is faked
+"""A GPU worker's jobs on both stores: a precompile job is tuned before it is built, replaces an
+untuned artifact by a tuned one, and leaves tuned ones alone; an interactive default-mode job is
+stored untuned first and tuned through the tune queue; a CPU worker stores untuned artifacts. The GPU is faked
 (this runs on CPU): `tuning_device` says yes and the tuner marks the artifact tuned."""
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return tuned
 
 
-def cuda_request(make_unary: Callable[..., CompileRequest]) -> CompileRequest:
+def cuda_request(make_unary: Callable[..., CompileRequest], priority: str = "precompile") -> CompileRequest:
     req = make_unary()
-    return req.model_copy(update={"options": req.options.model_copy(update={"target": Target(kind="cuda", arch=90)})})
+    return req.model_copy(update={"priority": priority,
+                                  "options": req.options.model_copy(update={"target": Target(kind="cuda", arch=90)})})
 
 
 def queue(store: Store, req: CompileRequest) -> Claim:
@@ -89,3 +91,25 @@ def test_cpu_worker_stores_untuned(store: Store, fake_gpu: list[str],
     art = store.get_artifact(job.key)
     assert art is not None and not art.manifest.tuned
     assert all(k.tuning is None for k in art.manifest.kernels) and fake_gpu == []
+
+
+def test_gpu_worker_stores_an_interactive_compile_untuned_and_queues_its_tuning(
+        store: Store, fake_gpu: list[str], make_unary: Callable[..., CompileRequest]) -> None:
+    # A first call waits for this job: it gets the heuristic configs, the tuning comes after.
+    job = process_claim(store, queue(store, cuda_request(make_unary, "interactive")), policy=GPU)
+    assert job is not None and job.state is JobState.DONE and "autotuning" not in job.stages
+    art = store.get_artifact(job.key)
+    assert art is not None and not art.manifest.tuned and fake_gpu == []
+    [tune] = store.claim("gpu", block_ms=10, tune_arch=90)
+    tune_job = store.get_job(tune.job_id)
+    assert tune_job is not None and tune_job.kind == "tune" and tune_job.key == job.key
+
+
+def test_max_autotune_is_tuned_before_storing_even_when_interactive(
+        store: Store, fake_gpu: list[str], make_unary: Callable[..., CompileRequest]) -> None:
+    req = cuda_request(make_unary, "interactive")
+    req = req.model_copy(update={"options": req.options.model_copy(update={"mode": "max-autotune"})})
+    job = process_claim(store, queue(store, req), policy=GPU)
+    assert job is not None and "autotuning" in job.stages
+    art = store.get_artifact(job.key)
+    assert art is not None and art.manifest.tuned

@@ -1,0 +1,278 @@
+"""Tune jobs on both stores: a CPU worker's untuned sm_90 artifact queues exactly one tune job, which
+no CPU worker (nor a GPU of another arch) claims; a GPU worker of sm_90 tunes the stored artifact,
+rebuilds the cubins of the kernels whose config changed and stores it over the untuned one; crashes
+are retried, then dead-lettered. Everything here is real (stores, Redis, cubin cross-compiles) but
+the GPU: `tuning_device` says yes and the tuner is faked (tests/gpu/test_tune_queue_gpu.py runs the
+real one)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+
+from compiler_core.artifact import Artifact, TuningRecord
+from compiler_core.build import arch_key
+from compiler_core.compile import compile_request
+from compiler_core.keys import compile_key
+from compiler_core.signing import verify_manifest
+from compiler_core.wire import CompileRequest, Target
+from service.settings import ServiceSettings
+from service.store import Claim, JobRecord, JobStage, JobState, Store
+from worker import tune
+from worker.process import JobPolicy, process_claim
+
+CPU = JobPolicy()
+GPU = JobPolicy(tune_device="cuda:0", tune_arch=90)
+
+
+def cuda_request(make_unary: Callable[..., CompileRequest], arch: int = 90, **kw: object) -> CompileRequest:
+    req = make_unary(**kw)
+    return req.model_copy(update={"options": req.options.model_copy(update={"target": Target(kind="cuda", arch=arch)})})
+
+
+def compile_on(store: Store, req: CompileRequest, policy: JobPolicy = CPU) -> JobRecord:
+    """Submit `req` and run its compile job with `policy` (a CPU worker by default)."""
+    store.submit(compile_key(req), req.model_dump_json(), req.priority)
+    [claim] = store.claim("compiler", block_ms=10)
+    job = process_claim(store, claim, worker="compiler", policy=policy)
+    assert job is not None and job.state is JobState.DONE, job
+    return job
+
+
+def tune_jobs(store: Store) -> list[JobRecord]:
+    return [j for j in store.list_jobs(None, 100) if j.kind == "tune"]
+
+
+class FakeTuner:
+    """Stands in for compiler_core.autotune on a GPU: checks what it is given, then returns the
+    artifact with every kernel's XBLOCK halved (so its cubin must be rebuilt) and a TuningRecord."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[tuple[str, str, str]] = []
+        self.fail = fail
+
+    def __call__(self, artifact: Artifact, request: CompileRequest, device: str | None) -> Artifact:
+        artifact.verify()  # the stored blobs, checked against their digests
+        assert not artifact.manifest.tuned and artifact.manifest.key == compile_key(request)
+        self.calls.append((artifact.manifest.key, request.options.mode, str(device)))
+        if self.fail:
+            raise RuntimeError("the GPU fell off the bus")
+        kernels = []
+        for k in artifact.manifest.kernels:
+            old = k.constexprs["XBLOCK"]
+            new = max(old // 2, 1)
+            rec = TuningRecord(device="Fake GPU", heuristic=f"x{old}", winner=f"x{new}",
+                               timings_ms={f"x{old}": 2.0, f"x{new}": 1.0}, sizes=[32])
+            kernels.append(k.model_copy(update={"constexprs": {**k.constexprs, "XBLOCK": new}, "tuning": rec,
+                                                "binaries": {}, "metadata": {}}))
+        manifest = artifact.manifest.model_copy(update={"kernels": kernels, "tuned": True})
+        return Artifact(manifest, artifact.blobs)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> FakeTuner:
+    tuner = FakeTuner()
+    monkeypatch.setattr(tune, "tuning_device", lambda arch, device: device if arch == 90 else None)
+    monkeypatch.setattr(tune, "autotune_for_target", tuner)
+    return tuner
+
+
+# ---------------------------------------------------------------- queueing
+
+
+def test_cpu_worker_queues_exactly_one_tune_job(store: Store, make_unary: Callable[..., CompileRequest]) -> None:
+    req = cuda_request(make_unary)
+    compiled = compile_on(store, req)
+    stored = store.get_artifact(compiled.key)
+    assert stored is not None and not stored.manifest.tuned
+    assert all(arch_key(90) in k.binaries for k in stored.manifest.kernels)  # cross-compiled on CPU
+    [job] = tune_jobs(store)
+    assert (job.key, job.arch, job.state, job.attempt) == (compiled.key, 90, JobState.QUEUED, 0)
+    assert store.queue_depths()["tune"] == {"waiting": 1, "running": 0}
+    assert store.tune_depths() == {"sm_90": {"waiting": 1, "running": 0}}
+    assert CompileRequest.model_validate_json(store.get_request(job.id) or "") == req
+
+    # Duplicates collapse: the same key again (another worker's retry, a second submit) joins it.
+    again = store.submit_tune(compiled.key, 90, req.model_dump_json())
+    assert (again.job_id, again.created) == (job.id, False)
+    assert [j.id for j in tune_jobs(store)] == [job.id]
+    assert store.tune_depths() == {"sm_90": {"waiting": 1, "running": 0}}
+
+
+def test_an_existing_untuned_artifact_queues_its_tuning_once(store: Store,
+                                                              make_unary: Callable[..., CompileRequest]) -> None:
+    """A compile job that finds the untuned artifact stored (its first attempt died after the put)
+    queues the tuning that attempt may never have queued, and only once."""
+    req = cuda_request(make_unary)
+    store.submit(compile_key(req), req.model_dump_json(), req.priority)
+    [claim] = store.claim("w", block_ms=10)
+    store.put_artifact(compile_request(req))
+    process_claim(store, claim, policy=CPU)
+    assert len(tune_jobs(store)) == 1
+    compile_on(store, cuda_request(make_unary, sizes=(8, 8)))
+    assert sorted(j.key for j in tune_jobs(store)) == sorted([compile_key(req), compile_key(cuda_request(
+        make_unary, sizes=(8, 8)))])
+
+
+def test_nothing_to_tune_queues_nothing(store: Store, make_unary: Callable[..., CompileRequest]) -> None:
+    compile_on(store, make_unary())  # the interpreter: no GPU to tune for
+    art = compile_request(cuda_request(make_unary, sizes=(2, 2)))
+    tuned = Artifact(art.manifest.model_copy(update={"tuned": True}), art.blobs)
+    assert tune.queue_tuning(store, tuned.manifest, cuda_request(make_unary, sizes=(2, 2))) is None
+    assert tune_jobs(store) == [] and store.tune_depths() == {}
+    assert store.queue_depths()["tune"] == {"waiting": 0, "running": 0}
+
+
+def test_cpu_workers_and_other_gpus_never_claim_a_tune_job(store: Store,
+                                                           make_unary: Callable[..., CompileRequest]) -> None:
+    compile_on(store, cuda_request(make_unary))
+    assert store.claim("cpu", block_ms=10) == []
+    assert store.claim("an-sm80", block_ms=10, tune_arch=80) == []
+    [claim] = store.claim("an-sm90", block_ms=10, tune_arch=90)
+    assert claim.job_id == tune_jobs(store)[0].id
+
+
+def test_compile_jobs_come_before_tune_jobs(store: Store, make_unary: Callable[..., CompileRequest]) -> None:
+    compile_on(store, cuda_request(make_unary))
+    other = make_unary(sizes=(3, 3))
+    store.submit(compile_key(other), other.model_dump_json(), "precompile")
+    first = store.claim("gpu", block_ms=10, tune_arch=90)
+    second = store.claim("gpu", block_ms=10, tune_arch=90)
+    assert [store.get_job(c.job_id).kind for c in first + second] == ["compile", "tune"]  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------- tuning
+
+
+def run_tune_job(store: Store, policy: JobPolicy = GPU, consumer: str = "gpu") -> JobRecord:
+    [claim] = store.claim(consumer, block_ms=10, tune_arch=90)
+    job = process_claim(store, claim, worker=consumer, policy=policy)
+    assert job is not None and job.kind == "tune"
+    return job
+
+
+def test_gpu_worker_tunes_the_stored_artifact_and_it_supersedes_the_untuned_one(
+        store: Store, fake_gpu: FakeTuner, make_unary: Callable[..., CompileRequest]) -> None:
+    req = cuda_request(make_unary)
+    req = req.model_copy(update={"options": req.options.model_copy(update={"mode": "max-autotune"})})
+    key = compile_on(store, req).key
+    untuned = store.get_artifact(key)
+    assert untuned is not None
+    job = run_tune_job(store)
+    assert job.state is JobState.DONE, job.error
+    assert list(job.stages) == ["queued", "autotuning", "building", "storing", "done"]
+    assert job.worker == "gpu" and job.stats is not None
+    assert fake_gpu.calls == [(key, "max-autotune", "cuda:0")]  # the mode the request recorded
+
+    tuned = store.get_artifact(key)
+    assert tuned is not None and tuned.manifest.tuned
+    for old, new in zip(untuned.manifest.kernels, tuned.manifest.kernels):
+        assert new.tuning is not None and new.constexprs["XBLOCK"] == old.constexprs["XBLOCK"] // 2
+        # The cubin is rebuilt for the winning config (the build step really ran, for sm_90).
+        assert new.binaries[arch_key(90)] != old.binaries[arch_key(90)]
+        assert new.metadata[f"{arch_key(90)}.num_warps"] == new.num_warps
+    assert store.tune_depths() == {"sm_90": {"waiting": 0, "running": 0}}
+
+    # An untuned put after it (a slow CPU worker) never replaces it, and queues nothing new.
+    store.put_artifact(untuned)
+    assert store.get_manifest(key).tuned  # type: ignore[union-attr]
+    assert store.claim("gpu", block_ms=10, tune_arch=90) == []
+
+
+def test_a_tune_job_for_an_artifact_tuned_meanwhile_does_nothing(
+        store: Store, fake_gpu: FakeTuner, make_unary: Callable[..., CompileRequest]) -> None:
+    req = cuda_request(make_unary)
+    key = compile_on(store, req).key
+    art = store.get_artifact(key)
+    assert art is not None
+    store.put_artifact(Artifact(art.manifest.model_copy(update={"tuned": True}), art.blobs))
+    job = run_tune_job(store)
+    assert job.state is JobState.DONE and fake_gpu.calls == []
+
+
+def test_a_tune_job_whose_artifact_is_gone_fails_without_retrying(
+        store: Store, fake_gpu: FakeTuner, make_unary: Callable[..., CompileRequest]) -> None:
+    key = compile_on(store, cuda_request(make_unary)).key
+    assert store.delete_artifact(key)
+    job = run_tune_job(store)
+    assert job.state is JobState.FAILED and job.error is not None and job.error.error == "NothingToTune"
+    assert fake_gpu.calls == [] and store.dead_letters(10) == []
+    assert store.claim("gpu", block_ms=10, tune_arch=90) == []
+
+
+def test_signed_artifacts_are_verified_before_tuning_and_re_signed(
+        store: Store, fake_gpu: FakeTuner, make_unary: Callable[..., CompileRequest]) -> None:
+    import json
+
+    secret = b"workers-signing-key"
+    signed = replace(CPU, signing_key=secret)
+    key = compile_on(store, cuda_request(make_unary), signed).key
+    job = run_tune_job(store, replace(GPU, signing_key=secret))
+    assert job.state is JobState.DONE
+    found = store.fetch_artifact(key)
+    assert found is not None and found.manifest.tuned
+    assert verify_manifest(json.loads(found.manifest_json), found.signature, secret)
+
+    # A forged (unsigned) untuned artifact is not tuned: a tuned copy would carry a valid signature.
+    other = cuda_request(make_unary, sizes=(8, 8))
+    compile_on(store, other)
+    job = run_tune_job(store, replace(GPU, signing_key=secret))
+    assert job.state is JobState.FAILED and job.error is not None and job.error.error == "NothingToTune"
+    assert not store.get_manifest(compile_key(other)).tuned  # type: ignore[union-attr]
+
+
+def test_a_crashing_tune_job_is_retried_then_dead_lettered(
+        store: Store, make_unary: Callable[..., CompileRequest], monkeypatch: pytest.MonkeyPatch) -> None:
+    tuner = FakeTuner(fail=True)
+    monkeypatch.setattr(tune, "tuning_device", lambda arch, device: device)
+    monkeypatch.setattr(tune, "autotune_for_target", tuner)
+    key = compile_on(store, cuda_request(make_unary)).key
+    policy = replace(GPU, max_attempts=2)
+    first = run_tune_job(store, policy)
+    assert first.state is JobState.QUEUED and first.attempt == 1 and first.error is not None
+    assert store.tune_depths() == {"sm_90": {"waiting": 1, "running": 0}}  # back on its tune queue
+    assert store.claim("cpu", block_ms=10) == []  # still never a CPU worker's
+    second = run_tune_job(store, policy)
+    assert second.state is JobState.FAILED and second.attempt == 2
+    [dead] = store.dead_letters(10)
+    assert (dead["job_id"], dead["key"], dead["kind"]) == (second.id, key, "tune")
+    assert len(tuner.calls) == 2 and not store.get_manifest(key).tuned  # type: ignore[union-attr]
+    # The key may be queued for tuning again later: the single-flight entry went with the job.
+    again = store.submit_tune(key, 90, cuda_request(make_unary).model_dump_json())
+    assert again.created and again.job_id != second.id
+
+
+def test_a_queued_tune_job_can_be_cancelled(store: Store, make_unary: Callable[..., CompileRequest]) -> None:
+    key = compile_on(store, cuda_request(make_unary)).key
+    [job] = tune_jobs(store)
+    assert store.cancel(job.id) == "cancelled"
+    assert store.tune_depths() == {"sm_90": {"waiting": 0, "running": 0}}
+    assert store.claim("gpu", block_ms=10, tune_arch=90) == []
+    assert store.submit_tune(key, 90, "{}").created
+
+
+def test_a_dead_gpu_workers_tune_job_is_taken_over_by_another_gpu(
+        redis_settings: ServiceSettings, fake_gpu: FakeTuner, make_unary: Callable[..., CompileRequest]) -> None:
+    from service.redis_store import RedisStore
+
+    store = RedisStore(redis_settings.model_copy(update={"claim_idle_ms": 100}))
+    try:
+        key = compile_on(store, cuda_request(make_unary)).key
+        [dead] = store.claim("dead-gpu", block_ms=10, tune_arch=90)  # claimed, never acknowledged
+        assert store.mark_started(dead.job_id, "dead-gpu", stage=JobStage.AUTOTUNING) is not None
+        assert store.claim("cpu", block_ms=300) == []  # a CPU worker never takes it over
+        claims: list[Claim] = []
+        for _ in range(100):  # until the entry has been idle for claim_idle_ms
+            claims = store.claim("live-gpu", block_ms=20, tune_arch=90)
+            if claims:
+                break
+        [claim] = claims
+        assert claim.reclaimed and claim.job_id == dead.job_id
+        job = process_claim(store, claim, worker="live-gpu", policy=GPU)
+        assert job is not None and job.state is JobState.DONE and job.attempt == 2 and job.worker == "live-gpu"
+        assert store.get_manifest(key).tuned  # type: ignore[union-attr]
+        assert store.tune_depths() == {"sm_90": {"waiting": 0, "running": 0}}
+    finally:
+        store.close()
