@@ -18,7 +18,7 @@ from compiler_core.artifact import Artifact
 from compiler_core.compile import compile_request
 from compiler_core.graph import rebuild_graph
 from compiler_core.passes import run_passes
-from compiler_core.passes.layout import channels_last_convs, cudnn_layout, relayout_convs, wants_channels_last
+from compiler_core.passes.layout import channels_last_convs, cudnn_layout, cudnn_vals, wants_channels_last
 from compiler_core.wire import CompileOptions, CompileRequest, GraphSpec, Target
 
 aten = torch.ops.aten
@@ -205,15 +205,22 @@ def test_training_graphs_are_left_alone():
 
 def test_cuda_convs_are_laid_out_as_cudnn_lays_them_out():
     """A CPU-only torch fakes a CUDA conv of channels-last operands as contiguous; cuDNN (and the
-    FakeTensors of a CUDA torch) give channels-last. The pass re-derives it, and what follows."""
+    FakeTensors of a CUDA torch) give channels-last. The pass derives cuDNN's layout, and what
+    follows from it, so a CPU worker's plan is a GPU worker's. Here the operands are channels-last
+    already (a model the user converted): no copy, and the output stays channels-last as in eager."""
     x = torch.randn(2, 4, 8, 8).to(memory_format=torch.channels_last)
     w = torch.randn(4, 4, 3, 3).to(memory_format=torch.channels_last)
     spec = on_device(capture(lambda a, b: aten.convolution(a, b, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
                              .relu(), x, w).spec, "cuda")
     gm = rebuild_graph(spec)
-    relayout_convs(gm)
-    (conv,) = nodes(gm, aten.convolution.default)
-    (relu,) = nodes(gm, aten.relu.default)
+    assert not is_cl(nodes(gm, aten.convolution.default)[0])  # this CPU-only torch's answer
+    before = cudnn_vals(gm)
+    assert all(before[n].is_contiguous(memory_format=torch.channels_last) for n in gm.graph.nodes
+               if n.op == "call_function")
+    new_gm, new_spec = channels_last_convs(gm, spec, "cuda")
+    assert new_spec.nodes == spec.nodes and new_spec.outputs == spec.outputs
+    (conv,) = nodes(new_gm, aten.convolution.default)
+    (relu,) = nodes(new_gm, aten.relu.default)
     assert is_cl(conv) and is_cl(relu) and conv.meta["val"].device.type == "cuda"
     assert cudnn_layout(x, w) == "channels_last"
     assert cudnn_layout(x.contiguous(), w.contiguous()) == "contiguous_format"
