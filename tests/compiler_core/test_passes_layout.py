@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from client.capture import Capture, capture_graph
 from client.examples import Bottleneck
 from client.runtime import load_plan
 from compiler_core.artifact import Artifact
+from compiler_core.build import build_artifact, cuda_build_unavailable
 from compiler_core.compile import compile_request
 from compiler_core.graph import rebuild_graph
 from compiler_core.passes import run_passes
@@ -329,3 +331,21 @@ def test_transformed_graph_compiled_for_the_cpu_matches_eager(compiled):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert got.stride() == want.stride()
     assert not runtime._relaid
+
+
+@pytest.mark.skipif(cuda_build_unavailable() is not None, reason="cannot cross-compile for CUDA here")
+def test_channels_last_kernels_build_for_sm90(compiled):
+    """The kernels that read and write NHWC (and the conversions) cross-compile to sm_90 cubins.
+
+    Note: in a process that imported Triton with TRITON_INTERPRET=1 (this suite), `tl.sum` is the
+    interpreter's and reduction kernels do not build (the same with or without this pass; also
+    tests/compiler_core/test_build_new_lowerings.py run alone): only pointwise kernels are checked then.
+    """
+    spec = compiled["spec"]
+    built = build_artifact(compiled["art"], CompileRequest(graph=spec, options=CUDA), 90)
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    checked = [k for k in built.manifest.kernels if not (interpreted and k.name.startswith("fxcc_red_"))]
+    assert len(checked) >= 6
+    for k in checked:
+        assert "sm_90.error" not in k.metadata, k.metadata["sm_90.error"]
+        assert "sm_90" in k.binaries
