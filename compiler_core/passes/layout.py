@@ -64,7 +64,9 @@ MATMULS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten
 
 
 def channels_last_convs(gm: fx.GraphModule, spec: GraphSpec, target: str) -> tuple[fx.GraphModule, GraphSpec]:
-    """`gm` and `spec` with convolutions on channels-last operands, where that pays (else unchanged)."""
+    """`gm` and `spec` with convolutions on channels-last operands, where that pays (else unchanged).
+
+    Static shapes only: a layout picked for one size is not known to pay for another."""
     if target != "cuda" or spec.symbols:
         return gm, spec
     try:
@@ -101,18 +103,19 @@ def wants_channels_last(gm: fx.GraphModule) -> bool:
 
 
 def _plain_conv(node: fx.Node) -> bool:
-    """A conv cuDNN takes in NHWC: 4-D, float, on CUDA, static sizes, not transposed, one group.
+    """A conv cuDNN takes in NHWC: 4-D, float, on CUDA, not transposed, one group.
 
     Note: grouped and depthwise convs go to other kernels on some shapes (and are slower
     channels-last in cuDNN); a graph with one is left as it is, so that no conv meets an
     operand laid out otherwise than the plan's FakeTensors say."""
+    if len(node.args) != 9 or node.kwargs:
+        return False
     x, w = (a.meta.get("val") if isinstance(a, fx.Node) else None for a in node.args[:2])
     if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
         return False
     transposed, groups = node.args[6], node.args[8]
     return (x.dim() == 4 and w.dim() == 4 and x.dtype in DTYPES and w.dtype == x.dtype
-            and x.device.type == "cuda" and not transposed and groups == 1
-            and all(isinstance(s, int) for s in (*x.shape, *w.shape)))
+            and x.device.type == "cuda" and not transposed and groups == 1)
 
 
 def _conv_flops(node: fx.Node) -> int:
@@ -126,10 +129,7 @@ def _mm_flops(node: fx.Node) -> int:
     av = a.meta.get("val") if isinstance(a, fx.Node) else None
     if not isinstance(out, torch.Tensor) or not isinstance(av, torch.Tensor):
         return 0
-    try:
-        return 2 * int(out.numel()) * int(av.shape[-1])
-    except TypeError:  # a symbolic size
-        return 0
+    return 2 * out.numel() * av.shape[-1]
 
 
 # ---------------------------------------------------------------- how
