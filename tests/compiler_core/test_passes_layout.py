@@ -20,7 +20,13 @@ from compiler_core.build import build_artifact, cuda_build_unavailable
 from compiler_core.compile import compile_request
 from compiler_core.graph import rebuild_graph
 from compiler_core.passes import run_passes
-from compiler_core.passes.layout import channels_last_convs, cudnn_layout, cudnn_vals, wants_channels_last
+from compiler_core.passes.layout import (
+    MAX_RESTORED_OUTPUTS,
+    channels_last_convs,
+    cudnn_layout,
+    cudnn_vals,
+    wants_channels_last,
+)
 from compiler_core.wire import CompileOptions, CompileRequest, GraphSpec, Target
 
 aten = torch.ops.aten
@@ -134,6 +140,30 @@ def test_a_4d_output_keeps_eagers_strides():
     (out,) = next(iter(reversed(new_gm.graph.nodes))).args[0]
     assert out.target is aten.clone.default and is_cl(out.args[0])
     assert out.meta["val"].is_contiguous()
+    assert_same_outputs(gm, new_gm, inputs)
+
+
+@pytest.mark.parametrize("maps", [2, MAX_RESTORED_OUTPUTS + 1])
+def test_feature_maps_returned_are_copied_back_up_to_a_limit(maps):
+    """A net returning several feature maps (a detection backbone): each comes back contiguous
+    through one copy; past MAX_RESTORED_OUTPUTS copies the pass does not pay and stays out."""
+    torch.manual_seed(0)
+    convs = nn.ModuleList(nn.Conv2d(8, 8, 3, padding=1) for _ in range(maps))
+
+    def backbone(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        feats = []
+        for conv in convs:
+            x = conv(x).relu()
+            feats.append(x * 2)
+        return tuple(feats)
+    spec, inputs = cuda_spec(backbone, torch.randn(2, 8, 8, 8))
+    gm = rebuild_graph(spec)
+    new_gm, new_spec = channels_last_convs(gm, spec, "cuda")
+    if maps > MAX_RESTORED_OUTPUTS:
+        assert (new_gm, new_spec) == (gm, spec)
+        return
+    assert sum(n.name.endswith("_fxout") for n in new_spec.nodes) == maps
+    assert all(is_cl(c) for c in nodes(new_gm, aten.convolution.default))
     assert_same_outputs(gm, new_gm, inputs)
 
 
