@@ -88,12 +88,13 @@ def channels_last_convs(gm: fx.GraphModule, spec: GraphSpec, target: str) -> tup
 def wants_channels_last(gm: fx.GraphModule) -> bool:
     """Whether the graph is a CUDA conv net in inference whose convs cuDNN runs channels-last:
     every conv a plain 2-D one (float, not transposed, not grouped), most of the matmul work in
-    convs, no op that reads memory layout or belongs to a backward, no conv operand returned."""
+    convs, no op that reads memory layout, writes a tensor or belongs to a backward, no conv
+    operand returned."""
     convs = [n for n in gm.graph.nodes if _is_conv(n)]
     if not convs or not all(_plain_conv(n) for n in convs):
         return False
-    if any(n.op == "call_function" and n.target in LAYOUT_READERS for n in gm.graph.nodes):
-        return False
+    if any(n.target in LAYOUT_READERS or _mutates(n) for n in _calls(gm)):
+        return False  # other bytes under a new layout; a copy read after its source is written
     operands = {a for n in convs for a in n.args[:2]}
     if operands.intersection(_output_args(gm)):
         return False  # a training forward: it returns its convs' operands for the backward
@@ -306,6 +307,11 @@ def _fake_mode(gm: fx.GraphModule) -> Any:
         if mode is not None:
             return mode
     raise ValueError("no FakeTensor in the graph")
+
+
+def _mutates(node: fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    return bool(schema is not None and schema.is_mutable)
 
 
 def _is_conv(node: fx.Node) -> bool:

@@ -181,7 +181,8 @@ def test_a_flattening_view_reads_a_contiguous_copy():
     assert_same_outputs(gm, new_gm, inputs)
 
 
-@pytest.mark.parametrize("case", ["interpret", "grouped", "transposed", "matmul_bound", "conv1d", "float64"])
+@pytest.mark.parametrize("case", ["interpret", "grouped", "transposed", "matmul_bound", "conv1d", "float64",
+                                  "mutation"])
 def test_left_alone(case):
     x = torch.randn(2, 8, 8, 8)
     model: nn.Module = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU())
@@ -195,8 +196,12 @@ def test_left_alone(case):
         model, x = nn.Sequential(nn.Conv1d(8, 8, 3), nn.ReLU()), torch.randn(2, 8, 16)
     elif case == "float64":
         model, x = model.double(), x.double()
+    elif case == "mutation":
+        model = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(inplace=True))
     spec, _ = cuda_spec(model.eval(), x)
     gm = rebuild_graph(spec)
+    if case == "mutation":
+        assert any(n.target is aten.relu_.default for n in gm.graph.nodes)
     assert channels_last_convs(gm, spec, "interpret" if case == "interpret" else "cuda") == (gm, spec)
 
 
