@@ -13,7 +13,9 @@ if TYPE_CHECKING:
 def run_passes(gm: fx.GraphModule, spec: GraphSpec, target: str) -> tuple[fx.GraphModule, GraphSpec]:
     """Every pass, in order (the compile and the build's dtype lookup see the same graph)."""
     from compiler_core.passes.attention import fuse_attention
+    from compiler_core.passes.layout import channels_last_convs
     from compiler_core.passes.pad_mm import pad_matmuls
 
     gm, spec = fuse_attention(gm, spec, target)
-    return pad_matmuls(gm, spec, target)
+    gm, spec = pad_matmuls(gm, spec, target)
+    return channels_last_convs(gm, spec, target)

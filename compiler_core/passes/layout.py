@@ -1,0 +1,352 @@
+"""Channels-last convolutions (CUDA targets): conv inputs and weights in NHWC, graph outputs as before.
+
+cuDNN's fast convolution kernels on sm80+ work in NHWC. Given NCHW tensors, cuDNN transposes the
+input to NHWC and the result back around every call (ResNet-50 at batch 32 on the H200: about
+0.6 ms of 3.9 ms in `nchwToNhwc` / `nhwcToNchw` kernels). This pass rewrites the graph so that
+every convolution reads channels-last operands:
+
+    x_cl = clone(x, memory_format=channels_last)     # once per tensor, however many convs read it
+    y = convolution(x_cl, w_cl, ...)                 # cuDNN returns y channels-last too
+
+and lets the layout flow as eager's would: BatchNorm, ReLU and residual adds of channels-last
+tensors give channels-last results (TensorIterator keeps its operands' layout), so the next
+conv's input is already channels-last and its copy is dropped. What is left are the one-time
+conversions of the graph inputs and weights (a 1×1 weight is already channels-last).
+
+Note: fxcc writes every value in eager's layout as the FakeTensors give it (a realized buffer,
+an extern call's operand, a graph output), and fuses a copy into the kernel that computes its
+input. So the pass only has to make the FakeTensor strides what it wants: the producers of a
+conv input then write NHWC directly, in the kernel they were fused into anyway.
+
+Note: a CPU-only torch fakes a CUDA convolution as contiguous whatever its operands' layout (its
+conv backend choice sees no cuDNN), while cuDNN returns channels-last. The plan reads an extern
+result with its FakeTensor's strides (the runtime re-lays a result that differs, at the cost of
+a copy), so the pass re-derives each convolution's layout as cuDNN picks it
+(`cudnn_layout`), and every node after it: a CPU worker and a GPU worker give one plan.
+
+Note: the graph's outputs keep the strides they had without the pass (a copy back where they
+changed). Training graphs are left alone: a backward has convolution_backward, and a forward
+returns its convs' operands (saved for the backward), whose copies back would cost more than
+the pass gains. Channels-last training would need the saved tensors to cross from forward to
+backward in NHWC, which the backward's captured input strides do not allow.
+"""
+
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+from torch import fx
+from torch._prims_common import suggest_memory_format
+
+from compiler_core.wire import Arg, GraphSpec, MemoryFormatArg, Node, NodeRef
+
+log = logging.getLogger("fxcc.passes.layout")
+aten = torch.ops.aten
+
+CHANNELS_LAST = "channels_last"
+CONTIGUOUS = "contiguous_format"
+_FORMATS = {CHANNELS_LAST: torch.channels_last, CONTIGUOUS: torch.contiguous_format}
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Outputs copied back into their old layout: an inference graph has one or a few (a detection
+# net's feature maps).
+MAX_RESTORED_OUTPUTS = 4
+# Ops whose values depend on their input's memory layout, not only on its elements (and the
+# backward's conv).
+LAYOUT_READERS = frozenset({aten.as_strided.default, aten.as_strided_scatter.default,
+                            aten.view.dtype, aten.convolution_backward.default})
+# Views that need strides compatible with their sizes: their 4-D inputs stay contiguous.
+STRICT_VIEWS = frozenset({aten.view.default, aten._unsafe_view.default})
+MATMULS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default})
+
+
+def channels_last_convs(gm: fx.GraphModule, spec: GraphSpec, target: str) -> tuple[fx.GraphModule, GraphSpec]:
+    """`gm` and `spec` with convolutions on channels-last operands, where that pays (else unchanged).
+
+    Static shapes only: a layout picked for one size is not known to pay for another."""
+    if target != "cuda" or spec.symbols:
+        return gm, spec
+    try:
+        found = lay_out(gm, spec) if wants_channels_last(gm) else None
+    except Exception as e:  # noqa: BLE001 - an unsure rewrite is no rewrite
+        log.warning("channels-last pass skipped: %s: %s", type(e).__name__, e)
+        return gm, spec
+    if found is None:
+        return gm, spec
+    new_gm, new_spec = found
+    log.info("channels-last pass: %d conv(s), %d copy node(s) added",
+             sum(1 for n in new_gm.graph.nodes if _is_conv(n)), len(new_spec.nodes) - len(spec.nodes))
+    return new_gm, new_spec
+
+
+# ---------------------------------------------------------------- when
+
+
+def wants_channels_last(gm: fx.GraphModule) -> bool:
+    """Whether the graph is a CUDA conv net in inference whose convs cuDNN runs channels-last:
+    every conv a plain 2-D one (float, not transposed, not grouped), most of the matmul work in
+    convs, no op that reads memory layout, writes a tensor or belongs to a backward, no conv
+    operand returned."""
+    convs = [n for n in gm.graph.nodes if _is_conv(n)]
+    if not convs or not all(_plain_conv(n) for n in convs):
+        return False
+    if any(n.target in LAYOUT_READERS or _mutates(n) for n in _calls(gm)):
+        return False  # other bytes under a new layout; a copy read after its source is written
+    operands = {a for n in convs for a in n.args[:2]}
+    if operands.intersection(_output_args(gm)):
+        return False  # a training forward: it returns its convs' operands for the backward
+    conv_flops = sum(_conv_flops(n) for n in convs)
+    mm_flops = sum(_mm_flops(n) for n in _calls(gm) if n.target in MATMULS)
+    return conv_flops >= mm_flops
+
+
+def _plain_conv(node: fx.Node) -> bool:
+    """A conv cuDNN takes in NHWC: 4-D, float, on CUDA, not transposed, one group.
+
+    Note: grouped and depthwise convs go to other kernels on some shapes (and are slower
+    channels-last in cuDNN); a graph with one is left as it is, so that no conv meets an
+    operand laid out otherwise than the plan's FakeTensors say."""
+    if len(node.args) != 9 or node.kwargs:
+        return False
+    x, w = (a.meta.get("val") if isinstance(a, fx.Node) else None for a in node.args[:2])
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+        return False
+    transposed, groups = node.args[6], node.args[8]
+    return (x.dim() == 4 and w.dim() == 4 and x.dtype in DTYPES and w.dtype == x.dtype
+            and x.device.type == "cuda" and not transposed and groups == 1)
+
+
+def _conv_flops(node: fx.Node) -> int:
+    out, w = node.meta["val"], node.args[1].meta["val"]
+    return 2 * out.numel() * math.prod(w.shape[1:])
+
+
+def _mm_flops(node: fx.Node) -> int:
+    out = node.meta.get("val")
+    a = node.args[1] if node.target in (aten.addmm.default, aten.baddbmm.default) else node.args[0]
+    av = a.meta.get("val") if isinstance(a, fx.Node) else None
+    if not isinstance(out, torch.Tensor) or not isinstance(av, torch.Tensor):
+        return 0
+    return 2 * out.numel() * av.shape[-1]
+
+
+# ---------------------------------------------------------------- how
+
+
+def lay_out(gm: fx.GraphModule, spec: GraphSpec) -> tuple[fx.GraphModule, GraphSpec] | None:
+    """The rewritten graph and spec, or None where the outputs would need too many copies back.
+
+    One walk in graph order, re-deriving each node's FakeTensor on the way: a conv operand not
+    channels-last by then is read through a copy (one per tensor), a strict view's 4-D input not
+    contiguous likewise; at the end, each output whose strides changed is copied back."""
+    before = cudnn_vals(gm)
+    walk = Rewrite(gm, spec)
+    for node, wire in zip(_calls(gm), spec.nodes, strict=True):
+        walk.add(node, wire)
+    outputs: list[tuple[Any, Arg]] = []
+    restored = 0
+    for arg, wire in zip(_output_args(gm), spec.outputs, strict=True):
+        old = before.get(arg) if isinstance(arg, fx.Node) else None
+        if not isinstance(old, torch.Tensor):
+            outputs.append((walk.env[arg] if isinstance(arg, fx.Node) else arg, wire))
+            continue
+        new = walk.env[arg]
+        if new.meta["val"].stride() != old.stride():
+            fmt = _format_of(old)
+            if fmt is None:
+                return None  # an output in a layout no clone gives back
+            new = walk.copy(new, fmt, "fxout")
+            restored += 1
+        if not _same_strides(old, new.meta["val"]):
+            raise RuntimeError(f"output {arg.name} would come out with strides "
+                               f"{tuple(new.meta['val'].stride())}, not {tuple(old.stride())}")
+        outputs.append((new, NodeRef(name=new.name)))
+    if restored > MAX_RESTORED_OUTPUTS:
+        log.debug("channels-last pass skipped: %d outputs would need copying back", restored)
+        return None
+    return walk.finish(outputs)
+
+
+class Rewrite:
+    """The new graph and spec, built node by node: each original node (its operands swapped for
+    their copies where it needs them) after those copies. Nodes keep their names."""
+
+    def __init__(self, gm: fx.GraphModule, spec: GraphSpec) -> None:
+        self.spec = spec
+        self.mode = _fake_mode(gm)
+        self.graph = fx.Graph()
+        self.env: dict[fx.Node, fx.Node] = {}
+        self.nodes: list[Node] = []
+        self.made: dict[tuple[fx.Node, str], fx.Node] = {}
+        self.taken = {p.name for p in spec.placeholders} | {n.name for n in spec.nodes}
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                new = self.graph.placeholder(node.name)
+                new.meta["val"] = node.meta["val"]
+                self.env[node] = new
+
+    def add(self, node: fx.Node, wire: Node) -> None:
+        args = list(fx.node.map_arg(node.args, self.env.__getitem__))
+        wire_args = list(wire.args)
+        if _is_conv(node):
+            for i in (0, 1):
+                args[i], wire_args[i] = self.operand(args[i], wire_args[i], CHANNELS_LAST, "fxcl")
+        elif node.target in STRICT_VIEWS and _is_4d_intermediate(node.args[0]):
+            args[0], wire_args[0] = self.operand(args[0], wire_args[0], CONTIGUOUS, "fxnchw")
+        kwargs = fx.node.map_arg(node.kwargs, self.env.__getitem__)
+        self.env[node] = self.call(node.target, tuple(args), kwargs, wire.name)
+        self.nodes.append(wire if wire_args == list(wire.args) else wire.model_copy(update={"args": wire_args}))
+
+    def operand(self, arg: Any, wire: Arg, fmt: str, stem: str) -> tuple[Any, Arg]:
+        """`arg` (a node of the new graph) as a reader gets it: itself where it is laid out as
+        `fmt`, else its copy."""
+        if not isinstance(arg, fx.Node) or not isinstance(wire, NodeRef) or _has_format(arg.meta["val"], fmt):
+            return arg, wire
+        copy = self.copy(arg, fmt, stem)
+        return copy, NodeRef(name=copy.name)
+
+    def copy(self, node: fx.Node, fmt: str, stem: str) -> fx.Node:
+        """A clone of `node` (of the new graph) in memory format `fmt`: one per node and format."""
+        key = (node, fmt)
+        if key not in self.made:
+            name = self.fresh_name(f"{node.name}_{stem}")
+            self.made[key] = self.call(aten.clone.default, (node,), {"memory_format": _FORMATS[fmt]}, name)
+            self.nodes.append(Node(name=name, target="aten.clone.default", args=[NodeRef(name=node.name)],
+                                   kwargs={"memory_format": MemoryFormatArg(value=fmt)}))
+        return self.made[key]
+
+    def call(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> fx.Node:
+        """A node of the new graph with its FakeTensor (a conv's in cuDNN's layout)."""
+        new = self.graph.call_function(target, args, kwargs)
+        new.name = name
+        vals = fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
+        new.meta["val"] = _fake_run(self.mode, target, *vals)
+        return new
+
+    def fresh_name(self, stem: str) -> str:
+        base = stem[:120]
+        name, i = base, 0
+        while name in self.taken:
+            i += 1
+            name = f"{base}{i}"
+        self.taken.add(name)
+        return name
+
+    def finish(self, outputs: list[tuple[Any, Arg]]) -> tuple[fx.GraphModule, GraphSpec]:
+        self.graph.output(tuple(node for node, _ in outputs))
+        gm = fx.GraphModule(torch.nn.Module(), self.graph)
+        gm.meta["fxcc_syms"] = None
+        spec = GraphSpec.model_validate({**self.spec.model_dump(), "nodes": [n.model_dump() for n in self.nodes],
+                                         "outputs": [w.model_dump() for _, w in outputs]})
+        return gm, spec
+
+
+def cudnn_vals(gm: fx.GraphModule) -> dict[fx.Node, Any]:
+    """Each node's FakeTensor as eager on a CUDA device gives it: convs in cuDNN's layout, and the
+    nodes after a conv re-derived where its layout changed (only on a CPU-only torch, and only
+    where a conv operand is channels-last: then eager's output strides are these)."""
+    mode = _fake_mode(gm)
+    vals: dict[fx.Node, Any] = {n: n.meta.get("val") for n in gm.graph.nodes}
+    changed: set[fx.Node] = set()
+    for node in _calls(gm):
+        val = vals[node]
+        if changed.intersection(node.all_input_nodes):
+            val = _fake_run(mode, node.target, *fx.node.map_arg((node.args, node.kwargs), vals.__getitem__))
+        elif _is_conv(node):
+            val = _in_cudnn_layout(mode, val, vals[node.args[0]], vals[node.args[1]])
+        if not _same_meta(val, vals[node]):
+            vals[node] = val
+            changed.add(node)
+    return vals
+
+
+def _fake_run(mode: Any, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`target` on FakeTensors; a conv's result in the layout cuDNN gives it."""
+    with mode:
+        val = target(*args, **kwargs)
+    if target is aten.convolution.default:
+        val = _in_cudnn_layout(mode, val, args[0], args[1])
+    return val
+
+
+def _in_cudnn_layout(mode: Any, val: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    fmt = _FORMATS[cudnn_layout(x, w)]
+    if val.is_contiguous(memory_format=fmt) and suggest_memory_format(val) == fmt:
+        return val
+    with mode:
+        return aten.clone.default(val, memory_format=fmt)
+
+
+def cudnn_layout(x: torch.Tensor, w: torch.Tensor) -> str:
+    """The memory format cuDNN gives a 2-D conv's result: channels-last when either operand
+    suggests it (aten's `cudnn_conv_suggest_memory_format`), except in float64."""
+    if x.dtype == torch.float64 or w.dim() != 4:
+        return CONTIGUOUS
+    cl = suggest_memory_format(x) == torch.channels_last or suggest_memory_format(w) == torch.channels_last
+    return CHANNELS_LAST if cl else CONTIGUOUS
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _calls(gm: fx.GraphModule) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def _output_args(gm: fx.GraphModule) -> tuple[Any, ...]:
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    return tuple(out.args[0])
+
+
+def _fake_mode(gm: fx.GraphModule) -> Any:
+    for n in gm.graph.nodes:
+        mode = getattr(n.meta.get("val"), "fake_mode", None)
+        if mode is not None:
+            return mode
+    raise ValueError("no FakeTensor in the graph")
+
+
+def _mutates(node: fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    return bool(schema is not None and schema.is_mutable)
+
+
+def _is_conv(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is aten.convolution.default
+
+
+def _is_4d_intermediate(arg: Any) -> bool:
+    if not isinstance(arg, fx.Node) or arg.op == "placeholder":
+        return False
+    val = arg.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dim() == 4
+
+
+def _has_format(val: Any, fmt: str) -> bool:
+    """Whether `val` is laid out as `fmt` lays out its sizes (strides of size-1 dims aside)."""
+    return isinstance(val, torch.Tensor) and val.is_contiguous(memory_format=_FORMATS[fmt])
+
+
+def _format_of(val: torch.Tensor) -> str | None:
+    """The memory format a clone gives `val`'s layout back with, if any."""
+    if _has_format(val, CONTIGUOUS):
+        return CONTIGUOUS
+    if val.dim() == 4 and _has_format(val, CHANNELS_LAST):
+        return CHANNELS_LAST
+    return None
+
+
+def _same_strides(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and all(n == 1 or x == y for n, x, y in zip(a.shape, a.stride(), b.stride()))
+
+
+def _same_meta(a: Any, b: Any) -> bool:
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same_meta(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return (a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+                and a.storage_offset() == b.storage_offset())
+    return a is b or a == b

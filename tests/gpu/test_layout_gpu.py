@@ -1,0 +1,72 @@
+"""On a GPU: conv nets compiled with the channels-last pass match eager, and cuDNN lays its results
+out as the plan expects (no extern result re-laid at run time). Skipped without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
+]
+
+
+def _channels_last(sizes: list[int], strides: list[int]) -> bool:
+    _, c, h, w = sizes
+    return all(sz == 1 or a == b for sz, a, b in zip(sizes, strides, [h * w * c, 1, w * c, c]))
+
+
+@pytest.mark.usefixtures("no_tf32")
+def test_small_resnet_runs_its_convs_channels_last_and_matches_eager():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from client import runtime
+    from client.backend import decomposition_table
+    from client.capture import capture_graph
+    from client.runtime import load_plan
+    from compiler_core.build import compile_and_build
+    from compiler_core.wire import CompileOptions, CompileRequest, Target
+    from tests.compiler_core.test_passes_layout import small_resnet
+
+    model = small_resnet().cuda()
+    x = torch.randn(4, 3, 64, 64, device="cuda")
+    with torch.no_grad():
+        gm = make_fx(model, decomposition_table=decomposition_table())(x)
+        expected = model(x)
+    cap = capture_graph(gm, [x])
+    major, minor = torch.cuda.get_device_capability()
+    target = Target(kind="cuda", arch=major * 10 + minor)
+    art = compile_and_build(CompileRequest(graph=cap.spec, options=CompileOptions(target=target)))
+    convs = [s for s in art.manifest.plan.steps if s.kind == "extern" and s.op == "aten.convolution.default"]
+    assert len(convs) == 8
+    runtime._relaid.clear()
+    with torch.no_grad():
+        (got,) = load_plan(art)([x, *cap.constants])
+        torch.cuda.synchronize()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert got.stride() == expected.stride()
+    # cuDNN returned every conv channels-last, as the plan reads it: nothing was copied
+    sizes = {n.name: list(n.meta["val"].shape) for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)}
+    assert all(_channels_last(sizes[c.out], c.expect_strides) for c in convs)
+    assert not runtime._relaid, sorted(runtime._relaid)
+
+
+@pytest.mark.usefixtures("no_tf32", "fresh_compiles")
+@pytest.mark.parametrize("stride", [1, 2], ids=["identity_shortcut", "downsample"])
+def test_bottleneck_through_torch_compile_matches_eager(stride, monkeypatch):
+    from client import runtime
+    from client.backend import fxcc_backend
+    from client.examples import Bottleneck
+
+    monkeypatch.setenv("FXCC_FALLBACK", "error")
+    torch.manual_seed(0)
+    model = Bottleneck(32, 8 if stride == 1 else 16, stride).cuda().eval()
+    x = torch.randn(8, 32, 28, 28, device="cuda")
+    runtime._relaid.clear()
+    with torch.no_grad():
+        expected = model(x)
+        got = torch.compile(model, backend=fxcc_backend)(x)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert got.stride() == expected.stride()
+    assert not runtime._relaid, sorted(runtime._relaid)
