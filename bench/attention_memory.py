@@ -8,7 +8,7 @@ size), compiles it with and without `compiler_core.passes.attention`, and prints
 `peak_alloc_mb` (plan.peak_alloc_bytes: the plan's own AllocStep buffers) and `peak_live_mb` (every
 storage alive at once while the plan runs, extern results included, replayed on FakeTensors: what
 the device allocator would hold beyond the inputs, before rounding and library workspaces), and
-the kernel count. Prints one JSON line.
+the kernel count. Prints one JSON line. `bench.plan_memory` does the same for every benchmark workload.
 """
 
 from __future__ import annotations
@@ -20,16 +20,15 @@ from unittest import mock
 
 import torch
 from torch._functorch.aot_autograd import aot_module_simplified
-from torch._subclasses.fake_tensor import FakeTensorMode
 
+from bench.plan_memory import peak_live_bytes
 from client.backend import decomposition_table
 from client.capture import capture_graph
 from client.examples import TransformerBlock
 from compiler_core import compile as pipeline
-from compiler_core.artifact import AllocStep, ExternStep, FreeStep, Plan
-from compiler_core.graph import decode_arg
+from compiler_core.passes import attention
 from compiler_core.plan import peak_alloc_bytes
-from compiler_core.wire import CompileOptions, CompileRequest, GraphSpec, Target, resolve_target, torch_dtype
+from compiler_core.wire import CompileOptions, CompileRequest, GraphSpec, Target
 
 MB = 1 << 20
 
@@ -58,60 +57,12 @@ def capture_block(batch: int, seq: int, d_model: int, heads: int, device: str) -
     return spec.model_copy(update={"placeholders": placeholders})
 
 
-def peak_live_bytes(plan: Plan, spec: GraphSpec) -> int:
-    """Most bytes of storage (inputs excluded) alive at once when `plan` runs, replayed on FakeTensors."""
-    mode = FakeTensorMode(allow_non_fake_inputs=False)
-    env: dict[str, Any] = {}
-    with mode:
-        for p in spec.placeholders:
-            s = p.spec
-            env[p.name] = torch.empty_strided(s.sizes, s.strides, dtype=torch_dtype(s.dtype), device=s.device)
-    inputs = {_storage(t) for t in env.values()}
-    device = spec.placeholders[0].spec.device  # as the runtime: AllocSteps go where the inputs are
-    peak = 0
-    for step in plan.steps:
-        if isinstance(step, AllocStep):
-            s = step.spec
-            with mode:
-                env[step.out] = (env.pop(step.reuse).as_strided(s.sizes, s.strides, 0) if step.reuse else
-                                 torch.empty_strided(s.sizes, s.strides, dtype=torch_dtype(s.dtype), device=device))
-        elif isinstance(step, ExternStep):
-            op = resolve_target(step.op)
-            with mode:
-                env[step.out] = op(*(decode_arg(a, env) for a in step.args),
-                                   **{k: decode_arg(v, env) for k, v in step.kwargs.items()})
-        elif isinstance(step, FreeStep):
-            for n in step.names:
-                env.pop(n, None)
-        live = {_storage(t): _nbytes(t) for t in _tensors(env.values())}
-        peak = max(peak, sum(b for s, b in live.items() if s not in inputs))
-    return peak
-
-
-def _tensors(values: Any) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-        elif isinstance(v, (tuple, list)):
-            out.extend(_tensors(v))
-    return out
-
-
-def _storage(t: torch.Tensor) -> int:
-    return id(t.untyped_storage())
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.untyped_storage().nbytes()
-
-
 def measure(spec: GraphSpec, target: Target, with_pass: bool) -> dict[str, Any]:
     request = CompileRequest(graph=spec, options=CompileOptions(target=target))
     if with_pass:
         art = pipeline.compile_request(request)
     else:
-        with mock.patch.object(pipeline, "fuse_attention", lambda gm, graph, target: (gm, graph)):
+        with mock.patch.object(attention, "fuse_attention", lambda gm, graph, target: (gm, graph)):
             art = pipeline.compile_request(request)
     plan, stats = art.manifest.plan, art.manifest.stats
     return {"kernels": stats.kernels, "extern_ops": stats.extern_ops,

@@ -156,30 +156,29 @@ class PlanRunner:
     def _alloc(step: AllocStep) -> Callable[[dict[str, Any]], None]:
         spec = step.spec
         dtype = torch_dtype(spec.dtype)
+        out, reuse = step.out, step.reuse
         if spec.symbolic:
-            shape = compile_exprs([str(x) for x in (*spec.sizes, *spec.strides)])
-            rank, out = len(spec.sizes), step.out
+            evaluate = compile_exprs([str(x) for x in (*spec.sizes, *spec.strides)])
+            rank = len(spec.sizes)
 
-            def alloc_symbolic(env: dict[str, Any]) -> None:
-                vals = shape(env[SYMS])
-                env[out] = torch.empty_strided(vals[:rank], vals[rank:], dtype=dtype,
-                                               device=env["__device__"])
-            return alloc_symbolic
+            def shape(env: dict[str, Any]) -> tuple[list[int], list[int]]:
+                vals = evaluate(env[SYMS])
+                return vals[:rank], vals[rank:]
+        else:
+            fixed = (list(spec.sizes), list(spec.strides))
 
-        if step.reuse is not None:
-            reuse = step.reuse
+            def shape(env: dict[str, Any]) -> tuple[list[int], list[int]]:
+                return fixed
 
+        if reuse is not None:
             def take(env: dict[str, Any]) -> None:
-                # Same storage, offset 0: the base pointer (and so its alignment) is the old one's.
-                old = env.pop(reuse)
-                if old.dtype != dtype:
-                    raise ArtifactError(f"{step.out} reuses {reuse} of dtype {old.dtype}, not {dtype}")
-                env[step.out] = old.as_strided(spec.sizes, spec.strides, 0)
+                sizes, strides = shape(env)
+                env[out] = _take_storage(env.pop(reuse), sizes, strides, dtype, env["__device__"], step)
             return take
 
         def run(env: dict[str, Any]) -> None:
-            env[step.out] = torch.empty_strided(spec.sizes, spec.strides, dtype=dtype,
-                                                device=env["__device__"])
+            sizes, strides = shape(env)
+            env[out] = torch.empty_strided(sizes, strides, dtype=dtype, device=env["__device__"])
         return run
 
     @staticmethod
@@ -258,6 +257,32 @@ def _in_layout(value: Any, strides: tuple[int, ...], step: ExternStep) -> Any:
 
 
 _relaid: set[str] = set()
+
+
+def _take_storage(old: Any, sizes: list[int], strides: list[int], dtype: torch.dtype,
+                  device: torch.device, step: AllocStep) -> torch.Tensor:
+    """A tensor of `sizes`/`strides` at `old`'s data pointer, in its storage (AllocStep.reuse).
+
+    Note: the plan names in `reuse` a buffer of its own or a fresh extern result whose dtype,
+    device and layout it knows. Should torch have handed back something else (another dtype or
+    device, a storage too small from that pointer on), the step gets fresh memory instead,
+    holding `old`'s values when the shapes agree: a kernel writing in place reads there what it
+    would have read from `old`, so the plan stays right, only without the saving.
+    """
+    if isinstance(old, torch.Tensor) and old.dtype == dtype and old.device == device:
+        span = 1 + sum((n - 1) * st for n, st in zip(sizes, strides)) if all(sizes) else 0
+        if (old.storage_offset() + span) * dtype.itemsize <= old.untyped_storage().nbytes():
+            return old.as_strided(sizes, strides, old.storage_offset())
+    if step.out not in _untaken:
+        _untaken.add(step.out)
+        log.info("fxcc: %s cannot take the storage of %s: allocating", step.out, step.reuse)
+    fresh = torch.empty_strided(sizes, strides, dtype=dtype, device=device)
+    if isinstance(old, torch.Tensor) and list(old.shape) == list(sizes):
+        fresh.copy_(old)
+    return fresh
+
+
+_untaken: set[str] = set()
 
 
 # ---------------------------------------------------------------- symbolic sizes

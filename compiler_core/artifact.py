@@ -20,7 +20,12 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from compiler_core.errors import ArtifactError
 from compiler_core.wire import Arg, IntArg, Name, NodeRef, SizeText, SymArg, Target, TensorSpec
 
-MANIFEST_VERSION = 1
+# Note: 2 lets AllocStep.reuse name a fresh extern result, taken at its data pointer (a kernel
+# writing in place of torch's tensor). A version-1 plan means the same under version 2 (it reuses
+# only its own buffers, which start at offset 0), so both load; a runtime that knows only 1
+# rejects a version-2 manifest as malformed (its client then runs the graph eagerly) instead of
+# taking storage from the wrong address.
+MANIFEST_VERSION = 2
 
 
 class _Model(BaseModel):
@@ -60,8 +65,11 @@ class ExternStep(_Model):
 class AllocStep(_Model):
     """Allocate an uninitialised buffer (torch.empty_strided) for a kernel to write.
 
-    With `reuse`, take instead the storage of that dead buffer (same dtype, at least as many
-    bytes, same device) and drop its name: no FreeStep drops it, this step does.
+    With `reuse`, take instead the storage of that buffer (a buffer of the plan's, or a fresh
+    extern result) from its data pointer on, and drop its name: no FreeStep drops it, this step
+    does. It has the same dtype and device and enough bytes from there (the runtime checks, and
+    allocates where torch gave it less). The buffer is dead, or the next kernel's input that it
+    reads only where it writes this one (written in place: that kernel reads this name for it).
     """
 
     kind: Literal["alloc"] = "alloc"
@@ -180,7 +188,7 @@ class Versions(_Model):
 
 
 class ArtifactManifest(_Model):
-    schema_version: Literal[1] = MANIFEST_VERSION
+    schema_version: Literal[1, 2] = MANIFEST_VERSION
     key: str
     versions: Versions
     target: Target

@@ -12,7 +12,7 @@ from compiler_core.artifact import AllocStep, ExternStep, FreeStep, KernelStep, 
 from compiler_core.codegen.triton import RenderedKernel
 from compiler_core.ir.nodes import Buffer
 from compiler_core.lowering import ExternCall, GraphLowering, size_arg
-from compiler_core.scheduler import Kernel
+from compiler_core.scheduler import Kernel, inplace_reads
 from compiler_core.symbolic import is_symbolic
 from compiler_core.symexpr import dump
 from compiler_core.wire import (
@@ -31,9 +31,11 @@ Step = AllocStep | ExternStep | KernelStep | FreeStep
 
 def build_plan(g: GraphLowering, items: Sequence[Kernel | ExternCall],
                rendered: dict[int, RenderedKernel]) -> Plan:
-    """Steps in schedule order; each buffer is freed right after its last reader."""
+    """Steps in schedule order; each buffer is freed right after its last reader, kernels write
+    in place of inputs that die with them, and (static sizes) buffers take dead buffers' storage."""
     steps: list[Step] = []
     reads: list[list[str]] = []
+    inplace: list[dict[str, list[str]]] = []  # per kernel: scheduler.inplace_reads
     for i, item in enumerate(items):
         if isinstance(item, ExternCall):
             expect = None if item.expect_strides is None else [size_text(x) for x in item.expect_strides]
@@ -53,9 +55,11 @@ def build_plan(g: GraphLowering, items: Sequence[Kernel | ExternCall],
         args += [size_arg(s) for s in rk.size_args]
         steps.append(KernelStep(kernel=rk.name, args=args, grid=[size_text(x) for x in rk.grid]))
         reads.append(list(rk.args))
-    planned = _with_frees(steps, reads, g.outputs)
+        inplace.append(inplace_reads(item, g.buffers))
+    planned = write_in_place(_with_frees(steps, reads, g.outputs), inplace, g.outputs)
     # Note: with symbolic sizes, storage reuse would compare byte counts that differ per call;
-    # such plans allocate every buffer (frees still return memory to torch's caching allocator).
+    # such plans allocate every buffer but those written in place, which take a buffer of their
+    # very layout (frees still return memory to torch's caching allocator).
     final = planned if g.symbols else reuse_buffers(planned, g.outputs)
     return Plan(inputs=list(g.inputs), steps=final, outputs=g.outputs, symbols=g.symbols,
                 guards=g.guards, input_strides=g.input_strides)
@@ -85,6 +89,79 @@ def _with_frees(steps: list[Step], reads: list[list[str]], outputs: Sequence) ->
     return out
 
 
+# ---------------------------------------------------------------- writing in place
+
+
+def write_in_place(steps: Sequence[Step], candidates: Sequence[dict[str, list[str]]],
+                   outputs: Sequence) -> list[Step]:
+    """Let a kernel write a buffer into the storage of one it reads whose memory dies with it.
+
+    `candidates[k]` is scheduler.inplace_reads of the plan's k-th KernelStep: for each buffer it
+    stores, the buffers it reads at exactly the addresses it writes. One of those is taken when
+    the kernel is its last reader, it is its storage's only name (no live or later-freed view,
+    getitem or tuple shares it), and it is that storage's own tensor: a kernel's buffer or a
+    fresh extern result (torch's tensor, Note in _StorageTracker). The output's AllocStep then
+    names it in `reuse`, the kernel reads the output's name instead, and no FreeStep drops it.
+
+    Note: this never raises a peak. The storage lives on, at the same size, exactly as long as
+    the output would have, and the output's own allocation, live at once with it, is gone:
+    Inductor's in-place buffers (bias+GELU over a matmul's result needs no second buffer).
+    Graph outputs, and anything an output may point into, keep storage of their own.
+    """
+    first = _track(steps, outputs)
+    storages = _StorageTracker(outputs)
+    out: list[Step] = []
+    taken: set[str] = set()
+    allocs: list[AllocStep] = []  # the AllocSteps of the kernel that comes next
+    kernels = iter(candidates)
+    for at, step in enumerate(steps):
+        if isinstance(step, AllocStep):
+            allocs.append(step)
+            continue
+        if isinstance(step, KernelStep):
+            after = steps[at + 1] if at + 1 < len(steps) else None
+            dying = set(after.names) if isinstance(after, FreeStep) else set()
+            swap = _in_place_sources(next(kernels), allocs, dying, storages, first.pinned)
+            allocs = [a.model_copy(update={"reuse": swap[a.out]}) if a.out in swap else a for a in allocs]
+            rename = {src: dst for dst, src in swap.items()}
+            taken |= set(rename)
+            step = step.model_copy(update={"args": [NodeRef(name=rename[a.name])
+                                                    if isinstance(a, NodeRef) and a.name in rename else a
+                                                    for a in step.args]})
+        for alloc in allocs:
+            storages.bind_alloc(alloc)
+            out.append(alloc)
+        allocs = []
+        if isinstance(step, ExternStep):
+            storages.bind_extern(step)
+        elif isinstance(step, FreeStep):
+            storages.free(step.names)
+        out.append(step)
+    out.extend(allocs)
+    return _drop_frees(out, taken)
+
+
+def _in_place_sources(candidates: dict[str, list[str]], allocs: Sequence[AllocStep], dying: set[str],
+                      storages: _StorageTracker, pinned: set[str]) -> dict[str, str]:
+    """{output: the buffer whose storage it takes} for one kernel (see write_in_place)."""
+    swap: dict[str, str] = {}
+    for alloc in allocs:
+        if alloc.out in pinned or alloc.reuse is not None:
+            continue
+        for src in candidates.get(alloc.out, ()):
+            if src in swap.values() or src not in dying:
+                continue
+            roots = storages.roots.get(src, frozenset())
+            if len(roots) != 1:
+                continue
+            (storage,) = roots
+            if storage in pinned or storages.owners.get(storage) != src or storages.holders[storage] != {src}:
+                continue
+            swap[alloc.out] = src
+            break
+    return swap
+
+
 # ---------------------------------------------------------------- buffer reuse
 
 
@@ -95,10 +172,15 @@ def reuse_buffers(steps: Sequence[Step], outputs: Sequence) -> list[Step]:
     Note: a storage is dead once every name bound to it (the buffer and every alias an extern
     made of it: view, permute, getitem, ...) has been freed and none of them is a graph output.
     The plan keeps the storage's last owner out of its FreeStep; the AllocStep that names it in
-    `reuse` takes the storage and drops that name. Extern results are never reused (torch owns
-    them), an extern that might return an alias counts as aliasing all of its inputs, and graph
-    outputs always get storage of their own (the caller keeps them; they must not be views).
-    One plan runs on one device, so every AllocStep storage is on the same device.
+    `reuse` takes the storage and drops that name. An extern that might return an alias counts
+    as aliasing all of its inputs, and graph outputs always get storage of their own (the caller
+    keeps them; they must not be views). One plan runs on one device, so every AllocStep storage
+    is on the same device.
+
+    Note: storage only moves from a dead buffer to a later one here, which saves allocator calls
+    but cannot lower torch.cuda.max_memory_allocated: the caching allocator hands a freed block
+    to the next allocation anyway. So extern results' storages (torch's) stay out of this pool;
+    what lowers the peak is a kernel writing in place of a dying input (write_in_place).
     """
     live = live_bytes(steps, outputs)
     budget = max(live, default=0)
@@ -111,7 +193,7 @@ def reuse_buffers(steps: Sequence[Step], outputs: Sequence) -> list[Step]:
     taken: set[str] = set()  # owners whose storage a later AllocStep takes: not freed
     out: list[Step] = []
     for at, step in enumerate(steps):
-        if isinstance(step, AllocStep) and step.out not in first.pinned:
+        if isinstance(step, AllocStep) and step.reuse is None and step.out not in first.pinned:
             need, end = spec_nbytes(step.spec), dies_at[step.out]
             for have, s in sorted((storages.capacity[s], s) for s in pool):
                 if storages.dtype[s] != step.spec.dtype or have < need:
@@ -138,7 +220,7 @@ def reuse_buffers(steps: Sequence[Step], outputs: Sequence) -> list[Step]:
             storages.bind_extern(step)
         elif isinstance(step, FreeStep):
             for s in storages.free(step.names):
-                if s not in storages.pinned and s not in first.pinned:
+                if s in storages.capacity and s not in storages.pinned and s not in first.pinned:
                     pool[s] = at
         out.append(step)
     return _drop_frees(out, taken)
@@ -150,10 +232,11 @@ def peak_alloc_bytes(steps: Sequence[Step], outputs: Sequence) -> int:
 
 
 def live_bytes(steps: Sequence[Step], outputs: Sequence) -> list[int]:
-    """Bytes of AllocStep storage held after each step.
+    """Bytes of AllocStep storage held after each step (static plans).
 
     A storage counts while any name bound to it (its buffer, an alias of it, a buffer that
-    reuses it) is in the plan's environment, as the runtime holds it.
+    reuses it) is in the plan's environment, as the runtime holds it. Extern results are
+    torch's: not counted, nor is a kernel's buffer that took one's storage (written in place).
     """
     storages = _StorageTracker(outputs)
     live, held = 0, []
@@ -165,7 +248,7 @@ def live_bytes(steps: Sequence[Step], outputs: Sequence) -> list[int]:
         elif isinstance(step, ExternStep):
             storages.bind_extern(step)
         elif isinstance(step, FreeStep):
-            live -= sum(storages.capacity[s] for s in storages.free(step.names))
+            live -= sum(storages.capacity.get(s, 0) for s in storages.free(step.names))
         held.append(live)
     return held
 
@@ -205,16 +288,27 @@ def spec_nbytes(spec: TensorSpec) -> int:
 
 
 class _StorageTracker:
-    """Which AllocStep storages each name of the plan may point into, and which names hold them."""
+    """Which storages each name of the plan may point into, and which names hold them.
+
+    Note: a storage is named by the buffer that first had it: a kernel's buffer (an AllocStep
+    without `reuse`) or a fresh extern result. An extern result is fresh when the op is trusted
+    to return new memory (_may_alias) and the plan fixes its layout (`expect_strides`: the
+    runtime copies a result laid out otherwise, so its strides are the plan's); a getitem is
+    fresh when its tuple came from such an op, and the tuple holds that storage too while it
+    lives. Other extern results point into whatever their inputs do. Graph inputs point into
+    nothing the plan may take.
+    """
 
     def __init__(self, outputs: Sequence) -> None:
         self.outputs = set(_refs(list(outputs)))
         self.roots: dict[str, frozenset[str]] = {}  # name -> storages (named by their first buffer)
         self.holders: dict[str, set[str]] = {}  # storage -> names bound to it now
-        self.owners: dict[str, str] = {}  # storage -> the AllocStep buffer that has it now
-        self.capacity: dict[str, int] = {}
+        self.owners: dict[str, str] = {}  # storage -> the buffer that has it now, at its data pointer
+        self.capacity: dict[str, int] = {}  # storages an AllocStep made (its static byte count)
         self.dtype: dict[str, str] = {}
         self.pinned: set[str] = set()  # storages a graph output may point into
+        self.fresh_tuples: set[str] = set()  # extern results (tuples) of ops that return new memory
+        self.items: dict[tuple[str, str], str] = {}  # (fresh tuple, index) -> its item's storage
 
     def bind_alloc(self, step: AllocStep) -> None:
         if step.reuse is not None:
@@ -222,17 +316,31 @@ class _StorageTracker:
             self._unbind(step.reuse)
         else:
             storage = step.out
-            self.capacity[storage] = spec_nbytes(step.spec)
+            if not step.spec.symbolic:
+                self.capacity[storage] = spec_nbytes(step.spec)
             self.dtype[storage] = step.spec.dtype
         self.owners[storage] = step.out
         self._bind(step.out, frozenset([storage]))
 
     def bind_extern(self, step: ExternStep) -> None:
-        roots: frozenset[str] = frozenset()
-        if _may_alias(step.op):
-            refs = _refs(step.args + list(step.kwargs.values()))
-            roots = frozenset(s for r in refs for s in self.roots.get(r, ()))
-        self._bind(step.out, roots)
+        refs = _refs(step.args + list(step.kwargs.values()))
+        if step.op == "getitem" and step.expect_strides is not None and refs and refs[0] in self.fresh_tuples:
+            item = (refs[0], repr(step.args[1:]))
+            if item in self.items:  # the same tensor again: one storage, two names
+                self._bind(step.out, frozenset([self.items[item]]))
+                return
+            self.items[item] = step.out
+            self.owners[step.out] = step.out
+            self._bind(step.out, frozenset([step.out]))
+            self._bind(refs[0], self.roots[refs[0]] | {step.out})
+        elif _may_alias(step.op):
+            self._bind(step.out, frozenset(s for r in refs for s in self.roots.get(r, ())))
+        elif step.expect_strides is not None:
+            self.owners[step.out] = step.out
+            self._bind(step.out, frozenset([step.out]))
+        else:
+            self.fresh_tuples.add(step.out)
+            self._bind(step.out, frozenset())
 
     def free(self, names: Iterable[str]) -> list[str]:
         """Unbind `names`; the storages no name is bound to any more."""

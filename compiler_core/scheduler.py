@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from compiler_core.ir.nodes import ComputedBuffer, Reduction
+from compiler_core.ir.nodes import Buffer, ComputedBuffer, Reduction
 from compiler_core.ir.ops import CountingHandler, use_handler
 from compiler_core.lowering import ExternCall, GraphLowering
 from compiler_core.sizevars import RINDEX, XINDEX, Expr, numel, simplify_index, unflatten
@@ -313,6 +313,56 @@ def mark_stores(schedule: list[Kernel | ExternCall], outputs: Sequence[Arg]) -> 
                 wanted.update(name for name, _ in _body_loads(node) if name not in own)
     for k in (i for i in schedule if isinstance(i, Kernel)):
         k.stored = {n.name for n in k.nodes if n.name in wanted}
+
+
+def inplace_reads(kernel: Kernel, buffers: dict[str, Buffer]) -> dict[str, list[str]]:
+    """For each buffer `kernel` stores: the buffers it reads whose memory it could write it into.
+
+    Note: writing `out` over `src` is safe when every element of `src` is read only before
+    `out`'s value at the same address is stored, by the thread that stores it. So `src` must
+    have `out`'s dtype, sizes and strides (no dim of stride 0), and every load of `src` in the
+    kernel must be at `out`'s store index in kernel coordinates and happen in `out`'s own body
+    or in a kernel node `out` depends on (its loaded value feeds the stored one, so the load
+    comes first, whatever the compiler reorders). A transpose, a reduction over `src`, a
+    neighbour (pooling), a load by an unrelated node of the kernel: never in place. Whether
+    `src` dies here, and whether another name shares its memory, is the plan's question.
+    """
+    coords = {n.name: node_coords(n, kernel.xnumel, kernel.rnumel, kernel.partition) for n in kernel.nodes}
+    if any(c is None for c in coords.values()):
+        return {}
+    loads = {n.name: [(name, kernel_index(index, kernel)) for name, index in _reads(n, coords[n.name])]
+             for n in kernel.nodes}
+    own = kernel.names()
+    found: dict[str, list[str]] = {}
+    for node in kernel.nodes:
+        b = node.buffer
+        if node.name not in kernel.stored or any(st == 0 for n, st in zip(b.sizes, b.strides) if n != 1):
+            continue
+        where = store_index(node, coords[node.name], kernel)
+        deps = _in_kernel_deps(node.name, loads, own)
+        sources = dict.fromkeys(name for d in deps for name, _ in loads[d] if name not in own)
+        fits = []
+        for name in sources:
+            src = buffers.get(name)
+            if src is None or (src.dtype, src.sizes, src.strides) != (b.dtype, b.sizes, b.strides):
+                continue
+            readers = [(n, index) for n, named in loads.items() for load, index in named if load == name]
+            if all(n in deps and index == where for n, index in readers):
+                fits.append(name)
+        if fits:
+            found[node.name] = fits
+    return found
+
+
+def _in_kernel_deps(name: str, loads: dict[str, list[tuple[str, Expr]]], own: set[str]) -> set[str]:
+    """`name` and every node of its kernel whose value it reads, directly or not."""
+    deps, todo = {name}, [name]
+    while todo:
+        for load, _ in loads[todo.pop()]:
+            if load in own and load not in deps:
+                deps.add(load)
+                todo.append(load)
+    return deps
 
 
 def schedule(g: GraphLowering) -> list[Kernel | ExternCall]:

@@ -408,7 +408,13 @@ def _extern(g: GraphLowering, node: fx.Node, wire: Any, env: dict[fx.Node, Any])
     """Run `node` as its aten op on the client, with its tensor inputs in eager's layouts."""
     refs: dict[str, Arg] = {}
     for arg_node in node.all_input_nodes:
-        refs[arg_node.name] = g.extern_ref(env[arg_node], arg_node)
+        value, val = env[arg_node], arg_node.meta.get("val")
+        if isinstance(value, Lazy) and isinstance(val, torch.Tensor) and _nbytes(value.sizes, value.dtype):
+            # Note: written once for every later reader too, as Inductor's realize does: a later
+            # kernel loads this buffer instead of recomputing it from its sources, which would
+            # keep those alive (a ResNet's block outputs held every conv result of the stage).
+            env[arg_node] = value = g.realize(value, dense_strides_like(sizes_of(val), strides_of(val)))
+        refs[arg_node.name] = g.extern_ref(value, arg_node)
     by_wire_name = {n.name: refs[n.name] for n in node.all_input_nodes}
 
     def swap(a: Arg) -> Arg:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from client.runtime import PlanRunner
 from compiler_core.artifact import AllocStep
-from compiler_core.errors import ArtifactError
 from compiler_core.wire import TensorSpec
 from tests.compiler_core.helpers import alloc_steps, check
 
@@ -23,11 +21,34 @@ def test_reusing_alloc_takes_the_storage_and_drops_the_old_name():
     assert b.shape == (4, 8) and b.stride() == (1, 4) and b.dtype == torch.float32
 
 
-def test_reusing_alloc_refuses_another_dtype():
-    env = {"__device__": torch.device("cpu"), "a": torch.empty(64, dtype=torch.float16)}
+def test_reusing_alloc_never_reinterprets_another_dtype():
+    old = torch.arange(8, dtype=torch.float16)
+    env = {"__device__": torch.device("cpu"), "a": old}
     step = AllocStep(out="b", spec=TensorSpec(dtype="float32", sizes=[8], strides=[1]), reuse="a")
-    with pytest.raises(ArtifactError):
-        PlanRunner._alloc(step)(env)
+    PlanRunner._alloc(step)(env)
+    b = env["b"]
+    assert "a" not in env and b.dtype == torch.float32 and b.data_ptr() != old.data_ptr()
+    assert torch.equal(b, old.float())  # a kernel writing in place still reads a's values
+
+
+def test_reusing_alloc_takes_an_extern_result_at_its_data_pointer():
+    # A fresh extern result need not start its storage (torch's choice): the buffer written in
+    # place of it must start where it does, or the kernel reads the wrong elements.
+    base = torch.arange(40.0)
+    old = base[8:].view(4, 8)
+    env = {"__device__": torch.device("cpu"), "mm": old}
+    spec = TensorSpec(dtype="float32", sizes=[4, 8], strides=[8, 1])
+    PlanRunner._alloc(AllocStep(out="b", spec=spec, reuse="mm"))(env)
+    assert env["b"].data_ptr() == old.data_ptr() and torch.equal(env["b"], old)
+
+
+def test_reusing_alloc_allocates_when_the_storage_is_too_small():
+    old = torch.arange(8.0)
+    env = {"__device__": torch.device("cpu"), "a": old}
+    spec = TensorSpec(dtype="float32", sizes=[4, 4], strides=[4, 1])
+    PlanRunner._alloc(AllocStep(out="b", spec=spec, reuse="a"))(env)
+    assert env["b"].shape == (4, 4) and env["b"].untyped_storage().nbytes() >= 64
+    assert env["b"].data_ptr() != old.data_ptr()
 
 
 def test_manifest_without_reuse_still_loads():

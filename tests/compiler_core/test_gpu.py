@@ -113,3 +113,34 @@ def test_masked_indirect_and_newer_lowerings_on_cuda(name: str) -> None:
     i = torch.randint(-64, 64, (64,), device="cuda")  # negative indices wrap
     art = check_cuda(fn, x, i)
     assert art.manifest.stats.nodes_extern == 0
+
+
+def _mlp_in_place(x, w1, b1, w2):
+    return F.gelu(F.linear(x, w1, b1)) @ w2
+
+
+def _norm_in_place(x, w, lw, lb, w2):
+    return F.layer_norm(x @ w + x, (x.shape[-1],), lw, lb) @ w2
+
+
+def _conv_bn_relu_in_place(x, cw, scale, shift, cw2):
+    y = F.conv2d(x, cw, padding=1)
+    return F.conv2d(torch.relu(y * scale[:, None, None] + shift[:, None, None]), cw2, padding=1)
+
+
+IN_PLACE = {
+    "mlp": (_mlp_in_place, [(4096, 256), (1024, 256), (1024,), (1024, 64)]),
+    "layer_norm": (_norm_in_place, [(4096, 768), (768, 768), (768,), (768,), (768, 64)]),
+    "conv_bn_relu": (_conv_bn_relu_in_place, [(8, 16, 32, 32), (32, 16, 3, 3), (32,), (32,), (8, 32, 3, 3)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(IN_PLACE))
+def test_kernels_written_over_their_extern_inputs_match_eager(name: str) -> None:
+    """Many programs each write over torch's matmul/conv result where they read it (plan.write_in_place)."""
+    fn, shapes = IN_PLACE[name]
+    torch.manual_seed(0)
+    inputs = [torch.randn(s, device="cuda") / 8 for s in shapes]
+    steps = check_cuda(fn, *inputs, tol=1e-3).manifest.plan.steps
+    externs = {s.out for s in steps if s.kind == "extern"}
+    assert any(s.kind == "alloc" and s.reuse in externs for s in steps)

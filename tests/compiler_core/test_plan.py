@@ -30,6 +30,7 @@ def _fresh_bytes(steps) -> int:
 def _without_reuse(monkeypatch, fn, *inputs):
     with monkeypatch.context() as m:
         m.setattr(plan_mod, "reuse_buffers", lambda steps, outputs: list(steps))
+        m.setattr(plan_mod, "write_in_place", lambda steps, candidates, outputs: list(steps))
         return check(fn, *inputs).manifest.plan
 
 
