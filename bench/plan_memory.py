@@ -131,8 +131,11 @@ def peak_live_bytes(plan: Plan, spec: GraphSpec) -> int:
                 expect = step.expect_strides
                 if isinstance(value, torch.Tensor) and expect is not None and \
                         any(n > 1 and a != b for n, a, b in zip(value.shape, value.stride(), expect)):
+                    # (no copy_: FakeTensors of a CPU-only torch cannot copy on "cuda"; only
+                    # the bytes matter here. A CUDA conv's fake result on a CPU-only torch is
+                    # contiguous where cuDNN's real one follows its channels_last input.)
                     value = torch.empty_strided(value.shape, expect, dtype=value.dtype,
-                                                device=value.device).copy_(value)
+                                                device=value.device)
                 env[step.out] = value
         elif isinstance(step, FreeStep):
             for n in step.names:
