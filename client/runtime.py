@@ -126,6 +126,29 @@ class PlanRunner:
                 env[out] = op(*[env[n] for n in names])
             return run_refs
 
+        if not kwargs and all(kind is not _DYNAMIC for kind, _ in args):
+            # Tensors and constants only (a convolution: input, weight, then its ints): the
+            # constants sit in a template once; each call fills in the tensors. Constant lists
+            # are copied per call (an op never shares ours).
+            template = [None if kind is _REF else x for kind, x in args]
+            refs = [(i, x) for i, (kind, x) in enumerate(args) if kind is _REF]
+            lists = [i for i, (kind, x) in enumerate(args) if kind is _CONST and isinstance(x, list)]
+            fixed = expect(None) if expect is not None and not step_symbolic(step) else None
+
+            def run_template(env: dict[str, Any]) -> None:
+                call = template.copy()
+                for i, n in refs:
+                    call[i] = env[n]
+                for i in lists:
+                    call[i] = list(call[i])
+                value = op(*call)
+                if fixed is not None:
+                    value = _in_layout(value, fixed, step)
+                elif expect is not None:
+                    value = _in_layout(value, expect(env.get(SYMS)), step)
+                env[out] = value
+            return run_template
+
         def run(env: dict[str, Any]) -> None:
             syms = env.get(SYMS)
             value = op(*[_read(kind, x, env, syms) for kind, x in args],
@@ -161,13 +184,13 @@ class PlanRunner:
             evaluate = compile_exprs([str(x) for x in (*spec.sizes, *spec.strides)])
             rank = len(spec.sizes)
 
-            def shape(env: dict[str, Any]) -> tuple[list[int], list[int]]:
+            def shape(env: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
                 vals = evaluate(env[SYMS])
-                return vals[:rank], vals[rank:]
+                return tuple(vals[:rank]), tuple(vals[rank:])
         else:
-            fixed = (list(spec.sizes), list(spec.strides))
+            fixed = (tuple(spec.sizes), tuple(spec.strides))
 
-            def shape(env: dict[str, Any]) -> tuple[list[int], list[int]]:
+            def shape(env: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
                 return fixed
 
         if reuse is not None:
@@ -232,6 +255,11 @@ def _read(kind: object, x: Any, env: dict[str, Any], syms: Any) -> Any:
     return decode_arg(x, env, syms)
 
 
+def step_symbolic(step: ExternStep) -> bool:
+    """Whether the step's expected strides are size expressions (evaluated per call)."""
+    return step.expect_strides is not None and any(isinstance(x, str) for x in step.expect_strides)
+
+
 def _expected_strides(step: ExternStep) -> Callable[[Any], tuple[int, ...]] | None:
     if step.expect_strides is None:
         return None
@@ -247,6 +275,8 @@ def _in_layout(value: Any, strides: tuple[int, ...], step: ExternStep) -> Any:
     have no meaningful stride)."""
     if not isinstance(value, torch.Tensor) or value.dim() != len(strides):
         return value
+    if value.stride() == strides:  # the common case, one tuple comparison
+        return value
     if all(n <= 1 or a == b for n, a, b in zip(value.shape, value.stride(), strides)):
         return value
     if step.out not in _relaid:
@@ -259,7 +289,7 @@ def _in_layout(value: Any, strides: tuple[int, ...], step: ExternStep) -> Any:
 _relaid: set[str] = set()
 
 
-def _take_storage(old: Any, sizes: list[int], strides: list[int], dtype: torch.dtype,
+def _take_storage(old: Any, sizes: tuple[int, ...], strides: tuple[int, ...], dtype: torch.dtype,
                   device: torch.device, step: AllocStep) -> torch.Tensor:
     """A tensor of `sizes`/`strides` at `old`'s data pointer, in its storage (AllocStep.reuse).
 
@@ -270,6 +300,8 @@ def _take_storage(old: Any, sizes: list[int], strides: list[int], dtype: torch.d
     would have read from `old`, so the plan stays right, only without the saving.
     """
     if isinstance(old, torch.Tensor) and old.dtype == dtype and old.device == device:
+        if old.shape == sizes and old.stride() == strides:  # written in place: the tensor itself
+            return old
         span = 1 + sum((n - 1) * st for n, st in zip(sizes, strides)) if all(sizes) else 0
         if (old.storage_offset() + span) * dtype.itemsize <= old.untyped_storage().nbytes():
             return old.as_strided(sizes, strides, old.storage_offset())
