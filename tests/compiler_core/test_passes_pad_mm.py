@@ -68,7 +68,7 @@ def test_a_transposed_weight_is_padded_in_its_own_memory_order():
     # transposed padded copy, so cuBLAS still sees a transposed operand, as without the pass.
     a, w = torch.randn(1024, 64), torch.randn(4099, 64)
     spec = _spec(lambda x, y: torch.mm(x, y.t()), a, w)
-    new_gm, new_spec = pad_matmuls(rebuild_graph(spec), spec, "cuda")
+    new_gm, _new_spec = pad_matmuls(rebuild_graph(spec), spec, "cuda")
     pad = next(n for n in new_gm.graph.nodes if n.target == torch.ops.aten.constant_pad_nd.default)
     assert tuple(pad.meta["val"].shape) == (4100, 64) and pad.meta["val"].is_contiguous()
     wide = next(n for n in new_gm.graph.nodes if n.name.endswith("_fxwide"))
@@ -79,7 +79,7 @@ def test_a_transposed_weight_is_padded_in_its_own_memory_order():
 def test_an_untransposed_operand_is_padded_along_its_columns():
     a, b = torch.randn(1024, 64), torch.randn(64, 4099)
     spec = _spec(lambda x, y: torch.mm(x, y), a, b)
-    new_gm, new_spec = pad_matmuls(rebuild_graph(spec), spec, "cuda")
+    new_gm, _new_spec = pad_matmuls(rebuild_graph(spec), spec, "cuda")
     pad = next(n for n in new_gm.graph.nodes if n.target == torch.ops.aten.constant_pad_nd.default)
     assert tuple(pad.meta["val"].shape) == (64, 4100)
     torch.testing.assert_close(_run(new_gm, [a, b]), a @ b)
