@@ -19,11 +19,8 @@ from typing import Any
 from unittest import mock
 
 import torch
-from torch._functorch.aot_autograd import aot_module_simplified
 
-from bench.plan_memory import peak_live_bytes
-from client.backend import decomposition_table
-from client.capture import capture_graph
+from bench.plan_memory import capture, peak_live_bytes
 from client.examples import TransformerBlock
 from compiler_core import compile as pipeline
 from compiler_core.passes import attention
@@ -35,26 +32,11 @@ MB = 1 << 20
 
 def capture_block(batch: int, seq: int, d_model: int, heads: int, device: str) -> GraphSpec:
     """The TransformerBlock's inference graph, traced with fake tensors, its inputs on `device`."""
-    specs: list[GraphSpec] = []
-
-    def compiler(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
-        specs.append(capture_graph(gm, inputs).spec)
-        outs = [n.meta["val"] for n in gm.graph.output_node().args[0]]
-        return lambda *args: [torch.empty_strided(o.shape, o.stride(), dtype=o.dtype) for o in outs]
-
-    def backend(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
-        return aot_module_simplified(gm, inputs, fw_compiler=compiler, decompositions=decomposition_table())
-
-    torch._dynamo.reset()
     with torch.device("meta"):
         model = TransformerBlock(d_model, heads).eval()
     model = model.to_empty(device="cpu")
-    with torch.no_grad():
-        torch.compile(model, backend=backend)(torch.empty(batch, seq, d_model))
-    (spec,) = specs
-    placeholders = [p.model_copy(update={"spec": p.spec.model_copy(update={"device": device})})
-                    for p in spec.placeholders]
-    return spec.model_copy(update={"placeholders": placeholders})
+    (spec,) = capture(model, (torch.empty(batch, seq, d_model),), device)
+    return spec
 
 
 def measure(spec: GraphSpec, target: Target, with_pass: bool) -> dict[str, Any]:
