@@ -65,11 +65,18 @@ def jobs(args: argparse.Namespace) -> int:
         params["state"] = args.state
     body = _call(args, "GET", "/v1/jobs", params=params)
     rows = body.get("jobs", body) if isinstance(body, dict) else body
-    lines = [f"{'id':34} {'state':10} {'priority':12} {'key':14} worker"]
-    lines += [f"{j['id']:34} {j['state']:10} {j.get('priority', ''):12} {j['key'][:12]:14} {j.get('worker') or '-'}"
+    lines = [f"{'id':34} {'state':10} {'kind':12} {'key':14} worker"]
+    lines += [f"{j['id']:34} {j['state']:10} {_job_kind(j):12} {j['key'][:12]:14} {j.get('worker') or '-'}"
               for j in rows]
     _emit(args, rows, "\n".join(lines))
     return 0
+
+
+def _job_kind(job: dict[str, Any]) -> str:
+    """A compile job's priority (interactive / precompile), or `tune sm_90` for a tune job."""
+    if job.get("kind") == "tune":
+        return f"tune sm_{job.get('arch')}"
+    return str(job.get("priority", ""))
 
 
 def stats(args: argparse.Namespace) -> int:

@@ -43,3 +43,11 @@ def test_doctor_json_and_bad_usage():
     assert unreachable.returncode == 3 and "unreachable" in unreachable.stderr
     purge = fxcc("cache", "purge", "--url", "http://127.0.0.1:9", env=env)
     assert purge.returncode == 2 and "--yes" in purge.stderr
+
+
+def test_jobs_table_names_tune_jobs_by_their_arch():
+    from client.cli_service import _job_kind
+
+    assert _job_kind({"kind": "tune", "arch": 90, "priority": "precompile"}) == "tune sm_90"
+    assert _job_kind({"kind": "compile", "priority": "interactive"}) == "interactive"
+    assert _job_kind({"priority": "precompile"}) == "precompile"  # a record from before job kinds

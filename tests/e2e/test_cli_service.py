@@ -55,6 +55,9 @@ def test_cli_reads_and_manages_a_running_service(service):
     assert json.loads(out)["state"] == "done"
     code, out, _ = fxcc(env, "jobs", "--json", "--state", "done")
     assert code == 0 and job in [j["id"] for j in json.loads(out)]
+    code, out, _ = fxcc(env, "jobs", "--state", "done")
+    row = next(line for line in out.splitlines() if line.startswith(job))
+    assert code == 0 and row.split()[1:3] == ["done", "interactive"]
     code, out, _ = fxcc(env, "stats", "--json")
     assert code == 0 and json.loads(out)["cache"]["entries"] == 1
     code, out, _ = fxcc(env, "cache", "ls")
