@@ -31,7 +31,7 @@ from compiler_core.artifact import (
 from compiler_core.errors import ArtifactError
 from compiler_core.graph import decode_arg
 from compiler_core.symexpr import compile_exprs, parse
-from compiler_core.triton_lock import TRITON_LOCK
+from compiler_core.triton_lock import TRITON_LOCK, repair_interpreter
 from compiler_core.wire import IntArg, ListArg, NodeRef, SymArg, resolve_target, torch_dtype
 
 log = logging.getLogger("fxcc.runtime")
@@ -74,6 +74,8 @@ def load_kernel(info: KernelInfo, source: bytes, interpret: bool = False) -> Any
     if interpret:
         # Triton's CPU interpreter, whatever TRITON_INTERPRET said when the module was imported.
         from triton.runtime.interpreter import InterpretedFunction
+
+        repair_interpreter()
 
         if not isinstance(fn, InterpretedFunction):
             fn = InterpretedFunction(fn.fn)
@@ -169,6 +171,8 @@ class PlanRunner:
             def run(env: dict[str, Any]) -> None:
                 launch(*(env[n] if n is not None else v for n, v in names), **launch_kw)
             return run
+
+        repair_interpreter()
 
         def run_interpreted(env: dict[str, Any]) -> None:
             with TRITON_LOCK:  # the interpreter patches triton.language module-wide

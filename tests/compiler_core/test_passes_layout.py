@@ -402,9 +402,8 @@ def test_channels_last_kernels_build_for_sm90(compiled, tmp_path):
     """Every kernel of the plan (those that read and write NHWC, and the conversions) cross-compiles
     to an sm_90 cubin, as on a CPU worker.
 
-    Note: built in a fresh process without TRITON_INTERPRET: in this suite's process, interpreted
-    launches patch triton.language's builtins, and a cross-compile after some of them has read the
-    patched ones (a flaky "'value' object has no attribute 'dtype'" this test does not test).
+    Note: built in a fresh process without TRITON_INTERPRET, as a CPU worker builds (that a
+    cross-compile after interpreted launches in one process works is test_interpreter_leak's).
     """
     path = tmp_path / "request.json"
     path.write_text(CompileRequest(graph=compiled["spec"], options=CUDA).model_dump_json())
