@@ -30,7 +30,8 @@ FIELDS = ("name", "dtype", "eager_ms", "inductor_ms", "fxcc_ms", "fxcc_vs_induct
 NOTES = {
     "runtime": "median of triton.testing.do_bench (ms), TF32 on, torch.no_grad, eval mode",
     "gbps": "fewest bytes (input read + output written once) / fxcc_ms; copy_gbps: 1 GiB "
-            "device-to-device copy, bytes read + written, measured in the same process",
+            "device-to-device copy, bytes read + written, measured in the same process; copy_same_bytes_gbps: "
+            "a copy moving the workload's fewest bytes (half read, half written)",
     "peak_mb": "torch.cuda.max_memory_allocated during one call minus memory_allocated before it",
     "first_call": "fresh process: torch.compile + first call until synchronized; CUDA init and "
                   "inputs before the clock; compiler imports inside it. inductor_cold: empty "
@@ -133,11 +134,28 @@ def device_info() -> dict[str, str]:
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
 
 
+def _first_call_field(key: str) -> bool:
+    return key != "first_call_measured_at" and ("_cold_" in key or "_warm_" in key)
+
+
+def carry_first_calls(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """`new`, keeping `old`'s first-call results where `new` measured none (a run with
+    --no-first-call), stamped with when they were measured (first_call_measured_at)."""
+    if old is None or any(new.get(k) is not None for k in new if _first_call_field(k)):
+        return new
+    kept = {k: v for k, v in old.items() if _first_call_field(k) and v is not None}
+    if not kept:
+        return new
+    when = old.get("first_call_measured_at") or old.get("measured_at")
+    return {**new, **kept, "first_call_measured_at": when}
+
+
 def merge(path: Path, rows: list[dict[str, Any]], extra: dict[str, Any]) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     by_name = {r["name"]: r for r in doc.get("workloads", [])}
     for r in rows:
-        by_name[r["name"]] = {**{f: r.get(f) for f in FIELDS}, **r}
+        new = {**{f: r.get(f) for f in FIELDS}, **r}
+        by_name[r["name"]] = carry_first_calls(by_name.get(r["name"]), new)
     doc.update(extra)
     doc["notes"] = NOTES
     doc["workloads"] = [by_name[n] for n in WORKLOADS if n in by_name]

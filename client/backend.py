@@ -101,8 +101,9 @@ def target_for(example_inputs: list[Any]) -> Target:
 class GraphCompiler:
     """AOTAutograd's fw/bw compiler: aten GraphModule + example inputs → a boxed callable."""
 
-    def __init__(self, settings: ClientSettings) -> None:
+    def __init__(self, settings: ClientSettings, inference: bool = False) -> None:
         self.settings = settings
+        self.inference = inference  # AOTAutograd's inference graphs: nothing saved for a backward
         self.cache = LocalCache(settings.cache_dir)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[[list[Any]], Any]:
@@ -183,6 +184,14 @@ class GraphCompiler:
         log.info("fxcc: graph %s from %s (%d kernels)", key[:12], source, art.manifest.stats.kernels)
         if request is not None and request.graph.symbols:
             runner = Variants(runner, lambda args: self._variant(request, capture, args))
+        elif self.settings.cuda_graphs:
+            from client.cuda_graphs import GraphedPlan, why_not_graphed
+
+            why = why_not_graphed(art.manifest, self.inference)
+            if why is None:
+                runner = GraphedPlan(runner, art.manifest)
+            else:
+                log.debug("fxcc: graph %s runs step by step: %s", key[:12], why)
         return _guarded(runner, capture.constants, eager, key)
 
     def _variant(self, request: CompileRequest, capture: Any, args: list[Any]) -> Callable:
@@ -398,6 +407,7 @@ def fxcc_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -
         raise ValueError(f"fxcc: {e}") from None
     compiler = GraphCompiler(settings)
     backend = aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
+                           inference_compiler=GraphCompiler(settings, inference=True),
                            partition_fn=partition_joint_graph,
                            decompositions=decomposition_table(),
                            keep_inference_input_mutations=True)

@@ -24,6 +24,8 @@ class ClientSettings:
     blocking: wait for a compile (FXCC_BLOCKING=1, default); 0 runs eagerly until it arrives.
     precompile: submit compiles at precompile priority and never wait (FXCC_PRECOMPILE=1).
     compile_timeout_s: how long to wait for a remote compile before falling back.
+    cuda_graphs: replay static inference plans of many small steps as CUDA graphs
+        (FXCC_CUDA_GRAPHS=1, default; 0 always runs plans step by step; client/cuda_graphs.py).
     """
 
     url: str | None = None
@@ -34,6 +36,7 @@ class ClientSettings:
     fallback: Fallback = "eager"
     blocking: bool = True
     precompile: bool = False
+    cuda_graphs: bool = True
     compile_timeout_s: float = 600.0
     request_timeout_s: float = 30.0
 
@@ -54,7 +57,7 @@ class ClientSettings:
             values["mode"] = env["FXCC_MODE"]
         if env.get("FXCC_FALLBACK"):
             values["fallback"] = env["FXCC_FALLBACK"]
-        for name in ("blocking", "precompile"):
+        for name in ("blocking", "precompile", "cuda_graphs"):
             raw = env.get(f"FXCC_{name.upper()}")
             if raw:
                 values[name] = _flag(f"FXCC_{name.upper()}", raw)

@@ -1,0 +1,267 @@
+"""Replay a static inference plan as one CUDA graph: the host cost of a call drops from one Python
+step per launch, allocation and free to a single graph launch.
+
+A plan of many small steps (a conv net: ~300 launches, allocations and frees per call) is
+host-bound in Python even when its kernels are as fast as Inductor's. Captured once, its whole
+call is one `cudaGraphLaunch`.
+
+Note: what a captured graph assumes, and how each assumption is kept:
+- Addresses. The graph reads its inputs at the addresses they had when it was captured. Each
+  graph is keyed by its inputs' data pointers; a call whose pointers match replays it, any other
+  call runs the plan step by step. A set of pointers is captured the second time it is seen (the
+  first call also warms cuDNN/cuBLAS, loads cubins), at most MAX_GRAPHS sets per plan.
+- Outputs. The graph writes its outputs into its private memory pool, which the next replay
+  overwrites, so each replay's outputs are copied out (fresh tensors with the same strides) and
+  the caller owns them as it owns eager outputs. That copy is why only plans whose outputs are
+  small beside the memory they allocate are graphed (a classifier's logits, not an activation).
+- Static work. Only plans without size symbols, on CUDA, in inference graphs (no autograd saves
+  the pool's tensors for a backward), whose extern ops are all known to be capture-safe (no host
+  sync, no random numbers, no data-dependent sizes) are graphed; a capture that fails anyway is
+  reported once and the plan runs step by step from then on.
+- Ordering. Replays of one plan share one pool; a replay on another stream than the last one
+  first waits for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from compiler_core.artifact import AllocStep, ArtifactManifest, ExternStep, KernelStep
+from compiler_core.wire import torch_dtype
+
+log = logging.getLogger("fxcc.cuda_graphs")
+
+MAX_GRAPHS = 2  # pointer sets captured per plan (each adds only its outputs: the pool is shared)
+MIN_LAUNCHES = 8  # kernels + extern calls below which a graph saves too little to matter
+OUTPUT_SHARE = 50  # graphed only when the plan allocates ≥ this many times its outputs' bytes
+_MAX_SEEN = 16
+
+
+@dataclass
+class GraphStats:
+    """What this process's graphed plans have done (read by benchmarks and tests, never timed)."""
+
+    captures: int = 0
+    replays: int = 0
+    step_by_step: int = 0  # calls of graphable plans that ran step by step (first sight, misses)
+    pool_bytes: int = 0  # memory the graphs' pools reserved while capturing (held between calls)
+    disabled: list[str] = field(default_factory=list)  # why a plan stopped trying
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count(self, name: str) -> None:
+        with self.lock:
+            setattr(self, name, getattr(self, name) + 1)
+
+
+stats = GraphStats()
+
+# Extern ops that run on the GPU without host synchronisation, random numbers or data-dependent
+# output sizes (the overload name is ignored). Anything else keeps the plan step by step.
+CAPTURE_SAFE = frozenset({
+    "convolution", "mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_cudnn_attention",
+    "max_pool2d_with_indices", "avg_pool2d", "_adaptive_avg_pool2d", "cat", "clone", "copy",
+    "copy_", "view", "reshape", "_unsafe_view", "permute", "expand", "t", "transpose", "slice",
+    "select", "squeeze", "unsqueeze", "as_strided", "alias", "embedding", "index_select",
+    "gather", "_softmax", "_log_softmax", "native_layer_norm",
+    "native_batch_norm", "_native_batch_norm_legit_no_training", "getitem",
+})
+
+
+def _op_name(op: str) -> str:
+    """'aten.addmm.default' → 'addmm'; 'getitem' → 'getitem'."""
+    parts = op.split(".")
+    return parts[1] if len(parts) >= 2 and parts[0] in ("aten", "prims") else parts[-1]
+
+
+def why_not_graphed(manifest: ArtifactManifest, inference: bool) -> str | None:
+    """Why this plan is run step by step rather than replayed as a CUDA graph (None: it may be)."""
+    plan = manifest.plan
+    if manifest.target.kind != "cuda":
+        return f"target is {manifest.target.kind}"
+    if not inference:
+        return "not an inference graph"
+    if plan.symbols:
+        return "sizes are symbolic"
+    launches = sum(isinstance(s, (KernelStep, ExternStep)) for s in plan.steps)
+    if launches < MIN_LAUNCHES:
+        return f"{launches} launches"
+    unsafe = sorted({_op_name(s.op) for s in plan.steps if isinstance(s, ExternStep)} - CAPTURE_SAFE)
+    if unsafe:
+        return f"extern ops not known to be capture-safe: {', '.join(unsafe[:5])}"
+    return None
+
+
+def allocated_bytes(manifest: ArtifactManifest) -> int:
+    """Bytes the plan's own allocations hold over a call (extern results not counted)."""
+    total = 0
+    for s in manifest.plan.steps:
+        if isinstance(s, AllocStep) and s.reuse is None and not s.spec.symbolic:
+            sizes, strides = s.spec.sizes, s.spec.strides
+            span = 1 + sum((int(n) - 1) * int(st) for n, st in zip(sizes, strides)) if all(sizes) else 0
+            total += span * torch_dtype(s.spec.dtype).itemsize
+    return total
+
+
+class _Captured:
+    __slots__ = ("graph", "layouts", "outputs")
+
+    def __init__(self, graph: Any, outputs: tuple[Any, ...]) -> None:
+        self.graph = graph
+        self.outputs = outputs
+        self.layouts = [(o.shape, o.stride(), o.dtype, o.device) if isinstance(o, torch.Tensor) else None
+                        for o in outputs]
+
+
+class GraphedPlan:
+    """A static plan that replays CUDA graphs for input pointers it has seen twice (see module)."""
+
+    def __init__(self, runner: Callable[[list[Any]], tuple[Any, ...]], manifest: ArtifactManifest) -> None:
+        self.runner = runner
+        self.key = manifest.key
+        self.budget = allocated_bytes(manifest)
+        self.graphs: dict[tuple[Any, ...], _Captured] = {}
+        self.seen: set[tuple[Any, ...]] = set()
+        self.disabled: str | None = None
+        self.pool: Any = None
+        self.lock = threading.Lock()
+        self.last_stream: Any = None
+        self.done: Any = None  # event recorded after the last replay's copies
+        self.pool_bytes = 0  # bytes the shared pool reserved while capturing
+
+    def __call__(self, args: list[Any]) -> tuple[Any, ...]:
+        if self.disabled is not None:
+            return self.runner(args)
+        key = _pointer_key(args)
+        if key is None or torch.cuda.is_current_stream_capturing():
+            return self.runner(args)  # not all on one GPU, or inside the caller's own capture
+        with self.lock:
+            captured = self.graphs.get(key)
+            if captured is None:
+                if key not in self.seen or len(self.graphs) >= MAX_GRAPHS:
+                    if len(self.seen) >= _MAX_SEEN:
+                        self.seen.clear()
+                    self.seen.add(key)
+                    stats.count("step_by_step")
+                    outputs = self.runner(args)
+                    if not self.graphs:  # decided before any capture: outputs too large to copy
+                        reason = _unsafe_outputs(outputs, args, self.budget)
+                        if reason is not None:
+                            self._disable(reason, logging.INFO)
+                    return outputs
+                captured = self._capture(args, key)
+                if captured is None:
+                    stats.count("step_by_step")
+                    return self.runner(args)
+            return self._replay(captured)
+
+    def _capture(self, args: list[Any], key: tuple[Any, ...]) -> _Captured | None:
+        try:
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                before = torch.cuda.memory_reserved()  # after the cache was emptied for the capture
+                outputs = self.runner(list(args))
+            grown = max(0, torch.cuda.memory_reserved() - before)
+            self.pool_bytes += grown
+            with stats.lock:
+                stats.pool_bytes += grown
+        except Exception as e:  # noqa: BLE001 - the plan still runs step by step
+            self._disable(f"its capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+            return None
+        reason = _unsafe_outputs(outputs, args, self.budget)
+        if reason is not None:
+            self._disable(reason)
+            return None
+        stats.count("captures")
+        captured = self.graphs[key] = _Captured(graph, tuple(outputs))
+        self.seen.discard(key)
+        log.info("fxcc: plan %s replays as a CUDA graph (%d captured)", self.key[:12], len(self.graphs))
+        return captured
+
+    def _disable(self, reason: str, level: int = logging.WARNING) -> None:
+        self.disabled = reason
+        self.graphs.clear()
+        self.seen.clear()
+        with stats.lock:
+            stats.disabled.append(reason)
+        log.log(level, "fxcc: plan %s runs step by step, not as a CUDA graph: %s", self.key[:12], reason)
+
+    def _replay(self, captured: _Captured) -> tuple[Any, ...]:
+        stream = torch.cuda.current_stream()
+        if self.done is not None and stream != self.last_stream:
+            stream.wait_event(self.done)  # the pool's last user may still be running elsewhere
+        captured.graph.replay()
+        out = tuple(_copy_out(o, layout) for o, layout in zip(captured.outputs, captured.layouts))
+        if self.done is None:
+            self.done = torch.cuda.Event()
+        self.done.record(stream)
+        self.last_stream = stream
+        stats.count("replays")
+        return out
+
+
+def _pointer_key(args: list[Any]) -> tuple[Any, ...] | None:
+    """The inputs' data pointers (and any non-tensor values), or None when a tensor is not on
+    the first tensor's CUDA device."""
+    key: list[Any] = []
+    device = None
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if device is None:
+                device = a.device
+                if device.type != "cuda":
+                    return None
+            elif a.device != device:
+                return None
+            key.append(a.data_ptr())
+        else:
+            key.append(a)
+    return tuple(key) if device is not None else None
+
+
+def _copy_out(o: Any, layout: Any) -> Any:
+    if layout is None:
+        return o
+    shape, stride, dtype, device = layout
+    return torch.empty_strided(shape, stride, dtype=dtype, device=device).copy_(o)
+
+
+def _unsafe_outputs(outputs: Any, args: list[Any], budget: int) -> str | None:
+    """Why these captured outputs cannot be copied out after each replay (None: they can)."""
+    inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+    storages: set[int] = set()
+    total = 0
+    for o in outputs:
+        if not isinstance(o, torch.Tensor):
+            continue
+        ptr = o.untyped_storage().data_ptr()
+        if ptr in inputs:
+            return "an output aliases an input"
+        if ptr in storages:
+            return "two outputs share memory"
+        if not _dense(o):
+            return "an output overlaps itself"
+        storages.add(ptr)
+        total += o.numel() * o.element_size()
+    if total * OUTPUT_SHARE > budget:
+        return f"outputs ({total} B) are too large to copy out beside {budget} B allocated"
+    return None
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether `t`'s elements tile a block of memory exactly once, in some order of its dims."""
+    expected = 1
+    dims = sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n != 1), key=lambda d: d[1])
+    for size, stride in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True

@@ -1,0 +1,125 @@
+"""On a GPU: static inference plans replay as CUDA graphs (client/cuda_graphs.py), match eager,
+hand the caller outputs that later calls never overwrite, and read each call's input values.
+Skipped without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
+    pytest.mark.usefixtures("no_tf32", "fresh_compiles"),
+]
+
+
+def fxcc_backend(gm, example_inputs, **kwargs):
+    from client.backend import fxcc_backend as backend
+
+    return backend(gm, example_inputs, **kwargs)
+
+
+def _counts() -> tuple[int, int]:
+    from client.cuda_graphs import stats
+
+    return stats.captures, stats.replays
+
+
+def _resnet() -> nn.Module:
+    from tests.compiler_core.test_passes_layout import small_resnet
+
+    return small_resnet().cuda()
+
+
+def test_a_conv_net_replays_a_graph_whose_outputs_stay_the_callers():
+    model = _resnet()
+    compiled = torch.compile(model, backend=fxcc_backend)
+    x = torch.randn(4, 3, 64, 64, device="cuda")
+    captures, replays = _counts()
+    with torch.no_grad():
+        first = model(x)
+        y1 = compiled(x)  # compiled, run step by step
+        y2 = compiled(x)  # the same address again: captured and replayed
+        assert _counts() == (captures + 1, replays + 1)
+        x.copy_(torch.randn_like(x))  # new values at the same address
+        second = model(x)
+        y3 = compiled(x)  # replayed: reads the new values
+        assert _counts() == (captures + 1, replays + 2)
+        torch.cuda.synchronize()
+    for y in (y1, y2):
+        torch.testing.assert_close(y, first, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(y3, second, rtol=1e-4, atol=1e-4)
+    assert y2.data_ptr() != y3.data_ptr()
+
+
+def test_other_input_addresses_run_step_by_step_until_they_repeat():
+    from client.cuda_graphs import MAX_GRAPHS
+
+    model = _resnet()
+    compiled = torch.compile(model, backend=fxcc_backend)
+    xs = [torch.randn(4, 3, 64, 64, device="cuda") for _ in range(MAX_GRAPHS + 1)]
+    captures, _ = _counts()
+    with torch.no_grad():
+        for round_ in range(3):
+            for x in xs:
+                torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    # each address was seen twice before the third round; only MAX_GRAPHS of them were captured
+    assert _counts()[0] == captures + MAX_GRAPHS
+
+
+def test_replays_on_another_stream_wait_for_the_last_one():
+    model = _resnet()
+    compiled = torch.compile(model, backend=fxcc_backend)
+    x = torch.randn(4, 3, 64, 64, device="cuda")
+    side = torch.cuda.Stream()
+    with torch.no_grad():
+        expected = model(x)
+        compiled(x)
+        compiled(x)
+        outs = []
+        for i in range(4):
+            with torch.cuda.stream(side if i % 2 else torch.cuda.current_stream()):
+                outs.append(compiled(x))
+        torch.cuda.synchronize()
+    for y in outs:
+        torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_off_by_setting_for_training_and_for_large_outputs(monkeypatch):
+    from client import cuda_graphs
+
+    model = _resnet()
+    x = torch.randn(4, 3, 64, 64, device="cuda")
+    monkeypatch.setenv("FXCC_CUDA_GRAPHS", "0")
+    off = torch.compile(model, backend=fxcc_backend)
+    captures, _ = _counts()
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(off(x), model(x), rtol=1e-4, atol=1e-4)
+    assert _counts()[0] == captures
+    monkeypatch.delenv("FXCC_CUDA_GRAPHS")
+    torch._dynamo.reset()
+
+    # training: forward and backward run step by step, gradients match eager
+    train = torch.compile(model, backend=fxcc_backend)
+    for _ in range(3):
+        model.zero_grad()
+        train(x).sum().backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).sum().backward()
+    for g, p in zip(got, model.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-3, atol=1e-3)
+    assert _counts()[0] == captures
+    torch._dynamo.reset()
+
+    # an activation-sized output is not worth copying out of a graph each call
+    trunk = nn.Sequential(*list(model.children())[:5])
+    compiled = torch.compile(trunk, backend=fxcc_backend)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), trunk(x), rtol=1e-4, atol=1e-4)
+    assert _counts()[0] == captures
+    assert any("too large" in r for r in cuda_graphs.stats.disabled)
