@@ -286,6 +286,12 @@ def launch_config(kernel: Kernel) -> tuple[dict[str, int], int]:
 
     Symbolic sizes choose by their hint (the example's value): any choice is correct, since
     masks cover every size and a symbolic row length always gets the looped reduction.
+
+    Note: a symbolic row is looped because it may take any length, not because it is long: its
+    tile is sized by the hint's row as a persistent one would be (at most 2048 wide), never a
+    fixed 2048-wide one. Rows of a few dozen elements (attention scores over a dynamic sequence)
+    under RBLOCK 2048 left over 98% of every tile masked, one row per program; and plans with
+    symbolic sizes are never autotuned, so this config is the one that runs.
     """
     xnumel = hint(kernel.xnumel)
     if kernel.rnumel == 1:
@@ -293,9 +299,10 @@ def launch_config(kernel: Kernel) -> tuple[dict[str, int], int]:
         return {"XBLOCK": xblock}, 4 if xblock >= 512 else 2
     if kernel.column:
         return {"XBLOCK": 16 if xnumel >= 2048 else 8, "RBLOCK": 128}, 4
-    if kernel.looped:
+    if kernel.looped and not is_symbolic(kernel.rnumel):
         return {"XBLOCK": 1, "RBLOCK": 2048}, 8
-    rblock = next_pow2(kernel.rnumel)
+    # a persistent row fits its whole length (at most PERSISTENT_RNUMEL_MAX); a symbolic one loops
+    rblock = min(2048, next_pow2(hint(kernel.rnumel))) if kernel.looped else next_pow2(kernel.rnumel)
     xblock = max(1, min(64, 2048 // rblock, next_pow2(xnumel)))
     elems = xblock * rblock
     return {"XBLOCK": xblock, "RBLOCK": rblock}, 8 if elems >= 4096 else 4 if elems >= 1024 else 2

@@ -65,17 +65,30 @@ class AttentionMatch:
 def fuse_attention(gm: fx.GraphModule, spec: GraphSpec, target: str) -> tuple[fx.GraphModule, GraphSpec]:
     """`gm` and `spec` with each matched attention chain replaced by one SDPA call (else unchanged)."""
     try:
+        syms = gm.meta.get("fxcc_syms")  # a symbolic graph keeps its hints
+        before = _recorded(syms)
         matches = find_attention(gm, target)
         if not matches:
             return gm, spec
+        if _recorded(syms) != before:
+            # Note: the match asked something of the sizes that holds only for some of them (the
+            # ShapeEnv recorded a guard); the rebuilt graph gets a new ShapeEnv, where that guard
+            # would be lost, and the plan would run SDPA for sizes the match never allowed.
+            log.info("attention pass skipped: the match holds only under guards on the sizes")
+            return gm, spec
         rewritten = rewrite_spec(spec, matches, target)
-        syms = gm.meta.get("fxcc_syms")  # a symbolic graph keeps its hints
         new_gm = rebuild_graph(rewritten, {s.name: v for s, v in syms.hints.items()} if syms else None)
     except Exception as e:  # noqa: BLE001 - correctness first: an unsure rewrite is no rewrite
         log.warning("attention pass skipped: %s: %s", type(e).__name__, e)
         return gm, spec
     log.info("attention pass: %d chain(s) → %s", len(matches), CUDA_OP if target == "cuda" else CPU_OP)
     return new_gm, rewritten
+
+
+def _recorded(syms: object) -> tuple[int, int]:
+    """How many guards and replacements a symbolic graph's ShapeEnv holds ((0, 0) without one)."""
+    env = getattr(syms, "shape_env", None)
+    return (len(env.guards), len(env.replacements)) if env is not None else (0, 0)
 
 
 def find_attention(gm: fx.GraphModule, target: str) -> list[AttentionMatch]:
@@ -192,7 +205,9 @@ def supported(m: AttentionMatch, target: str) -> bool:
     if any(t is None or t.dim() != 3 for t in (q, kt, v)) or not q.dtype == kt.dtype == v.dtype:
         return False
     (n, rows, e), (_, _, cols), ev = q.shape, kt.shape, v.shape[-1]
-    if min(n, rows, cols, e, ev) == 0 or n > MAX_HEADS:
+    # Note: each size compared with 0 on its own: min() of symbolic sizes compares them with one
+    # another, which records a guard (`s0 >= 8` for 8 heads and a sequence of 9) on the graph's sizes.
+    if any(d == 0 for d in (n, rows, cols, e, ev)) or n > MAX_HEADS:
         return False
     last_dense = all(t.shape[-1] == 1 or t.stride(-1) == 1 for t in (q, v)) and (kt.shape[1] == 1 or kt.stride(1) == 1)
     if not last_dense:
@@ -213,8 +228,10 @@ def rewrite_spec(spec: GraphSpec, matches: list[AttentionMatch], target: str) ->
             nodes.extend(sdpa_nodes(by_out[n.name], target, taken))
         elif n.name not in removed:
             nodes.append(n)
-    return GraphSpec(placeholders=spec.placeholders, nodes=_drop_dead_views(nodes, spec.outputs),
-                     outputs=spec.outputs)
+    # Note: a symbolic graph keeps its size symbols (their declarations and ranges), or the
+    # rewritten spec would use undeclared symbols and dynamic attention would never fuse.
+    return GraphSpec(symbols=spec.symbols, placeholders=spec.placeholders,
+                     nodes=_drop_dead_views(nodes, spec.outputs), outputs=spec.outputs)
 
 
 def sdpa_nodes(m: AttentionMatch, target: str, taken: set[str]) -> list[Node]:

@@ -59,12 +59,45 @@ def test_sequence_lengths_compile_at_most_twice_and_match_eager(block):
     model = (TransformerBlock(64, 4) if block == "transformer" else GPT2Block(64, 4)).eval()
     compiled = torch.compile(model, backend="fxcc")
     with torch.no_grad():
-        for seq in (8, 9, 12, 16, 23, 31):
+        for seq in (8, 9, 12, 16, 23, 31, 5):  # 5: shorter than the static graph's 8 and the heads' 8
             x = torch.randn(2, seq, 64)
             torch.testing.assert_close(compiled(x), model(x), atol=2e-5, rtol=2e-5)
     compiles = _compiles()
     assert len(compiles) <= 2
     assert compiles[-1].stats.kernels >= 1
+    # The dynamic graph's attention runs as one SDPA call, as the static graph's does: the
+    # attention pass keeps the graph's size symbols (it used to fail on them and leave bmm →
+    # softmax → bmm, materializing the 8 × s × s scores).
+    ops = compiles[-1].stats.extern_ops
+    assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in ops and "aten.bmm.default" not in ops
+
+
+def test_reduction_over_a_dynamic_row_is_tiled_by_its_hint_and_matches_eager(monkeypatch):
+    """A softmax over a symbolic row length loops over the row (any length), with a tile sized by
+    the example's row, many rows per program, not one 2048-wide row per program (over 98% of it
+    masked for rows of a few dozen); it matches eager for rows shorter and far longer than that."""
+    arts: list = []
+    real = compile_request
+
+    def spy(request):
+        arts.append(real(request))
+        return arts[-1]
+    monkeypatch.setattr("compiler_core.compile.compile_request", spy)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x * 0.5, dim=-1)
+
+    compiled = torch.compile(fn, backend="fxcc")
+    for n in (8, 9, 12, 31, 300):
+        x = torch.randn(6, n, generator=torch.Generator().manual_seed(n))
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert len(arts) == 2 and all(e.error is None for e in events())
+    dynamic = arts[-1].manifest
+    assert dynamic.plan.symbols, "the second graph is dynamic"
+    reductions = [k for k in dynamic.kernels if "RBLOCK" in k.constexprs]
+    assert reductions
+    for k in reductions:  # the hint's row is 9 long
+        assert k.constexprs["RBLOCK"] == 16 and k.constexprs["XBLOCK"] > 1, (k.name, k.constexprs)
 
 
 def test_symbolic_plan_checks_its_guards():

@@ -184,3 +184,54 @@ def test_half_precision_on_cpu() -> None:
     (got,) = run(art, q, k, v)
     ref = attention(*(t.double() for t in (q, k, v)))
     assert (got.double() - ref).abs().max() <= 2 * (attention(q, k, v).double() - ref).abs().max() + 1e-3
+
+
+
+def _symbolic_capture(fn: Any, inputs: tuple[torch.Tensor, ...], dims: dict[int, list[int]] | None) -> Any:
+    """The capture of `fn`'s graph with symbolic sizes: `dims` (input → dims) marked dynamic, or
+    every size when None."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    from client.backend import decomposition_table
+
+    caps: list[Any] = []
+
+    def fw(gm: torch.fx.GraphModule, example: list[Any]) -> Any:
+        caps.append(capture_graph(gm, example))
+        return make_boxed_func(gm)
+
+    torch._dynamo.reset()
+    for i, ds in (dims or {}).items():
+        torch._dynamo.mark_dynamic(inputs[i], ds)
+    backend = aot_autograd(fw_compiler=fw, decompositions=decomposition_table())
+    try:
+        with torch.no_grad():
+            torch.compile(fn, dynamic=True if dims is None else None, backend=backend)(*inputs)
+    finally:
+        torch._dynamo.reset()
+    (cap,) = caps
+    assert cap.spec.symbols
+    return cap
+
+
+def test_fires_on_a_symbolic_sequence_length() -> None:
+    """A graph with a symbolic sequence length is rewritten too: the new spec keeps its size
+    symbols, and matching asks nothing of the sizes (no guard, so every length runs fused)."""
+    q, k, v = qkv(6, 12, 8)
+    cap = _symbolic_capture(attention, (q, k, v), {0: [1], 1: [1], 2: [1]})
+    gm = rebuild_graph(cap.spec, cap.hints)
+    new_gm, new_spec = fuse_attention(gm, cap.spec, "interpret")
+    targets = {n.target for n in new_spec.nodes}
+    assert CPU_OP in targets and "aten.bmm.default" not in targets
+    assert new_spec.symbols == cap.spec.symbols
+    assert not gm.meta["fxcc_syms"].shape_env.guards
+    assert new_gm.meta.get("fxcc_syms") is not None
+
+
+def test_symbolic_heads_that_need_a_guard_are_left_alone() -> None:
+    """With batch × heads symbolic, the match holds only while it is at most MAX_HEADS (a guard
+    the rebuilt graph would not keep), so the graph stays as it is."""
+    cap = _symbolic_capture(attention, qkv(2, 3, 12, 8), None)
+    gm = rebuild_graph(cap.spec, cap.hints)
+    assert fuse_attention(gm, cap.spec, "interpret") == (gm, cap.spec)
