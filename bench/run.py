@@ -77,15 +77,55 @@ def _env(**dirs: str) -> dict[str, str]:
     return env
 
 
-def run_workload(name: str, first_call: bool, timeout_s: float, fxcc_first_call: str = "both") -> dict[str, Any]:
+TIMED = ("eager_ms", "inductor_ms", "fxcc_ms")
+
+
+def combine(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from several processes' measurements of a workload: the first's fields, with each
+    runtime the median over processes (all kept in `<field>_samples`) and what derives from it.
+
+    Note: a workload of a few tens of µs measures 0.044–0.073 ms for the same kernel in different
+    processes on the H200 machine, for Inductor and fxcc alike; one process's ratio is noise.
+    """
+    row = dict(samples[0])
+    if len(samples) == 1:
+        return row
+    for k in TIMED:
+        vals = sorted(s[k] for s in samples if s.get(k))
+        if not vals:
+            continue
+        row[f"{k}_samples"] = [s.get(k) for s in samples]
+        row[k] = vals[len(vals) // 2] if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
+        g = k.replace("_ms", "_gbps")
+        if samples[0].get(g) and samples[0].get(k):
+            row[g] = round(samples[0][g] * samples[0][k] / row[k], 1)
+    row["processes"] = len(samples)
+    row["fxcc_vs_inductor_samples"] = [s.get("fxcc_vs_inductor") for s in samples]
+    if row.get("fxcc_ms") and row.get("inductor_ms"):
+        row["fxcc_vs_inductor"] = round(row["fxcc_ms"] / row["inductor_ms"], 3)
+    if row.get("fxcc_gbps"):
+        row["gbps"] = row["fxcc_gbps"]
+        for pct, copy in (("fxcc_pct_of_copy", "copy_gbps"), ("fxcc_pct_of_same_copy", "copy_same_bytes_gbps")):
+            if row.get(copy):
+                row[pct] = round(100 * row["fxcc_gbps"] / row[copy], 1)
+    return row
+
+
+def run_workload(name: str, first_call: bool, timeout_s: float, fxcc_first_call: str = "both",
+                 repeat: int = 1) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"fxcc-bench-{name}-") as tmp:
         t = Path(tmp)
         d = {k: str(t / k) for k in ("ind", "tri", "fx", "ind2", "tri2", "fx2", "tri3")}
-        out = t / "measure.json"
-        res, err = _python(["bench.measure", "--workload", name, "--out", str(out)],
-                           _env(TORCHINDUCTOR_CACHE_DIR=d["ind"], TRITON_CACHE_DIR=d["tri"],
-                                FXCC_CACHE_DIR=d["fx"]), timeout_s)
-        row: dict[str, Any] = res or {"name": name, "error": err}
+        samples, err = [], ""
+        for i in range(repeat):  # each in a fresh process, with fresh caches
+            out = t / f"measure{i}.json"
+            caches = {k: str(t / f"{k}{i}") for k in ("ind", "tri", "fx")} if i else d
+            res, err = _python(["bench.measure", "--workload", name, "--out", str(out)],
+                               _env(TORCHINDUCTOR_CACHE_DIR=caches["ind"], TRITON_CACHE_DIR=caches["tri"],
+                                    FXCC_CACHE_DIR=caches["fx"]), timeout_s)
+            if res:
+                samples.append(res)
+        row: dict[str, Any] = combine(samples) if samples else {"name": name, "error": err}
         row["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         print(f"[bench] {name}: measured{' (' + err + ')' if err else ''}", flush=True)
         if not first_call:
@@ -202,6 +242,8 @@ def main() -> None:
     p.add_argument("--fxcc-first-call", choices=("both", "service", "inproc"), default="both",
                    help="fxcc's first call through a running service (fxcc_cold_s/fxcc_warm_s), "
                         "in-process (fxcc_inproc_*), or both")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="measure each workload in this many processes; runtimes are their medians")
     p.add_argument("--no-launch-overhead", action="store_true")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per process")
     p.add_argument("--log", type=Path, help="append every child process's output here")
@@ -221,7 +263,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     why = ""
     for n in names:  # written after each workload, so a run cut short keeps what it measured
-        rows.append(run_workload(n, n in first, a.timeout_s, a.fxcc_first_call))
+        rows.append(run_workload(n, n in first, a.timeout_s, a.fxcc_first_call, max(1, a.repeat)))
         doc = merge(a.out, rows[-1:], extra)
         a.out.write_text(json.dumps(doc, indent=1))
         why = chart(doc, a.out.with_suffix(".png"))

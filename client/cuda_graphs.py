@@ -141,25 +141,23 @@ class GraphedPlan:
         key = _pointer_key(args)
         if key is None or torch.cuda.is_current_stream_capturing():
             return self.runner(args)  # not all on one GPU, or inside the caller's own capture
-        with self.lock:
+        with self.lock:  # replays share one pool: one at a time
             captured = self.graphs.get(key)
-            if captured is None:
-                if key not in self.seen or len(self.graphs) >= MAX_GRAPHS:
-                    if len(self.seen) >= _MAX_SEEN:
-                        self.seen.clear()
-                    self.seen.add(key)
-                    stats.count("step_by_step")
-                    outputs = self.runner(args)
-                    if not self.graphs:  # decided before any capture: outputs too large to copy
-                        reason = _unsafe_outputs(outputs, args, self.budget)
-                        if reason is not None:
-                            self._disable(reason, logging.INFO)
-                    return outputs
+            if captured is None and key in self.seen and len(self.graphs) < MAX_GRAPHS:
                 captured = self._capture(args, key)
-                if captured is None:
-                    stats.count("step_by_step")
-                    return self.runner(args)
-            return self._replay(captured)
+            elif captured is None:
+                if len(self.seen) >= _MAX_SEEN:
+                    self.seen.clear()
+                self.seen.add(key)
+            if captured is not None:
+                return self._replay(captured)
+        stats.count("step_by_step")
+        outputs = self.runner(args)
+        if not self.graphs and self.disabled is None:
+            reason = _unsafe_outputs(outputs, args, self.budget)  # known before any capture
+            if reason is not None:
+                self._disable(reason, logging.INFO)
+        return outputs
 
     def _capture(self, args: list[Any], key: tuple[Any, ...]) -> _Captured | None:
         try:

@@ -33,3 +33,19 @@ def test_a_run_with_first_calls_replaces_them(tmp_path):
     path.write_text(json.dumps(merge(path, [_row("cos_sin", 1.0, inductor_cold_s=9.0)], {})))
     (row,) = merge(path, [_row("cos_sin", 1.1, inductor_cold_s=8.0)], {})["workloads"]
     assert row["inductor_cold_s"] == 8.0 and "first_call_measured_at" not in row
+
+
+def test_several_processes_give_median_runtimes_and_keep_every_sample():
+    from bench.run import combine
+
+    samples = [{"name": "ln", "fxcc_ms": f, "inductor_ms": i, "eager_ms": 0.14, "fxcc_gbps": 4000 / f,
+                "copy_gbps": 4200.0, "fxcc_vs_inductor": round(f / i, 3)}
+               for f, i in ((0.045, 0.047), (0.067, 0.047), (0.054, 0.055))]
+    row = combine(samples)
+    assert row["fxcc_ms"] == 0.054 and row["inductor_ms"] == 0.047
+    assert row["fxcc_ms_samples"] == [0.045, 0.067, 0.054] and row["processes"] == 3
+    assert row["fxcc_vs_inductor"] == round(0.054 / 0.047, 3)
+    assert row["fxcc_gbps"] == round(4000 / 0.054, 1) and row["gbps"] == row["fxcc_gbps"]
+    assert row["fxcc_pct_of_copy"] == round(100 * row["fxcc_gbps"] / 4200, 1)
+    assert row["fxcc_vs_inductor_samples"] == [s["fxcc_vs_inductor"] for s in samples]
+    assert combine(samples[:1]) == samples[0]

@@ -54,6 +54,9 @@ def test_batch_norm_training_normalizes_in_the_statistics_kernel():
 def test_native_group_norm_outputs_match_eager(shape, groups, dtype):
     import math
 
+    # Note: seeded: a group of 2 elements whose values nearly agree has a huge rstd, and unseeded
+    # inputs made that case fail now and then on rounding alone.
+    torch.manual_seed(0)
     x = torch.randn(shape, dtype=dtype)
     w, b = torch.randn(shape[1], dtype=dtype), torch.randn(shape[1], dtype=dtype)
     hxw = math.prod(shape[2:])
