@@ -1,5 +1,6 @@
 """deploy/ agrees with the code: env names are settings, ports and probe paths are served, the KEDA
-trigger watches the stream and group the workers use, commands are real CLI subcommands."""
+triggers watch the streams and group the workers use (the tune stream of the GPU workers' arch too),
+commands are real CLI subcommands."""
 
 import re
 from pathlib import Path
@@ -81,11 +82,36 @@ def test_compose_has_queue_and_cache_redis_and_prometheus_scrapes_metrics():
     assert job["static_configs"][0]["targets"] == [f"api:{ServiceSettings().port}"]
 
 
-def test_keda_watches_the_worker_stream():
+def keda_triggers():
+    """The ScaledObject, the Deployment it scales, and its redis-streams triggers' metadata by stream."""
     (keda,) = [d for _, d in docs() if d.get("kind") == "ScaledObject"]
-    meta = keda["spec"]["triggers"][0]["metadata"]
-    assert meta["stream"] == ServiceSettings().redis_prefix + keys.STREAM_INTERACTIVE
+    target = keda["spec"]["scaleTargetRef"]["name"]
+    (deployment,) = [d for _, d in docs() if d.get("kind") == "Deployment" and d["metadata"]["name"] == target]
+    triggers = {t["metadata"]["stream"]: t["metadata"] for t in keda["spec"]["triggers"] if t["type"] == "redis-streams"}
+    return deployment, triggers
+
+
+def test_keda_watches_the_worker_stream():
+    _, triggers = keda_triggers()
+    meta = triggers[ServiceSettings().redis_prefix + keys.STREAM_INTERACTIVE]
     assert meta["consumerGroup"] == keys.GROUP
+
+
+def test_keda_scales_gpu_workers_on_the_tune_stream_of_their_arch():
+    """Tune jobs waiting for the scaled workers' GPUs add replicas: a trigger on the tune stream of
+    the arch that the Deployment's nodes have (GPU feature discovery's compute capability labels),
+    counted by the stream's length (waiting + running: workers delete acknowledged entries), not by a
+    consumer group's pending entries, which stay 0 while no GPU has taken a tune job."""
+    deployment, triggers = keda_triggers()
+    labels = deployment["spec"]["template"]["spec"]["nodeSelector"]
+    arch = int(labels["nvidia.com/gpu.compute.major"] + labels["nvidia.com/gpu.compute.minor"])
+    assert arch == 90  # the H200 deployment
+    meta = triggers[keys.RedisKeys(ServiceSettings().redis_prefix).tune_stream(arch)]
+    assert "consumerGroup" not in meta and int(meta["streamLength"]) > 0
+    assert len({m["address"] for m in triggers.values()}) == 1  # the queue Redis the workers read
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"][:2] == ["fxcc", "worker"] and "cpu" not in container["command"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
 
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile.api", "Dockerfile.worker"])
