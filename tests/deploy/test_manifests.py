@@ -1,5 +1,5 @@
 """deploy/ agrees with the code: env names are settings, ports and probe paths are served, the KEDA
-triggers watch the streams and group the workers use (the tune stream of the GPU workers' arch too),
+triggers count the jobs waiting on the workers' streams (the tune stream of the GPU workers' arch too),
 commands are real CLI subcommands."""
 
 import re
@@ -91,24 +91,25 @@ def keda_triggers():
     return deployment, triggers
 
 
-def test_keda_watches_the_worker_stream():
+def test_keda_scales_on_jobs_waiting_not_only_on_jobs_held():
+    """Every trigger counts a stream's length (waiting + running: workers delete the entries they
+    acknowledge). With a consumer group KEDA would count its pending entries, the jobs workers
+    already hold, which never exceed the workers running: a backlog would add no replica."""
     _, triggers = keda_triggers()
-    meta = triggers[ServiceSettings().redis_prefix + keys.STREAM_INTERACTIVE]
-    assert meta["consumerGroup"] == keys.GROUP
+    assert ServiceSettings().redis_prefix + keys.STREAM_INTERACTIVE in triggers
+    for meta in triggers.values():
+        assert "consumerGroup" not in meta and int(meta["streamLength"]) > 0, meta
+    assert len({m["address"] for m in triggers.values()}) == 1  # the queue Redis the workers read
 
 
 def test_keda_scales_gpu_workers_on_the_tune_stream_of_their_arch():
     """Tune jobs waiting for the scaled workers' GPUs add replicas: a trigger on the tune stream of
-    the arch that the Deployment's nodes have (GPU feature discovery's compute capability labels),
-    counted by the stream's length (waiting + running: workers delete acknowledged entries), not by a
-    consumer group's pending entries, which stay 0 while no GPU has taken a tune job."""
+    the arch that the Deployment's nodes have (GPU feature discovery's compute capability labels)."""
     deployment, triggers = keda_triggers()
     labels = deployment["spec"]["template"]["spec"]["nodeSelector"]
     arch = int(labels["nvidia.com/gpu.compute.major"] + labels["nvidia.com/gpu.compute.minor"])
     assert arch == 90  # the H200 deployment
-    meta = triggers[keys.RedisKeys(ServiceSettings().redis_prefix).tune_stream(arch)]
-    assert "consumerGroup" not in meta and int(meta["streamLength"]) > 0
-    assert len({m["address"] for m in triggers.values()}) == 1  # the queue Redis the workers read
+    assert keys.RedisKeys(ServiceSettings().redis_prefix).tune_stream(arch) in triggers
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["command"][:2] == ["fxcc", "worker"] and "cpu" not in container["command"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
