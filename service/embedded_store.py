@@ -1,5 +1,5 @@
 """EmbeddedStore: artifacts on local disk, jobs and the queues (compile, and tune per GPU arch) in memory,
-for `fxcc serve` without Redis."""
+for `fxcc serve` without Redis; the tune jobs in flight are also kept on disk, for the next process."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import uuid
 from collections import Counter, defaultdict, deque
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel
 
 from compiler_core.artifact import (
     Artifact,
@@ -53,6 +55,13 @@ def queue_of(job: JobRecord) -> str:
     return tune_queue(job.arch) if job.kind == "tune" and job.arch is not None else job.priority
 
 
+class TuneRecord(BaseModel):
+    """A tune job in flight as kept in data_dir/tune/<key>.json: the job as it stands, and its request."""
+
+    job: JobRecord
+    request: str
+
+
 class EmbeddedStore:
     """One process's store. A single lock guards jobs, queues and single flight."""
 
@@ -79,6 +88,7 @@ class EmbeddedStore:
         # What the in-process workers run on, and the arch of the tune jobs they take (set at start).
         self.worker_device = "cpu"
         self.worker_tune_arch: int | None = None
+        self._restore_tune_jobs()
 
     def ping(self) -> None:
         if not self.root.is_dir():
@@ -227,6 +237,7 @@ class EmbeddedStore:
                                            priority="precompile", created_at=created)
             self._requests[job_id] = request_json
             self._tune_inflight[key] = job_id
+            self._save_tune_job(self._jobs[job_id])
             self._queues[tune_queue(arch)].append(job_id)
             self._cond.notify_all()
             return Submitted(job_id=job_id, created=True)
@@ -323,6 +334,8 @@ class EmbeddedStore:
             stages = {**{k: v for k, v in job.stages.items() if k != stage.value}, stage.value: now_s()}
             job = self._jobs[job_id] = job.model_copy(update={
                 "stage": stage, "state": state_of(stage), "stages": stages, **fields})
+            if job.kind == "tune":
+                self._save_tune_job(job)
             if job.finished:
                 self._requests.pop(job_id, None)
                 inflight = self._tune_inflight if job.kind == "tune" else self._inflight
@@ -330,6 +343,71 @@ class EmbeddedStore:
                     del inflight[job.key]
             self._cond.notify_all()
             return job
+
+    # ------------------------------------------------------------ the tune queue on disk
+
+    # Note: a tune job is the only record of an untuned artifact's request (manifests do not hold
+    # it), so the tune jobs in flight are kept on disk while they are queued or running, one file
+    # per artifact key (one tune job per key in flight), rewritten at each move, removed when the
+    # job finishes. A later process on the data dir queues them again (_restore_tune_jobs).
+
+    def _tune_path(self, key: str) -> Path:
+        return self.root / "tune" / f"{key}.json"
+
+    def _save_tune_job(self, job: JobRecord) -> None:
+        """Write the key's tune job in flight to disk, or remove it once the job is finished."""
+        if self._tune_inflight.get(job.key) != job.id:
+            return  # not the key's tune job in flight: the file is another job's
+        path = self._tune_path(job.key)
+        try:
+            if job.finished:
+                path.unlink(missing_ok=True)
+            else:
+                atomic_write(path, TuneRecord(job=job, request=self._requests[job.id]).model_dump_json().encode())
+        except OSError as e:  # the job goes on in memory; only a restart would lose it
+            log.warning("tune job %s could not be %s on disk: %s", job.id,
+                        "removed" if job.finished else "kept", e)
+
+    def _restore_tune_jobs(self) -> None:
+        """Queue again the tune jobs that an earlier process left in flight under data_dir/tune, oldest
+        first; a running one goes back to queued with its attempts counted (its worker died with
+        that process)."""
+        paths = sorted((self.root / "tune").glob("*.json"))
+        records = [r for r in map(self._read_tune_record, paths) if r is not None]
+        for record in sorted(records, key=lambda r: r.job.created_at):
+            job = record.job
+            self._jobs[job.id] = job
+            self._requests[job.id] = record.request
+            self._tune_inflight[job.key] = job.id
+            if job.state is JobState.RUNNING:
+                self._move(job.id, JobStage.QUEUED, worker=None)
+            self._queues[queue_of(job)].append(job.id)
+        if records:
+            log.info("tune queue: %d tune job(s) restored from %s", len(records), self.root / "tune")
+
+    def _read_tune_record(self, path: Path) -> TuneRecord | None:
+        """The tune job in flight that `path` holds, when its artifact still waits for tuning. None
+        for a file that holds no such job (logged, and left there), and for a job whose artifact is
+        gone or tuned meanwhile (its file removed)."""
+        try:
+            record = TuneRecord.model_validate_json(path.read_bytes())
+        except (OSError, ValueError) as e:
+            log.warning("tune queue: skipping %s, which is not a tune job: %s", path, str(e)[:500])
+            return None
+        job = record.job
+        if job.kind != "tune" or job.arch is None or job.key != path.stem or job.finished:
+            log.warning("tune queue: skipping %s, which holds no tune job in flight for its key", path)
+            return None
+        try:
+            manifest = self.get_manifest(job.key)
+            if manifest is not None and not manifest.tuned:
+                return record
+            log.info("tune queue: dropping tune job %s: artifact %s is %s", job.id, job.key[:12],
+                     "gone" if manifest is None else "tuned")
+            path.unlink(missing_ok=True)
+        except OSError as e:
+            log.warning("tune queue: skipping %s: %s", path, e)
+        return None
 
     # ------------------------------------------------------------ queue
 

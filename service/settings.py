@@ -34,7 +34,8 @@ class ServiceSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="FXCC_", extra="ignore")
 
-    # None means embedded mode: artifacts on local disk, jobs in memory, an in-process worker.
+    # None means embedded mode: artifacts (and tune jobs in flight) on local disk, other jobs in memory,
+    # an in-process worker.
     redis_url: str | None = None
     # The artifact cache may live in another Redis (allkeys-lru) than the queue (noeviction, AOF).
     cache_redis_url: str | None = None

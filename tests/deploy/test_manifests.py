@@ -1,5 +1,6 @@
 """deploy/ agrees with the code: env names are settings, ports and probe paths are served, the KEDA
-trigger watches the stream and group the workers use, commands are real CLI subcommands."""
+triggers count the jobs waiting on the workers' streams (the tune stream of the GPU workers' arch too),
+commands are real CLI subcommands."""
 
 import re
 from pathlib import Path
@@ -81,11 +82,37 @@ def test_compose_has_queue_and_cache_redis_and_prometheus_scrapes_metrics():
     assert job["static_configs"][0]["targets"] == [f"api:{ServiceSettings().port}"]
 
 
-def test_keda_watches_the_worker_stream():
+def keda_triggers():
+    """The ScaledObject, the Deployment it scales, and its redis-streams triggers' metadata by stream."""
     (keda,) = [d for _, d in docs() if d.get("kind") == "ScaledObject"]
-    meta = keda["spec"]["triggers"][0]["metadata"]
-    assert meta["stream"] == ServiceSettings().redis_prefix + keys.STREAM_INTERACTIVE
-    assert meta["consumerGroup"] == keys.GROUP
+    target = keda["spec"]["scaleTargetRef"]["name"]
+    (deployment,) = [d for _, d in docs() if d.get("kind") == "Deployment" and d["metadata"]["name"] == target]
+    triggers = {t["metadata"]["stream"]: t["metadata"] for t in keda["spec"]["triggers"] if t["type"] == "redis-streams"}
+    return deployment, triggers
+
+
+def test_keda_scales_on_jobs_waiting_not_only_on_jobs_held():
+    """Every trigger counts a stream's length (waiting + running: workers delete the entries they
+    acknowledge). With a consumer group KEDA would count its pending entries, the jobs workers
+    already hold, which never exceed the workers running: a backlog would add no replica."""
+    _, triggers = keda_triggers()
+    assert ServiceSettings().redis_prefix + keys.STREAM_INTERACTIVE in triggers
+    for meta in triggers.values():
+        assert "consumerGroup" not in meta and int(meta["streamLength"]) > 0, meta
+    assert len({m["address"] for m in triggers.values()}) == 1  # the queue Redis the workers read
+
+
+def test_keda_scales_gpu_workers_on_the_tune_stream_of_their_arch():
+    """Tune jobs waiting for the scaled workers' GPUs add replicas: a trigger on the tune stream of
+    the arch that the Deployment's nodes have (GPU feature discovery's compute capability labels)."""
+    deployment, triggers = keda_triggers()
+    labels = deployment["spec"]["template"]["spec"]["nodeSelector"]
+    arch = int(labels["nvidia.com/gpu.compute.major"] + labels["nvidia.com/gpu.compute.minor"])
+    assert arch == 90  # the H200 deployment
+    assert keys.RedisKeys(ServiceSettings().redis_prefix).tune_stream(arch) in triggers
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"][:2] == ["fxcc", "worker"] and "cpu" not in container["command"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
 
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile.api", "Dockerfile.worker"])

@@ -1,7 +1,8 @@
 """End to end, real processes: redis-server, `fxcc serve` and two CPU `fxcc worker`s. Many clients ask for
 one sm_90 graph at once: one compile, its untuned artifact (cross-compiled cubins) stored, and exactly
 one tune job queued on the sm_90 tune stream, which no CPU worker ever reads while they go on
-compiling. (A GPU worker tuning it: tests/gpu/test_tune_queue_gpu.py.)"""
+compiling. (A GPU worker tuning it: tests/gpu/test_tune_queue_gpu.py.) An embedded `fxcc serve` killed
+and started again on its data dir still has its tune job waiting."""
 
 from __future__ import annotations
 
@@ -116,3 +117,40 @@ def test_cpu_cluster_queues_one_tune_job_that_no_cpu_worker_claims(cluster: str,
     assert compile_and_wait(url, req)["status"] == "done"
     jobs = httpx.get(f"{url}/v1/jobs", params={"limit": 100}, headers=AUTH, timeout=30).json()
     assert [j["id"] for j in jobs if j["kind"] == "tune"] == [tune["id"]]
+
+
+def test_a_killed_embedded_serve_finds_its_tune_job_when_started_again(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FXCC_")}
+    env.update(TRITON_INTERPRET="1", FXCC_DATA_DIR=str(tmp_path / "data"), FXCC_EMBEDDED_DEVICE="cpu",
+               FXCC_TOKEN=TOKEN)
+    cmd = [sys.executable, "-m", "client.cli", "serve", "--port", str(port)]
+    logs = [tmp_path / "serve-1.log", tmp_path / "serve-2.log"]
+    first = subprocess.Popen(cmd, env=env, stdout=logs[0].open("w"), stderr=subprocess.STDOUT)
+    second = None
+    try:
+        wait_healthy(url, first)
+        key = compile_and_wait(url, request("aten.sin.default", arch=90))["key"]
+        [tune] = [j for j in httpx.get(f"{url}/v1/jobs", headers=AUTH, timeout=30).json()
+                  if j["kind"] == "tune"]
+        first.kill()  # no clean shutdown: the queue must already be on disk
+        first.wait(20)
+
+        second = subprocess.Popen(cmd, env=env, stdout=logs[1].open("w"), stderr=subprocess.STDOUT)
+        wait_healthy(url, second)
+        status = httpx.get(f"{url}/v1/status", headers=AUTH, timeout=30).json()
+        assert status["tune"] == {"sm_90": {"waiting": 1, "running": 0}} and status["queue"]["tune"]["waiting"] == 1
+        again = httpx.get(f"{url}/v1/jobs/{tune['id']}", headers=AUTH, timeout=30).json()
+        assert (again["kind"], again["key"], again["arch"], again["state"]) == ("tune", key, 90, "queued")
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        for path in logs:
+            if path.exists():
+                sys.stderr.write(f"---- {path.name}\n{path.read_text()[-3000:]}\n")

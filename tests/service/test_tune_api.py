@@ -1,6 +1,7 @@
 """Tune jobs over HTTP, on a real Redis and in embedded mode: counts in /v1/status, /v1/stats and /metrics,
 job records in /v1/jobs, cancelling; the embedded service's in-process worker takes tune jobs only
-on a GPU of the job's arch (faked here: torch sees no GPU on this machine)."""
+on a GPU of the job's arch (faked here: torch sees no GPU on this machine), also those a restarted
+service finds left from before."""
 
 from __future__ import annotations
 
@@ -71,9 +72,11 @@ def test_tune_jobs_are_counted_listed_and_cancellable(client: TestClient,
     assert client.get("/v1/stats").json()["tune"] == {"sm_90": {"waiting": 0, "running": 0}}
 
 
-def test_embedded_service_on_a_gpu_tunes_the_untuned_artifacts_of_its_arch(
-        embedded_settings: ServiceSettings, make_unary: Callable[..., CompileRequest],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def fake_sm90(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """An sm_90 GPU at cuda:0 for the embedded worker's set-up and for tune jobs; the devices the
+    fake tuner was called on. Compiles do not tune (process.tuning_device stays real: no GPU), so
+    artifacts are stored untuned first."""
     seen: list[str] = []
 
     def tuner(artifact: Artifact, request: CompileRequest, device: str | None) -> Artifact:
@@ -83,11 +86,14 @@ def test_embedded_service_on_a_gpu_tunes_the_untuned_artifacts_of_its_arch(
         kernels = [k.model_copy(update={"tuning": rec}) for k in artifact.manifest.kernels]
         return Artifact(artifact.manifest.model_copy(update={"kernels": kernels, "tuned": True}), artifact.blobs)
 
-    # The GPU: an sm_90 at cuda:0 for the worker's set-up and for tune jobs. Compiles do not tune
-    # (process.tuning_device stays real: no GPU), so the artifact is stored untuned first.
     monkeypatch.setattr(process, "device_arch", lambda device: 90 if device == "cuda:0" else None)
     monkeypatch.setattr(tune, "tuning_device", lambda arch, device: device if arch == 90 else None)
     monkeypatch.setattr(tune, "autotune_for_target", tuner)
+    return seen
+
+
+def test_embedded_service_on_a_gpu_tunes_the_untuned_artifacts_of_its_arch(
+        embedded_settings: ServiceSettings, make_unary: Callable[..., CompileRequest], fake_sm90: list[str]) -> None:
     settings = embedded_settings.model_copy(update={"embedded_device": "cuda:0"})
     with TestClient(create_app(settings)) as client:
         compiled = client.get(f"/v1/jobs/{post(client, sm90(make_unary())).json()['job_id']}",
@@ -98,9 +104,34 @@ def test_embedded_service_on_a_gpu_tunes_the_untuned_artifacts_of_its_arch(
         assert job["state"] == "done" and job["worker"] == "embedded-0" and job["key"] == compiled["key"], job
         manifest = client.get(f"/v1/artifacts/{compiled['key']}").json()["manifest"]
         assert manifest["tuned"] and all(k["tuning"]["device"] == "Fake GPU" for k in manifest["kernels"])
-        assert seen == ["cuda:0"]
+        assert fake_sm90 == ["cuda:0"]
         [worker] = client.get("/v1/stats").json()["workers"]
         assert (worker["device"], worker["tune_arch"]) == ("cuda:0", 90)
+
+
+def test_a_restarted_embedded_service_tunes_what_it_stored_untuned_before(
+        embedded_settings: ServiceSettings, make_unary: Callable[..., CompileRequest], fake_sm90: list[str]) -> None:
+    """The embedded tune queue outlives `fxcc serve`: a restart (here on a CPU) still shows the tune
+    job waiting, and a later start on an sm_90 GPU tunes it."""
+    cpu = embedded_settings.model_copy(update={"embedded_device": "cpu"})
+    waiting = {"waiting": 1, "running": 0}
+    with TestClient(create_app(cpu)) as client:
+        key = compile_on_cpu(client, sm90(make_unary()))["key"]
+        [queued] = [j for j in client.get("/v1/jobs").json() if j["kind"] == "tune"]
+    with TestClient(create_app(cpu)) as client:
+        status = client.get("/v1/status").json()
+        assert status["tune"] == {"sm_90": waiting} and status["queue"]["tune"] == waiting
+        [job] = client.get("/v1/jobs", params={"state": "queued"}).json()
+        assert (job["id"], job["kind"], job["key"], job["arch"]) == (queued["id"], "tune", key, 90)
+        assert not client.get(f"/v1/artifacts/{key}").json()["manifest"]["tuned"]
+    with TestClient(create_app(cpu.model_copy(update={"embedded_device": "cuda:0"}))) as client:
+        job = client.get(f"/v1/jobs/{queued['id']}", params={"wait": 60}).json()
+        assert (job["state"], job["worker"], job["key"]) == ("done", "embedded-0", key), job
+        assert client.get(f"/v1/artifacts/{key}").json()["manifest"]["tuned"]
+        assert client.get("/v1/status").json()["tune"] == {"sm_90": {"waiting": 0, "running": 0}}
+    assert fake_sm90 == ["cuda:0"]
+    with TestClient(create_app(cpu)) as client:  # nothing is queued twice
+        assert client.get("/v1/status").json()["tune"] == {}
 
 
 def test_embedded_device_is_validated(embedded_settings: ServiceSettings) -> None:

@@ -276,3 +276,86 @@ def test_a_dead_gpu_workers_tune_job_is_taken_over_by_another_gpu(
         assert store.tune_depths() == {"sm_90": {"waiting": 0, "running": 0}}
     finally:
         store.close()
+
+
+# ---------------------------------------------------------------- the embedded tune queue across restarts
+
+
+def embedded(settings: ServiceSettings) -> Store:
+    """An EmbeddedStore on the test's data dir: a new one is what a restarted `fxcc serve` opens."""
+    from service.embedded_store import EmbeddedStore
+
+    return EmbeddedStore(settings.data_dir)
+
+
+def test_a_restarted_embedded_store_queues_the_tune_jobs_left_in_flight(
+        embedded_settings: ServiceSettings, fake_gpu: FakeTuner, make_unary: Callable[..., CompileRequest]) -> None:
+    first = embedded(embedded_settings)
+    a = compile_on(first, cuda_request(make_unary)).key
+    b = compile_on(first, cuda_request(make_unary, sizes=(8, 8))).key
+    [claim] = first.claim("gpu", block_ms=10, tune_arch=90)
+    assert first.mark_started(claim.job_id, "gpu", stage=JobStage.AUTOTUNING) is not None  # then the process dies
+    before = {j.key: j for j in tune_jobs(first)}
+    assert before[a].id == claim.job_id
+
+    second = embedded(embedded_settings)
+    assert second.tune_depths() == {"sm_90": {"waiting": 2, "running": 0}}
+    jobs = {j.key: j for j in tune_jobs(second)}
+    assert {k: (j.id, j.arch, j.state, j.worker, j.attempt) for k, j in jobs.items()} == {
+        a: (before[a].id, 90, JobState.QUEUED, None, 1),  # its attempt counts: it died with its process
+        b: (before[b].id, 90, JobState.QUEUED, None, 0)}
+    for key in (a, b):
+        assert second.get_request(jobs[key].id) == first.get_request(before[key].id)
+    assert second.claim("cpu", block_ms=10) == []  # still only for a GPU of sm_90
+    again = second.submit_tune(a, 90, cuda_request(make_unary).model_dump_json())
+    assert (again.job_id, again.created) == (jobs[a].id, False)  # one tune job per key, as before
+
+    done = [run_tune_job(second), run_tune_job(second)]
+    assert [(j.key, j.state, j.attempt) for j in done] == [(a, JobState.DONE, 2), (b, JobState.DONE, 1)]
+    assert sorted(call[0] for call in fake_gpu.calls) == sorted([a, b])  # each tuned once
+    assert second.claim("gpu", block_ms=10, tune_arch=90) == []
+    third = embedded(embedded_settings)  # finished tune jobs are not queued again
+    assert tune_jobs(third) == [] and third.tune_depths() == {}
+
+
+def test_a_tune_job_that_keeps_dying_with_its_process_is_dead_lettered(
+        embedded_settings: ServiceSettings, fake_gpu: FakeTuner, make_unary: Callable[..., CompileRequest]) -> None:
+    """A tune that kills the service (a driver crash) must not kill every restart after it."""
+    store = embedded(embedded_settings)
+    key = compile_on(store, cuda_request(make_unary)).key
+    for _ in range(2):
+        [claim] = store.claim("gpu", block_ms=10, tune_arch=90)
+        assert store.mark_started(claim.job_id, "gpu", stage=JobStage.AUTOTUNING) is not None
+        store = embedded(embedded_settings)  # the process died mid-tune
+    job = run_tune_job(store, replace(GPU, max_attempts=2))
+    assert (job.key, job.state, job.error.error if job.error else None) == (key, JobState.FAILED, "TooManyAttempts")
+    assert [d["job_id"] for d in store.dead_letters(10)] == [job.id] and fake_gpu.calls == []
+    assert tune_jobs(embedded(embedded_settings)) == []
+
+
+def test_a_restart_skips_what_is_no_tune_job_in_flight(
+        embedded_settings: ServiceSettings, make_unary: Callable[..., CompileRequest],
+        caplog: pytest.LogCaptureFixture) -> None:
+    first = embedded(embedded_settings)
+    kept, tuned, gone = (compile_on(first, cuda_request(make_unary, sizes=s)).key for s in ((4, 8), (8, 8), (2, 8)))
+    art = first.get_artifact(tuned)
+    assert art is not None
+    first.put_artifact(Artifact(art.manifest.model_copy(update={"tuned": True}), art.blobs))  # by a compile
+    assert first.delete_artifact(gone)
+    queue = embedded_settings.data_dir / "tune"
+    bad = {"garbage.json": b"{not json", f"{'f' * 64}.json": b'{"job": 1, "request": ""}',
+           f"{'e' * 64}.json": (queue / f"{kept}.json").read_bytes(),  # another key's job
+           f"{'d' * 64}.json": b"\xff\xfe\x00"}
+    for name, data in bad.items():
+        (queue / name).write_bytes(data)
+    (queue / "a-directory.json").mkdir()
+
+    with caplog.at_level("INFO", logger="fxcc.service.embedded"):
+        second = embedded(embedded_settings)
+    assert [j.key for j in tune_jobs(second)] == [kept]
+    assert second.tune_depths() == {"sm_90": {"waiting": 1, "running": 0}}
+    for name in [*bad, "a-directory.json"]:
+        assert any(name in r.getMessage() and r.levelname == "WARNING" for r in caplog.records), name
+    assert all((queue / name).exists() for name in bad)  # left for whoever looks into it
+    # The jobs of artifacts tuned or deleted meanwhile are dropped, with their files.
+    assert not (queue / f"{tuned}.json").exists() and not (queue / f"{gone}.json").exists()
