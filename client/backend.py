@@ -45,6 +45,9 @@ class CompileEvent:
     error: str | None = None
     graph_nodes: int = 0
     job_id: str | None = None
+    # how the plan runs: "cuda graph" (replayed once its inputs' addresses repeat), or
+    # "step by step: <why not a CUDA graph>"; None for no plan (fallback, precompile)
+    runs_as: str | None = None
 
 
 @dataclass
@@ -179,19 +182,24 @@ class GraphCompiler:
                request: CompileRequest | None = None) -> Callable:
         runner: Callable = load_plan(art)
         key = art.manifest.key
-        _record(CompileEvent(key=key, source=source, seconds=time.perf_counter() - t0,
-                             stats=art.manifest.stats, graph_nodes=len(capture.spec.nodes)))
-        log.info("fxcc: graph %s from %s (%d kernels)", key[:12], source, art.manifest.stats.kernels)
         if request is not None and request.graph.symbols:
-            runner = Variants(runner, lambda args: self._variant(request, capture, args))
-        elif self.settings.cuda_graphs:
+            runner, runs_as = Variants(runner, lambda args: self._variant(request, capture, args)), \
+                "step by step: sizes are symbolic"
+        elif not self.settings.cuda_graphs:
+            runs_as = "step by step: cuda_graphs is off"
+        else:
             from client.cuda_graphs import GraphedPlan, why_not_graphed
 
             why = why_not_graphed(art.manifest, self.inference)
-            if why is None:
-                runner = GraphedPlan(runner, art.manifest)
-            else:
-                log.debug("fxcc: graph %s runs step by step: %s", key[:12], why)
+            runs_as = "cuda graph, once its inputs' addresses repeat" if why is None else f"step by step: {why}"
+        event = CompileEvent(key=key, source=source, seconds=time.perf_counter() - t0,
+                             stats=art.manifest.stats, graph_nodes=len(capture.spec.nodes), runs_as=runs_as)
+        if runs_as.startswith("cuda graph"):
+            runner = GraphedPlan(runner, art.manifest,
+                                 on_disable=lambda why: setattr(event, "runs_as", f"step by step: {why}"))
+        _record(event)
+        log.info("fxcc: graph %s from %s (%d kernels; %s)", key[:12], source, art.manifest.stats.kernels,
+                 runs_as)
         return _guarded(runner, capture.constants, eager, key)
 
     def _variant(self, request: CompileRequest, capture: Any, args: list[Any]) -> Callable:

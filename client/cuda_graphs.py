@@ -122,8 +122,10 @@ class _Captured:
 class GraphedPlan:
     """A static plan that replays CUDA graphs for input pointers it has seen twice (see module)."""
 
-    def __init__(self, runner: Callable[[list[Any]], tuple[Any, ...]], manifest: ArtifactManifest) -> None:
+    def __init__(self, runner: Callable[[list[Any]], tuple[Any, ...]], manifest: ArtifactManifest,
+                 on_disable: Callable[[str], None] | None = None) -> None:
         self.runner = runner
+        self.on_disable = on_disable  # told why, once the plan stops trying
         self.key = manifest.key
         self.budget = allocated_bytes(manifest)
         self.graphs: dict[tuple[Any, ...], _Captured] = {}
@@ -190,6 +192,8 @@ class GraphedPlan:
         self.seen.clear()
         with stats.lock:
             stats.disabled.append(reason)
+        if self.on_disable is not None:
+            self.on_disable(reason)
         log.log(level, "fxcc: plan %s runs step by step, not as a CUDA graph: %s", self.key[:12], reason)
 
     def _replay(self, captured: _Captured) -> tuple[Any, ...]:

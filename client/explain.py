@@ -29,6 +29,8 @@ class Explanation:
                 f"{s.intermediate_bytes_avoided} intermediate bytes avoided")
             if s.extern_ops:
                 lines.append(f"    extern ops: {', '.join(s.extern_ops)}")
+            if e.runs_as:
+                lines.append(f"    runs as: {e.runs_as}")
         for reason in self.graph_breaks:
             lines.append(f"  graph break: {reason}")
         return "\n".join(lines)

@@ -22,3 +22,5 @@ def test_explain_reports_graphs_and_breaks(tmp_path, monkeypatch):
     text = str(report)
     assert "2 aten graph(s), 1 Dynamo graph break(s)" in text
     assert "aten.mm.default" in text  # matmul stays an extern call
+    # CPU graphs run their plans step by step (CUDA graphs are a CUDA target's)
+    assert text.count("runs as: step by step: target is interpret") == 2, text

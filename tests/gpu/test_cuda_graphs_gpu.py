@@ -48,6 +48,9 @@ def test_a_conv_net_replays_a_graph_whose_outputs_stay_the_callers():
         y3 = compiled(x)  # replayed: reads the new values
         assert _counts() == (captures + 1, replays + 2)
         torch.cuda.synchronize()
+    from client.backend import events
+
+    assert events()[-1].runs_as.startswith("cuda graph")
     for y in (y1, y2):
         torch.testing.assert_close(y, first, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(y3, second, rtol=1e-4, atol=1e-4)
@@ -123,3 +126,6 @@ def test_off_by_setting_for_training_and_for_large_outputs(monkeypatch):
             torch.testing.assert_close(compiled(x), trunk(x), rtol=1e-4, atol=1e-4)
     assert _counts()[0] == captures
     assert any("too large" in r for r in cuda_graphs.stats.disabled)
+    from client.backend import events
+
+    assert "too large" in events()[-1].runs_as  # what explain() reports for this graph
