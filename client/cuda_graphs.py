@@ -132,6 +132,7 @@ class GraphedPlan:
         self.seen: set[tuple[Any, ...]] = set()
         self.disabled: str | None = None
         self.pool: Any = None
+        self.device: torch.device | None = None
         self.lock = threading.Lock()
         self.last_stream: Any = None
         self.done: Any = None  # event recorded after the last replay's copies
@@ -143,6 +144,11 @@ class GraphedPlan:
         key = _pointer_key(args)
         if key is None or torch.cuda.is_current_stream_capturing():
             return self.runner(args)  # not all on one GPU, or inside the caller's own capture
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        if self.device is None:
+            self.device = device
+        elif device != self.device:
+            return self.runner(args)  # graphs (and their pool) live on the first GPU seen
         with self.lock:  # replays share one pool: one at a time
             captured = self.graphs.get(key)
             if captured is None and key in self.seen and len(self.graphs) < MAX_GRAPHS:
@@ -166,10 +172,11 @@ class GraphedPlan:
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                before = torch.cuda.memory_reserved()  # after the cache was emptied for the capture
+            with torch.cuda.device(self.device), \
+                    torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                before = torch.cuda.memory_reserved(self.device)  # after the cache was emptied for the capture
                 outputs = self.runner(list(args))
-            grown = max(0, torch.cuda.memory_reserved() - before)
+            grown = max(0, torch.cuda.memory_reserved(self.device) - before)
             self.pool_bytes += grown
             with stats.lock:
                 stats.pool_bytes += grown
@@ -197,6 +204,9 @@ class GraphedPlan:
         log.log(level, "fxcc: plan %s runs step by step, not as a CUDA graph: %s", self.key[:12], reason)
 
     def _replay(self, captured: _Captured) -> tuple[Any, ...]:
+        if self.device is not None and self.device.index != torch.cuda.current_device():
+            with torch.cuda.device(self.device):
+                return self._replay(captured)
         stream = torch.cuda.current_stream()
         if self.done is not None and stream != self.last_stream:
             stream.wait_event(self.done)  # the pool's last user may still be running elsewhere
