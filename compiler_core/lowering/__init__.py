@@ -31,7 +31,7 @@ from compiler_core.ir.nodes import (
     make_loader,
 )
 from compiler_core.ir.ops import ops
-from compiler_core.sizevars import contiguous_strides, dense_strides_like
+from compiler_core.sizevars import contiguous_strides, dense_strides_like, numel
 from compiler_core.symbolic import offset_of, sizes_of, strides_of
 from compiler_core.symexpr import dump
 from compiler_core.wire import (
@@ -413,7 +413,10 @@ def _extern(g: GraphLowering, node: fx.Node, wire: Any, env: dict[fx.Node, Any])
             # Note: written once for every later reader too, as Inductor's realize does: a later
             # kernel loads this buffer instead of recomputing it from its sources, which would
             # keep those alive (a ResNet's block outputs held every conv result of the stage).
-            env[arg_node] = value = g.realize(value, dense_strides_like(sizes_of(val), strides_of(val)))
+            value = _realize_view_base(g, arg_node)
+            if not isinstance(value, StridedView):
+                value = g.realize(value, dense_strides_like(sizes_of(val), strides_of(val)))
+            env[arg_node] = value
         refs[arg_node.name] = g.extern_ref(value, arg_node)
     by_wire_name = {n.name: refs[n.name] for n in node.all_input_nodes}
 
@@ -433,6 +436,50 @@ def _extern(g: GraphLowering, node: fx.Node, wire: Any, env: dict[fx.Node, Any])
     if isinstance(val, (tuple, list)):
         return ExternTuple(wire.name, tuple(val))
     return _extern_result(g, wire.name, val)
+
+
+def _realize_view_base(g: GraphLowering, node: fx.Node) -> TensorValue:
+    """`node`'s value, read through a view of its base written to memory where a later node
+    reads that base too; else its Lazy value unchanged.
+
+    Note: a view of a Lazy value is Lazy, so realizing it for an extern call (a Linear's input,
+    `view(layer_norm(x))`) wrote the view's own buffer and left the base Lazy: a later reader
+    of the base (the residual add after it) recomputed it from all its sources. The base is
+    written instead, in eager's layout, and the graph's view ops run again on its buffer, as
+    Inductor realizes a view's storage. Only for views of as many elements as their base (no
+    slice or expand writes more than the extern reads), and only when a node not yet lowered
+    reads the base (a lone view keeps its own buffer, which a kernel may write in place of its
+    input: the GELU between two Linears).
+    """
+    value = g.env[node]
+    chain: list[fx.Node] = []  # from `node` up to the base's reader
+    base = node
+    while is_view(base) and base.target is not operator.getitem and isinstance(g.env.get(base.args[0]), Lazy):
+        chain.append(base)
+        base = base.args[0]
+    if not chain or base.op != "call_function":
+        return value
+    base_value, base_val = g.env[base], base.meta.get("val")
+    count = numel(base_value.sizes)
+    if not isinstance(base_val, torch.Tensor) or any(numel(g.env[n].sizes) != count for n in chain):
+        return value
+    along = {base, *chain}
+    if not any(u not in g.env for n in along - {node} for u in n.users if u not in along):
+        return value
+    g.env[base] = g.realize(base_value, dense_strides_like(sizes_of(base_val), strides_of(base_val)))
+    redone: dict[fx.Node, Any] = {}
+    try:
+        for n in reversed(chain):
+            args = fx.node.map_arg(n.args, lambda a: redone.get(a, g.env[a]))
+            kwargs = fx.node.map_arg(n.kwargs, lambda a: redone.get(a, g.env[a]))
+            with _lowering(g, n):
+                redone[n] = LOWERINGS[n.target](*args, **kwargs)
+            _check(n, redone[n])
+    except Exception as e:  # noqa: BLE001 - the views' Lazy values stay right: they read the base's sources
+        log.warning("views of %s (realized) failed to lower again: %s: %s", base.name, type(e).__name__, e)
+        return value
+    g.env.update(redone)
+    return redone[node]
 
 
 def _fresh_strides(node: fx.Node, val: Any) -> tuple[Any, ...] | None:

@@ -18,7 +18,7 @@ from compiler_core.ir.ops import compute_dtype, ops
 from compiler_core.lowering import aten, current_graph, node_val, register_lowering
 from compiler_core.lowering.common import broadcast_loader, check_dtypes, require
 from compiler_core.sizevars import Expr, flatten, numel, unflatten
-from compiler_core.symbolic import is_symbolic, sizes_of
+from compiler_core.symbolic import is_symbolic, sizes_of, strides_of
 
 Prologue = Callable[[Any, Sequence[Expr]], Any]
 
@@ -105,12 +105,27 @@ def _epilogue(dtype: torch.dtype, sizes: Sequence[int], fn: Callable[..., Any], 
     return Lazy(dtype, tuple(sizes), lambda index: ops.to_dtype(fn(*[ld(index) for ld in loaders]), comp))
 
 
+def _as_is(val: torch.Tensor, buf: TensorValue) -> TensorValue:
+    """A reduction's value: its buffer itself where that holds eager's result in eager's dtype
+    and layout, else that buffer cast (a Lazy epilogue).
+
+    Note: an identity epilogue left the value Lazy, so a graph output of a sum was written again
+    by a copy, fused into whichever later kernel took it, that loaded the sums its own kernel
+    had just stored; an extern call reading it got such a copy too.
+    """
+    if isinstance(buf, StridedView) and buf.is_whole_buffer() and buf.dtype == val.dtype \
+            and tuple(buf.sizes) == sizes_of(val) \
+            and all(n == 1 or a == b for n, a, b in zip(buf.sizes, buf.strides, strides_of(val))):
+        return buf
+    return _epilogue(val.dtype, sizes_of(val), lambda v: v, buf)
+
+
 def _acc_dtype(out: torch.dtype) -> torch.dtype:
     return compute_dtype(out)
 
 
-def _simple(rtype: str) -> Callable[..., Lazy]:
-    def lower(x: TensorValue, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Lazy:
+def _simple(rtype: str) -> Callable[..., TensorValue]:
+    def lower(x: TensorValue, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> TensorValue:
         val = node_val()
         check_dtypes(x.dtype, val.dtype)
         if rtype in ("max", "min", "prod") and x.dtype == torch.bool:
@@ -128,8 +143,7 @@ def _simple(rtype: str) -> Callable[..., Lazy]:
                     full[d] = index[k]
                 return ops.to_dtype(load(full), acc)
             return Lazy(val.dtype, sizes, one)
-        buf = reduce(x, dims, keepdim, rtype, acc)
-        return _epilogue(val.dtype, sizes_of(val), lambda v: v, buf)
+        return _as_is(val, reduce(x, dims, keepdim, rtype, acc))
     return lower
 
 
@@ -139,7 +153,7 @@ register_lowering(aten.amin.default)(_simple("min"))
 
 
 @register_lowering(aten.prod.dim_int, aten.prod.default)
-def _prod(x: TensorValue, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Lazy:
+def _prod(x: TensorValue, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> TensorValue:
     return _simple("prod")(x, dim, keepdim)
 
 
@@ -355,13 +369,13 @@ def _arg_reduce(x: TensorValue, dim: Any, keepdim: bool, rtype: str) -> tuple[St
     return peak, index
 
 
-def _arg(rtype: str) -> Callable[..., Lazy]:
-    def lower(x: TensorValue, dim: Any = None, keepdim: bool = False) -> Lazy:
+def _arg(rtype: str) -> Callable[..., TensorValue]:
+    def lower(x: TensorValue, dim: Any = None, keepdim: bool = False) -> TensorValue:
         val = node_val()
         if not x.sizes:
             return Lazy(val.dtype, sizes_of(val), lambda index: ops.constant(0, torch.int64))
         _, index = _arg_reduce(x, dim, keepdim, rtype)
-        return _epilogue(val.dtype, sizes_of(val), lambda i: i, index)
+        return _as_is(val, index)
     return lower
 
 
@@ -369,8 +383,8 @@ register_lowering(aten.argmax.default)(_arg("max"))
 register_lowering(aten.argmin.default)(_arg("min"))
 
 
-def _value_and_index(rtype: str) -> Callable[..., tuple[Lazy, Lazy]]:
-    def lower(x: TensorValue, dim: int, keepdim: bool = False) -> tuple[Lazy, Lazy]:
+def _value_and_index(rtype: str) -> Callable[..., tuple[TensorValue, TensorValue]]:
+    def lower(x: TensorValue, dim: int, keepdim: bool = False) -> tuple[TensorValue, TensorValue]:
         values, indices = node_val()
         if not x.sizes:
             load = make_loader(x)
@@ -380,8 +394,7 @@ def _value_and_index(rtype: str) -> Callable[..., tuple[Lazy, Lazy]]:
         dims = _dims(x, dim)
         sizes = sizes_of(values)
         peak_view = _keep_or_squeeze(peak, dims, keepdim, sizes)
-        return (_epilogue(values.dtype, sizes, lambda v: v, peak_view),
-                _epilogue(indices.dtype, sizes, lambda i: i, index))
+        return _as_is(values, peak_view), _as_is(indices, index)
     return lower
 
 
@@ -418,14 +431,14 @@ register_lowering(aten.all.default, aten.all.dim, aten.all.dims)(_any_all("min")
 SCAN_AS_REDUCTION_MAX = 512
 
 
-def _scan(rtype: str, identity: float) -> Callable[..., Lazy]:
+def _scan(rtype: str, identity: float) -> Callable[..., TensorValue]:
     """cumsum / cumprod: out[..., i, ...] = reduce over r <= i of x[..., r, ...].
 
     Note: a masked reduction per output element, not a scan: O(n²) work, so only for short
     scan dims (Triton's scan primitives would need a scan node in the scheduler). The sum's
     order differs from eager's sequential one, as any parallel reduction's does.
     """
-    def lower(x: TensorValue, dim: int, *, dtype: Any = None) -> Lazy:
+    def lower(x: TensorValue, dim: int, *, dtype: Any = None) -> TensorValue:
         val = node_val()
         check_dtypes(x.dtype, val.dtype)
         acc = compute_dtype(val.dtype)
@@ -443,8 +456,7 @@ def _scan(rtype: str, identity: float) -> Callable[..., Lazy]:
             src[d] = rindex[0]
             keep = ops.le(ops.index_expr(rindex[0], torch.int64), ops.index_expr(index[d], torch.int64))
             return ops.where(keep, ops.to_dtype(load(src), acc), ops.constant(identity, acc))
-        buf = current_graph().add_computed(Reduction(acc, sizes, (n,), rtype, inner))
-        return _epilogue(val.dtype, sizes, lambda v: v, buf)
+        return _as_is(val, current_graph().add_computed(Reduction(acc, sizes, (n,), rtype, inner)))
     return lower
 
 
