@@ -234,8 +234,10 @@ def _pointer_key(args: list[Any]) -> tuple[Any, ...] | None:
             elif a.device != device:
                 return None
             key.append(a.data_ptr())
-        else:
+        elif a is None or isinstance(a, (bool, int, float)):
             key.append(a)
+        else:
+            return None  # nothing else is a plan input a graph could be keyed on
     return tuple(key) if device is not None else None
 
 
@@ -259,7 +261,7 @@ def _unsafe_outputs(outputs: Any, args: list[Any], budget: int) -> str | None:
             return "an output aliases an input"
         if ptr in storages:
             return "two outputs share memory"
-        if not _dense(o):
+        if _overlaps(o):
             return "an output overlaps itself"
         storages.add(ptr)
         total += o.numel() * o.element_size()
@@ -268,12 +270,12 @@ def _unsafe_outputs(outputs: Any, args: list[Any], budget: int) -> str | None:
     return None
 
 
-def _dense(t: torch.Tensor) -> bool:
-    """Whether `t`'s elements tile a block of memory exactly once, in some order of its dims."""
-    expected = 1
-    dims = sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n != 1), key=lambda d: d[1])
-    for size, stride in dims:
-        if stride != expected:
-            return False
-        expected *= size
-    return True
+def _overlaps(t: torch.Tensor) -> bool:
+    """Whether two of `t`'s elements share memory (an expanded dim): a copy with its strides could
+    not hold them apart. Gaps are fine (a padded row is copied with its padding)."""
+    span = 1
+    for size, stride in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n > 1), key=lambda d: d[1]):
+        if stride < span:
+            return True
+        span = stride * size
+    return False

@@ -68,6 +68,8 @@ def test_outputs_that_alias_inputs_share_memory_or_are_large_are_never_copied_ou
     y = torch.randn(8, 8)
     assert cuda_graphs._unsafe_outputs((y, y[1]), [x], 10**9) == "two outputs share memory"
     assert cuda_graphs._unsafe_outputs((y.expand(3, 8, 8),), [x], 10**9) == "an output overlaps itself"
+    padded = torch.randn(8, 10)[:, :7]  # rows with gaps (a padded matmul's result) copy out fine
+    assert cuda_graphs._unsafe_outputs((padded, y.t()), [x], 10**9) is None
     assert "too large" in cuda_graphs._unsafe_outputs((y,), [x], 49 * y.nbytes)
     assert cuda_graphs._unsafe_outputs((y, 3), [x], 50 * y.nbytes) is None
 
@@ -86,6 +88,16 @@ def test_a_graphed_plan_on_cpu_tensors_runs_step_by_step_and_captures_nothing(re
         (y,) = plan([x])
         assert torch.equal(y, torch.ones(3))
     assert len(calls) == 3 and cuda_graphs.stats.captures == before and not plan.graphs
+
+
+def test_graphs_are_keyed_on_tensor_pointers_and_plain_values_only():
+    cpu = torch.zeros(2)
+    assert cuda_graphs._pointer_key([cpu, 3]) is None  # CPU tensors are never graphed
+    assert cuda_graphs._pointer_key([3, None]) is None  # no tensor at all
+    if torch.cuda.is_available():
+        g = torch.zeros(2, device="cuda")
+        assert cuda_graphs._pointer_key([g, 3, None]) == (g.data_ptr(), 3, None)
+        assert cuda_graphs._pointer_key([g, [1, 2]]) is None
 
 
 def test_fxcc_cuda_graphs_setting():
