@@ -115,6 +115,18 @@ def test_keda_scales_gpu_workers_on_the_tune_stream_of_their_arch():
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
 
 
+def test_keda_logs_in_to_redis_with_a_password_from_a_secret():
+    """Every trigger authenticates through a TriggerAuthentication whose password comes from a key
+    that a Secret of the manifests holds (a Redis with a password refuses an anonymous scaler)."""
+    (keda,) = [d for _, d in docs() if d.get("kind") == "ScaledObject"]
+    auths = {d["metadata"]["name"]: d for _, d in docs() if d.get("kind") == "TriggerAuthentication"}
+    secrets = {d["metadata"]["name"]: d.get("stringData", {}) for _, d in docs() if d.get("kind") == "Secret"}
+    for trigger in keda["spec"]["triggers"]:
+        auth = auths[trigger["authenticationRef"]["name"]]
+        refs = {r["parameter"]: r for r in auth["spec"]["secretTargetRef"]}
+        assert refs["password"]["key"] in secrets[refs["password"]["name"]], refs
+
+
 @pytest.mark.parametrize("dockerfile", ["Dockerfile.api", "Dockerfile.worker"])
 def test_images_run_real_subcommands(dockerfile):
     text = (DEPLOY / dockerfile).read_text()
