@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import sympy
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import compiler_core.symexpr as symexpr_module
@@ -82,6 +82,22 @@ def sympy_value(expr, env):
     return bool(value) if isinstance(value, sympy.logic.boolalg.Boolean) else int(value)
 
 
+def in_range(fn, *args):
+    """fn(*args), skipping the examples whose numbers leave the grammar's 64-bit range: nested
+    powers of the strategy's integers fold to constants like ((12**3)**3)**3 (30 digits), or
+    evaluate past 2**63. Rejecting those is the grammar's contract (tests below check the message),
+    not what these property tests test."""
+    try:
+        return fn(*args)
+    except SymExprError as e:
+        assume("out of range" not in str(e))
+        raise
+
+
+def dumped(expr):
+    return in_range(dump, expr)
+
+
 def assert_same_expression(got, expected):
     """Structurally equal, or equal after simplifying the difference: SymPy sometimes holds an
     unevaluated part that rebuilding evaluates (Min(Max(2, x), Max(3, x)) is Max(x, Min(2, 3)))."""
@@ -100,10 +116,10 @@ def assert_same_expression(got, expected):
 @SETTINGS
 @given(st.one_of(exprs, relations), envs)
 def test_round_trip_structure_and_value(expr, env):
-    text = dump(expr)
+    text = dumped(expr)
     node = parse(text)
     assert_same_expression(node.to_sympy(), expr)
-    assert node.evaluate(env) == sympy_value(expr, env)
+    assert in_range(node.evaluate, env) == sympy_value(expr, env)
     assert node.symbols == {s.name for s in expr.free_symbols}
 
 
@@ -117,9 +133,9 @@ def test_round_trip_of_an_unevaluated_sympy_part():
 @SETTINGS
 @given(st.one_of(exprs, relations))
 def test_canonical_text_is_a_fixpoint(expr):
-    text = dump(expr)
+    text = dumped(expr)
     assert str(parse(text)) == text
-    canonical = dump(parse(text).to_sympy())  # the same as text unless expr held an unevaluated part
+    canonical = dumped(parse(text).to_sympy())  # the same as text unless expr held an unevaluated part
     assert dump(parse(canonical).to_sympy()) == canonical
     assert str(parse(canonical)) == canonical
 
@@ -127,8 +143,9 @@ def test_canonical_text_is_a_fixpoint(expr):
 @SETTINGS
 @given(st.lists(st.one_of(exprs, relations), min_size=1, max_size=3), envs)
 def test_compiled_evaluator_agrees_with_evaluate(exprs_, env):
-    texts = [dump(e) for e in exprs_]
-    assert compile_exprs(texts)(env) == tuple(parse(t).evaluate(env) for t in texts)
+    texts = [dumped(e) for e in exprs_]
+    expected = tuple(in_range(parse(t).evaluate, env) for t in texts)
+    assert compile_exprs(texts)(env) == expected
 
 
 def test_dump_orders_commutative_arguments_by_text():
