@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,11 +17,49 @@ from typing import Any
 import torch
 
 
-def bench_ms(fn: Callable[[], Any]) -> float:
-    """Median runtime in ms (triton.testing.do_bench: CUDA events, L2 flushed between runs)."""
+def bench_ms(fn: Callable[[], Any], spread: dict[str, float] | None = None) -> float:
+    """Median runtime in ms (triton.testing.do_bench: CUDA events, L2 flushed between runs).
+
+    With `spread`, also fills its 10th and 90th percentiles and the medians of the first and last
+    tenth of the runs: a process in a slow mode for its whole measurement shows a high p10; a
+    clock still ramping up shows a first tenth slower than the last.
+    """
     from triton.testing import do_bench
 
-    return float(do_bench(fn, warmup=50, rep=300, return_mode="median"))
+    times = [float(t) for t in do_bench(fn, warmup=50, rep=300, return_mode="all")]
+    sorted_times = sorted(times)
+    n = len(times)
+    if spread is not None:
+        tenth = max(1, n // 10)
+        spread.update(p10=round(sorted_times[n // 10], 4), p90=round(sorted_times[(9 * n) // 10], 4),
+                      first_tenth=round(sorted(times[:tenth])[tenth // 2], 4),
+                      last_tenth=round(sorted(times[-tenth:])[tenth // 2], 4), runs=n)
+    return statistics.median(times)  # what return_mode="median" gives
+
+
+def device_ms(fn: Callable[[], Any], runs: int = 500, head_start_us: float = 200.0) -> float:
+    """Median GPU time in ms with the host kept out: as do_bench (L2 flushed by zeroing 256 MB
+    before each run, CUDA events around the call), but the GPU first sleeps `head_start_us`, so
+    the call is enqueued before its start event runs and the events time only the kernels.
+
+    Note: do_bench's events run as soon as the flush kernel ends; a call whose host time is longer
+    than that flush (tens of µs) makes the GPU wait between the start event and its first kernel,
+    and host jitter then shows up as runtime. For kernels of a few tens of µs this is the
+    difference between the two numbers.
+    """
+    cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    cycles = int(2e9 * head_start_us * 1e-6)  # SM cycles at about the H200's boost clock
+    for _ in range(10):
+        fn()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(runs)]
+    for start, end in events:
+        cache.zero_()
+        torch.cuda._sleep(cycles)
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
 def peak_mb(fn: Callable[[], Any]) -> float:
@@ -90,6 +129,7 @@ def measure(name: str) -> dict[str, Any]:
     with torch.no_grad():
         ref = fn(*inputs)
         res["eager_ms"] = bench_ms(lambda: fn(*inputs))
+        res["eager_device_ms"] = device_ms(lambda: fn(*inputs))
         res["eager_peak_mb"] = peak_mb(lambda: fn(*inputs))
 
         from torch._inductor import metrics
@@ -104,7 +144,9 @@ def measure(name: str) -> dict[str, Any]:
         res["kernels_inductor"] = metrics.generated_kernel_count
         res["inductor_rel_err"] = rel_error(out, ref)
         del out
-        res["inductor_ms"] = bench_ms(lambda: ind(*inputs))
+        res["inductor_ms_spread"] = {}
+        res["inductor_ms"] = bench_ms(lambda: ind(*inputs), res["inductor_ms_spread"])
+        res["inductor_device_ms"] = device_ms(lambda: ind(*inputs))
         res["inductor_peak_mb"] = peak_mb(lambda: ind(*inputs))
         res["inductor_host_ms"] = host_ms(lambda: ind(*inputs))
 
@@ -128,7 +170,9 @@ def measure(name: str) -> dict[str, Any]:
         # its allocations are the graph pool's, held from then on, so its peak is the honest one
         # (a replay allocates only the copies of its outputs).
         res["fxcc_peak_mb"] = peak_mb(lambda: fx(*inputs))
-        res["fxcc_ms"] = bench_ms(lambda: fx(*inputs))
+        res["fxcc_ms_spread"] = {}
+        res["fxcc_ms"] = bench_ms(lambda: fx(*inputs), res["fxcc_ms_spread"])
+        res["fxcc_device_ms"] = device_ms(lambda: fx(*inputs))
         res["fxcc_replay_peak_mb"] = peak_mb(lambda: fx(*inputs))
         res["fxcc_host_ms"] = host_ms(lambda: fx(*inputs))
         res["fxcc_extern_ops"] = sorted({o for e in evs if e.stats for o in e.stats.extern_ops})
@@ -143,6 +187,7 @@ def measure(name: str) -> dict[str, Any]:
         if name == "cos_sin":
             res.update(handmade_cos_sin(inputs[0], ref))
     res["fxcc_vs_inductor"] = round(res["fxcc_ms"] / res["inductor_ms"], 3)
+    res["fxcc_vs_inductor_device"] = round(res["fxcc_device_ms"] / res["inductor_device_ms"], 3)
     if w.min_bytes:
         for k in ("eager", "inductor", "fxcc"):
             res[f"{k}_gbps"] = round(w.min_bytes / res[f"{k}_ms"] / 1e6, 1)

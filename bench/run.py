@@ -32,6 +32,10 @@ NOTES = {
     "gbps": "fewest bytes (input read + output written once) / fxcc_ms; copy_gbps: 1 GiB "
             "device-to-device copy, bytes read + written, measured in the same process; copy_same_bytes_gbps: "
             "a copy moving the workload's fewest bytes (half read, half written)",
+    "device_ms": "*_device_ms: the same calls with the host kept out (bench.measure.device_ms: the GPU "
+                 "sleeps 200 us before each timed call, so the call is enqueued before its start event); "
+                 "do_bench's number also counts host launch jitter when a call's host time exceeds its "
+                 "L2 flush, which decides sub-0.1-ms workloads",
     "peak_mb": "torch.cuda.max_memory_allocated during one call minus memory_allocated before it",
     "first_call": "fresh process: torch.compile + first call until synchronized; CUDA init and "
                   "inputs before the clock; compiler imports inside it. inductor_cold: empty "
@@ -77,7 +81,7 @@ def _env(**dirs: str) -> dict[str, str]:
     return env
 
 
-TIMED = ("eager_ms", "inductor_ms", "fxcc_ms")
+TIMED = ("eager_ms", "inductor_ms", "fxcc_ms", "eager_device_ms", "inductor_device_ms", "fxcc_device_ms")
 
 
 def combine(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -99,10 +103,14 @@ def combine(samples: list[dict[str, Any]]) -> dict[str, Any]:
         g = k.replace("_ms", "_gbps")
         if samples[0].get(g) and samples[0].get(k):
             row[g] = round(samples[0][g] * samples[0][k] / row[k], 1)
+    for k in (k for k in samples[0] if k.endswith("_spread")):  # each process's own spread
+        row[f"{k}_samples"] = [s.get(k) for s in samples]
     row["processes"] = len(samples)
     row["fxcc_vs_inductor_samples"] = [s.get("fxcc_vs_inductor") for s in samples]
     if row.get("fxcc_ms") and row.get("inductor_ms"):
         row["fxcc_vs_inductor"] = round(row["fxcc_ms"] / row["inductor_ms"], 3)
+    if row.get("fxcc_device_ms") and row.get("inductor_device_ms"):
+        row["fxcc_vs_inductor_device"] = round(row["fxcc_device_ms"] / row["inductor_device_ms"], 3)
     if row.get("fxcc_gbps"):
         row["gbps"] = row["fxcc_gbps"]
         for pct, copy in (("fxcc_pct_of_copy", "copy_gbps"), ("fxcc_pct_of_same_copy", "copy_same_bytes_gbps")):

@@ -49,3 +49,13 @@ def test_several_processes_give_median_runtimes_and_keep_every_sample():
     assert row["fxcc_pct_of_copy"] == round(100 * row["fxcc_gbps"] / 4200, 1)
     assert row["fxcc_vs_inductor_samples"] == [s["fxcc_vs_inductor"] for s in samples]
     assert combine(samples[:1]) == samples[0]
+
+
+def test_several_processes_keep_each_ones_spread():
+    from bench.run import combine
+
+    samples = [{"name": "ln", "fxcc_ms": f, "inductor_ms": 0.047, "fxcc_ms_spread": {"p10": f - 0.001, "p90": f}}
+               for f in (0.045, 0.067, 0.054)]
+    row = combine(samples)
+    assert row["fxcc_ms_spread_samples"] == [s["fxcc_ms_spread"] for s in samples]
+    assert "inductor_ms_spread_samples" not in row  # no process measured one
