@@ -36,8 +36,9 @@ def main() -> None:
             fn(*wl.inputs)
         prof.disable()
         torch.cuda.synchronize()
-    stats = pstats.Stats(prof).sort_stats("tottime")
-    stats.print_stats(25)
+    stats = pstats.Stats(prof)
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(30)
 
 
 if __name__ == "__main__":
