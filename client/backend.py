@@ -196,7 +196,8 @@ class GraphCompiler:
                              stats=art.manifest.stats, graph_nodes=len(capture.spec.nodes), runs_as=runs_as)
         if runs_as.startswith("cuda graph"):
             runner = GraphedPlan(runner, art.manifest,
-                                 on_disable=lambda why: setattr(event, "runs_as", f"step by step: {why}"))
+                                 on_disable=lambda why: setattr(event, "runs_as", f"step by step: {why}"),
+                                 on_cut=lambda how: setattr(event, "runs_as", how))
         _record(event)
         log.info("fxcc: graph %s from %s (%d kernels; %s)", key[:12], source, art.manifest.stats.kernels,
                  runs_as)

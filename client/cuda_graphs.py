@@ -12,8 +12,12 @@ Note: what a captured graph assumes, and how each assumption is kept:
   first call also warms cuDNN/cuBLAS, loads cubins), at most MAX_GRAPHS sets per plan.
 - Outputs. The graph writes its outputs into its private memory pool, which the next replay
   overwrites, so each replay's outputs are copied out (fresh tensors with the same strides) and
-  the caller owns them as it owns eager outputs. That copy is why only plans whose outputs are
-  small beside the memory they allocate are graphed (a classifier's logits, not an activation).
+  the caller owns them as it owns eager outputs. That copy is why only outputs small beside the
+  memory the plan allocates are graphed (a classifier's logits, not an activation). A plan with
+  larger outputs is cut: the graph replays every step before the first one that allocates (or
+  aliases) storage of such an output, and the rest runs step by step, so those outputs are
+  fresh tensors and cost no copy (a language model's logits: its last matmul runs after the
+  replay). Tail outputs that share storage with the graph's pool are copied like the others.
 - Static work. Only plans without size symbols, on CUDA, in inference graphs (no autograd saves
   the pool's tensors for a backward), whose extern ops are all known to be capture-safe (no host
   sync, no random numbers, no data-dependent sizes) are graphed; a capture that fails anyway is
@@ -32,8 +36,8 @@ from typing import Any
 
 import torch
 
-from compiler_core.artifact import AllocStep, ArtifactManifest, ExternStep, KernelStep
-from compiler_core.wire import torch_dtype
+from compiler_core.artifact import AllocStep, ArtifactManifest, ExternStep, FreeStep, KernelStep, Plan
+from compiler_core.wire import NodeRef, _refs, torch_dtype
 
 log = logging.getLogger("fxcc.cuda_graphs")
 
@@ -51,6 +55,7 @@ class GraphStats:
     replays: int = 0
     step_by_step: int = 0  # calls of graphable plans that ran step by step (first sight, misses)
     pool_bytes: int = 0  # memory the graphs' pools reserved while capturing (held between calls)
+    cut_plans: int = 0  # plans graphed up to a step, the rest step by step (outputs too large to copy)
     disabled: list[str] = field(default_factory=list)  # why a plan stopped trying
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -89,13 +94,66 @@ def why_not_graphed(manifest: ArtifactManifest, inference: bool) -> str | None:
         return "not an inference graph"
     if plan.symbols:
         return "sizes are symbolic"
-    launches = sum(isinstance(s, (KernelStep, ExternStep)) for s in plan.steps)
-    if launches < MIN_LAUNCHES:
-        return f"{launches} launches"
+    n = launches(plan)
+    if n < MIN_LAUNCHES:
+        return f"{n} launches"
     unsafe = sorted({_op_name(s.op) for s in plan.steps if isinstance(s, ExternStep)} - CAPTURE_SAFE)
     if unsafe:
         return f"extern ops not known to be capture-safe: {', '.join(unsafe[:5])}"
     return None
+
+
+# Extern ops whose result may share its first argument's storage (views, getitem of a tuple).
+ALIASING = frozenset({
+    "view", "reshape", "_unsafe_view", "permute", "expand", "t", "transpose", "slice", "select",
+    "squeeze", "unsqueeze", "as_strided", "alias", "getitem", "detach", "unfold", "diagonal",
+    "narrow", "split", "split_with_sizes", "unbind", "chunk",
+})
+
+
+def graph_cut(plan: Plan, large: list[str]) -> int | None:
+    """Index of the first step that must run after the replay so that the outputs named `large`
+    are not in the graph's pool: the earliest step defining their storage (their allocation, the
+    buffer an allocation reuses, the base a view is taken of). None when one of them shares an
+    input's storage or is not a plan value."""
+    defined = {s.out: i for i, s in enumerate(plan.steps) if isinstance(s, (AllocStep, ExternStep))}
+
+    def origin(name: str, depth: int = 0) -> int | None:
+        i = defined.get(name)
+        if i is None or depth > len(plan.steps):
+            return None  # an input (the caller's storage) or not a value of the plan
+        step = plan.steps[i]
+        base: str | None = None
+        if isinstance(step, AllocStep) and step.reuse is not None:
+            base = step.reuse
+        elif isinstance(step, ExternStep) and _op_name(step.op) in ALIASING and step.args \
+                and isinstance(step.args[0], NodeRef):
+            base = step.args[0].name
+        if base is None:
+            return i
+        j = origin(base, depth + 1)
+        return None if j is None else min(i, j)
+
+    found = [origin(n) for n in large]
+    return None if not found or any(j is None for j in found) else min(found)  # type: ignore[type-var]
+
+
+def live_across(plan: Plan, cut: int) -> list[str]:
+    """Values defined before step `cut` that a later step or the outputs read (the graph's outputs)."""
+    before = {s.out for s in plan.steps[:cut] if isinstance(s, (AllocStep, ExternStep))}
+    read: set[str] = set(_refs(list(plan.outputs)))
+    for s in plan.steps[cut:]:
+        if isinstance(s, (ExternStep, KernelStep)):
+            read.update(_refs(list(s.args) + list(getattr(s, "kwargs", {}).values())))
+        elif isinstance(s, AllocStep) and s.reuse is not None:
+            read.add(s.reuse)
+        elif isinstance(s, FreeStep):
+            continue
+    return sorted(before & read)
+
+
+def launches(plan: Plan, stop: int | None = None) -> int:
+    return sum(isinstance(s, (KernelStep, ExternStep)) for s in plan.steps[:stop])
 
 
 def allocated_bytes(manifest: ArtifactManifest) -> int:
@@ -110,24 +168,44 @@ def allocated_bytes(manifest: ArtifactManifest) -> int:
 
 
 class _Captured:
-    __slots__ = ("graph", "layouts", "outputs")
+    __slots__ = ("graph", "layouts", "live", "outputs", "pool_storages")
 
-    def __init__(self, graph: Any, outputs: tuple[Any, ...]) -> None:
+    def __init__(self, graph: Any, outputs: tuple[Any, ...], live: dict[str, Any] | None = None) -> None:
         self.graph = graph
-        self.outputs = outputs
-        self.layouts = [(o.shape, o.stride(), o.dtype, o.device) if isinstance(o, torch.Tensor) else None
-                        for o in outputs]
+        self.outputs = outputs  # the whole plan's outputs, or (cut) the values live across the cut
+        self.live = live
+        self.layouts = [_layout(o) for o in outputs]
+        self.pool_storages = {t.untyped_storage().data_ptr() for t in _tensors(outputs)}
+
+
+def _layout(o: Any) -> Any:
+    return (o.shape, o.stride(), o.dtype, o.device) if isinstance(o, torch.Tensor) else None
+
+
+def _tensors(values: Any) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (tuple, list)):
+            out.extend(_tensors(v))
+    return out
 
 
 class GraphedPlan:
     """A static plan that replays CUDA graphs for input pointers it has seen twice (see module)."""
 
     def __init__(self, runner: Callable[[list[Any]], tuple[Any, ...]], manifest: ArtifactManifest,
-                 on_disable: Callable[[str], None] | None = None) -> None:
+                 on_disable: Callable[[str], None] | None = None,
+                 on_cut: Callable[[str], None] | None = None) -> None:
         self.runner = runner
         self.on_disable = on_disable  # told why, once the plan stops trying
+        self.on_cut = on_cut  # told how, once the plan is cut (graph, then step by step)
         self.key = manifest.key
+        self.plan = manifest.plan
         self.budget = allocated_bytes(manifest)
+        self.cut: int | None = None  # steps from here on run after each replay, step by step
+        self.live: list[str] = []  # values the graph leaves for those steps
         self.graphs: dict[tuple[Any, ...], _Captured] = {}
         self.seen: set[tuple[Any, ...]] = set()
         self.disabled: str | None = None
@@ -158,14 +236,47 @@ class GraphedPlan:
                     self.seen.clear()
                 self.seen.add(key)
             if captured is not None:
-                return self._replay(captured)
+                return self._replay(captured, args)
         stats.count("step_by_step")
         outputs = self.runner(args)
-        if not self.graphs and self.disabled is None:
-            reason = _unsafe_outputs(outputs, args, self.budget)  # known before any capture
+        if not self.graphs and self.disabled is None and self.cut is None:
+            reason = self._check_outputs(outputs, args)  # known before any capture
             if reason is not None:
                 self._disable(reason, logging.INFO)
         return outputs
+
+    def _check_outputs(self, outputs: Any, args: list[Any]) -> str | None:
+        """Why these outputs keep the plan from replaying (None: it may, perhaps cut)."""
+        reason = _unsafe_sharing(outputs, args)
+        if reason is not None:
+            return reason
+        sizes = [o.numel() * o.element_size() if isinstance(o, torch.Tensor) else 0 for o in outputs]
+        reason = _too_large(sum(sizes), self.budget)
+        if reason is None:
+            return None
+        # The largest outputs move behind a cut until what the graph still returns is small.
+        names = [a.name if isinstance(a, NodeRef) else None for a in self.plan.outputs]
+        order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
+        large: list[str] = []
+        left = sum(sizes)
+        for i in order:
+            if _too_large(left, self.budget) is None:
+                break
+            if names[i] is None or not hasattr(self.runner, "run_steps"):
+                return reason
+            large.append(names[i])  # type: ignore[arg-type]
+            left -= sizes[i]
+        cut = graph_cut(self.plan, large)
+        if cut is None or launches(self.plan, cut) < MIN_LAUNCHES:
+            return reason
+        self.cut, self.live = cut, live_across(self.plan, cut)
+        tail = launches(self.plan) - launches(self.plan, cut)
+        how = f"cuda graph for steps 1-{cut}, then {tail} launches step by step: {reason}"
+        stats.count("cut_plans")
+        log.info("fxcc: plan %s: %s", self.key[:12], how)
+        if self.on_cut is not None:
+            self.on_cut(how)
+        return None
 
     def _capture(self, args: list[Any], key: tuple[Any, ...]) -> _Captured | None:
         try:
@@ -175,7 +286,14 @@ class GraphedPlan:
             with torch.cuda.device(self.device), \
                     torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 before = torch.cuda.memory_reserved(self.device)  # after the cache was emptied for the capture
-                outputs = self.runner(list(args))
+                live = None
+                if self.cut is None:
+                    outputs = self.runner(list(args))
+                else:
+                    env = self.runner.begin(list(args))  # type: ignore[attr-defined]
+                    self.runner.run_steps(env, 0, self.cut)  # type: ignore[attr-defined]
+                    live = {n: env[n] for n in self.live}
+                    outputs = tuple(live.values())
             grown = max(0, torch.cuda.memory_reserved(self.device) - before)
             self.pool_bytes += grown
             with stats.lock:
@@ -183,12 +301,12 @@ class GraphedPlan:
         except Exception as e:  # noqa: BLE001 - the plan still runs step by step
             self._disable(f"its capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
             return None
-        reason = _unsafe_outputs(outputs, args, self.budget)
-        if reason is not None:
-            self._disable(reason)
+        reason = self._check_outputs(outputs, args) if self.cut is None else None
+        if reason is not None or (self.cut is not None and live is None):
+            self._disable(reason or "its cut changed while capturing")
             return None
         stats.count("captures")
-        captured = self.graphs[key] = _Captured(graph, tuple(outputs))
+        captured = self.graphs[key] = _Captured(graph, tuple(outputs), live)
         self.seen.discard(key)
         log.info("fxcc: plan %s replays as a CUDA graph (%d captured)", self.key[:12], len(self.graphs))
         return captured
@@ -203,15 +321,24 @@ class GraphedPlan:
             self.on_disable(reason)
         log.log(level, "fxcc: plan %s runs step by step, not as a CUDA graph: %s", self.key[:12], reason)
 
-    def _replay(self, captured: _Captured) -> tuple[Any, ...]:
+    def _replay(self, captured: _Captured, args: list[Any]) -> tuple[Any, ...]:
         if self.device is not None and self.device.index != torch.cuda.current_device():
             with torch.cuda.device(self.device):
-                return self._replay(captured)
+                return self._replay(captured, args)
         stream = torch.cuda.current_stream()
         if self.done is not None and stream != self.last_stream:
             stream.wait_event(self.done)  # the pool's last user may still be running elsewhere
         captured.graph.replay()
-        out = tuple(_copy_out(o, layout) for o, layout in zip(captured.outputs, captured.layouts))
+        if captured.live is None:
+            out = tuple(_copy_out(o, layout) for o, layout in zip(captured.outputs, captured.layouts))
+        else:  # the steps after the cut, on what the graph left; outputs in the pool are copied
+            env = self.runner.begin(args)  # type: ignore[attr-defined]
+            env.update(captured.live)
+            self.runner.run_steps(env, self.cut)  # type: ignore[attr-defined]
+            pool = captured.pool_storages
+            out = tuple(_copy_out(o, _layout(o)) if isinstance(o, torch.Tensor)
+                        and o.untyped_storage().data_ptr() in pool else o
+                        for o in self.runner.finish(env))  # type: ignore[attr-defined]
         if self.done is None:
             self.done = torch.cuda.Event()
         self.done.record(stream)
@@ -250,9 +377,14 @@ def _copy_out(o: Any, layout: Any) -> Any:
 
 def _unsafe_outputs(outputs: Any, args: list[Any], budget: int) -> str | None:
     """Why these captured outputs cannot be copied out after each replay (None: they can)."""
+    return _unsafe_sharing(outputs, args) or _too_large(
+        sum(o.numel() * o.element_size() for o in outputs if isinstance(o, torch.Tensor)), budget)
+
+
+def _unsafe_sharing(outputs: Any, args: list[Any]) -> str | None:
+    """Why these outputs could not be copied apart (one aliases an input, another output, itself)."""
     inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
     storages: set[int] = set()
-    total = 0
     for o in outputs:
         if not isinstance(o, torch.Tensor):
             continue
@@ -264,7 +396,10 @@ def _unsafe_outputs(outputs: Any, args: list[Any], budget: int) -> str | None:
         if _overlaps(o):
             return "an output overlaps itself"
         storages.add(ptr)
-        total += o.numel() * o.element_size()
+    return None
+
+
+def _too_large(total: int, budget: int) -> str | None:
     if total * OUTPUT_SHARE > budget:
         return f"outputs ({total} B) are too large to copy out beside {budget} B allocated"
     return None

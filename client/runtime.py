@@ -220,6 +220,13 @@ class PlanRunner:
         return run
 
     def __call__(self, args: list[Any]) -> tuple[Any, ...]:
+        env = self.begin(args)
+        for run in self._steps:
+            run(env)
+        return self.finish(env)
+
+    def begin(self, args: list[Any]) -> dict[str, Any]:
+        """The values a call starts from: its inputs by name (and its device and size symbols)."""
         if len(args) != len(self.inputs):
             raise ArtifactError(f"plan takes {len(self.inputs)} inputs, got {len(args)}")
         env: dict[str, Any] = dict(zip(self.inputs, args))
@@ -227,8 +234,15 @@ class PlanRunner:
                                  torch.device("cpu"))
         if self._symbols is not None:
             env[SYMS] = self._symbols(args)
-        for run in self._steps:
+        return env
+
+    def run_steps(self, env: dict[str, Any], start: int, stop: int | None = None) -> None:
+        """Run the plan's steps [start, stop) over `env` (a CUDA graph runs a prefix, then the rest)."""
+        for run in self._steps[start:stop]:
             run(env)
+
+    def finish(self, env: dict[str, Any]) -> tuple[Any, ...]:
+        """The call's outputs, read from `env` once every step has run."""
         return tuple(decode_arg(a, env, env.get(SYMS)) for a in self._outputs)
 
 

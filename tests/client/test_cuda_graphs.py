@@ -106,3 +106,138 @@ def test_fxcc_cuda_graphs_setting():
     assert ClientSettings().with_options({"cuda_graphs": False}).cuda_graphs is False
     with pytest.raises(ValueError, match="FXCC_CUDA_GRAPHS must be 0 or 1"):
         ClientSettings.from_env({"FXCC_CUDA_GRAPHS": "maybe"})
+
+
+# ---------------------------------------------------------------- plans cut before large outputs
+
+
+@pytest.fixture(scope="module")
+def lm_manifest():
+    """A small language-model head's plan for sm_90: its logits (vocab 4096) dwarf what the plan
+    allocates."""
+    torch.manual_seed(0)
+    blocks = [torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.LayerNorm(64))
+              for _ in range(4)]
+    model = torch.nn.Sequential(*blocks, torch.nn.Linear(64, 4096, bias=False)).eval()
+    spec, _ = cuda_spec(model, torch.randn(2, 32, 64))
+    request = CompileRequest(graph=spec, options=CompileOptions(target=Target(kind="cuda", arch=90)))
+    return compile_request(request).manifest
+
+
+class _Runner:
+    """Stands in for a PlanRunner: _check_outputs only asks whether it can run step ranges."""
+
+    def __call__(self, args):  # pragma: no cover - never called here
+        raise AssertionError
+
+    def run_steps(self, env, start, stop=None):  # pragma: no cover
+        raise AssertionError
+
+
+def _fake_outputs(manifest, sizes):
+    return tuple(torch.empty(n, dtype=torch.uint8) for n in sizes)
+
+
+def test_large_outputs_move_behind_a_cut_at_the_step_that_allocates_them(lm_manifest):
+    from client.cuda_graphs import graph_cut, launches, live_across
+
+    plan = lm_manifest.plan
+    (logits,) = [o.name for o in plan.outputs]
+    cut = graph_cut(plan, [logits])
+    assert cut is not None and launches(plan, cut) >= cuda_graphs.MIN_LAUNCHES
+    tail = plan.steps[cut:]
+    # the tail begins where the logits' storage comes from and holds the LM head's matmul
+    assert getattr(tail[0], "out", None) is not None
+    assert any(isinstance(s, ExternStep) and s.op.split(".")[1] in ("mm", "addmm") for s in tail)
+    live = live_across(plan, cut)
+    assert live and logits not in live
+    defined_before = {getattr(s, "out", None) for s in plan.steps[:cut]}
+    assert set(live) <= defined_before
+
+    told = []
+    graphed = GraphedPlan(_Runner(), lm_manifest, on_cut=told.append)
+    logits_bytes = 2 * 32 * 4096 * 4
+    reason = graphed._check_outputs(_fake_outputs(lm_manifest, [logits_bytes]), [torch.zeros(1)])
+    assert reason is None and graphed.cut == cut and graphed.live == live
+    assert told and told[0].startswith(f"cuda graph for steps 1-{cut}, then ")
+
+
+def test_a_cut_needs_a_prefix_worth_graphing_and_a_runner_that_runs_ranges(lm_manifest):
+    logits_bytes = 2 * 32 * 4096 * 4
+    assert logits_bytes * cuda_graphs.OUTPUT_SHARE > allocated_bytes(lm_manifest)
+    plain = GraphedPlan(lambda args: (), lm_manifest)  # no run_steps: cannot cut
+    assert "too large" in plain._check_outputs(_fake_outputs(lm_manifest, [logits_bytes]), [torch.zeros(1)])
+    assert plain.cut is None
+
+    plan = lm_manifest.plan
+    from client.cuda_graphs import graph_cut
+
+    cut = graph_cut(plan, [plan.outputs[0].name])
+    # the same plan with the large output's storage coming from its first step: nothing to graph
+    short = plan.model_copy(update={"steps": plan.steps[cut:]})
+    manifest = lm_manifest.model_copy(update={"plan": short})
+    graphed = GraphedPlan(_Runner(), manifest)
+    assert graphed._check_outputs(_fake_outputs(manifest, [10**9]), [torch.zeros(1)]) is not None
+    assert graphed.cut is None
+
+
+def test_an_output_reusing_or_viewing_earlier_storage_cuts_at_that_storages_origin():
+    from client.cuda_graphs import graph_cut, live_across
+    from compiler_core.artifact import AllocStep, FreeStep, KernelStep, Plan
+    from compiler_core.wire import IntArg, ListArg, NodeRef, TensorSpec
+
+    spec = TensorSpec(dtype="float32", sizes=[4], strides=[1], device="cuda")
+    k = [KernelStep(kernel="k", args=[NodeRef(name="x")], grid=[1]) for _ in range(3)]
+    steps = [
+        *k,                                                                      # 0-2
+        AllocStep(out="a", spec=spec),                                           # 3
+        KernelStep(kernel="k", args=[NodeRef(name="x"), NodeRef(name="a")], grid=[1]),
+        ExternStep(op="aten.relu.default", args=[NodeRef(name="a")], out="h"),  # 5
+        FreeStep(names=["a"]),
+        AllocStep(out="b", spec=spec, reuse="h"),                                # 7: h's storage
+        KernelStep(kernel="k", args=[NodeRef(name="b")], grid=[1]),
+        ExternStep(op="aten.mm.default", args=[NodeRef(name="b"), NodeRef(name="w")], out="big"),  # 9
+        ExternStep(op="aten.as_strided.default",
+                   args=[NodeRef(name="big"), ListArg(items=[IntArg(value=2)]), ListArg(items=[IntArg(value=1)])],
+                   out="v"),                                                     # 10
+    ]
+    plan = Plan(inputs=["x", "w"], steps=steps, outputs=[NodeRef(name="v"), NodeRef(name="b")])
+    assert graph_cut(plan, ["v"]) == 9  # a view: where its base was made
+    assert graph_cut(plan, ["b"]) == 5  # a reused buffer: where the storage it took was made
+    assert graph_cut(plan, ["v", "b"]) == 5
+    assert graph_cut(plan, ["x"]) is None  # an input's storage is the caller's
+    assert live_across(plan, 9) == ["b"]
+    assert live_across(plan, 5) == ["a"]  # "a" is read by relu at the cut; "h" is made after it
+
+
+def test_the_steps_after_a_cut_need_only_the_live_values_and_give_the_whole_plans_outputs():
+    """A replay's tail starts from a fresh call's inputs plus what the graph left (live_across):
+    run that way on the CPU, the plan gives what it gives in one piece."""
+    from client.cuda_graphs import graph_cut, live_across
+    from client.runtime import load_plan
+
+    torch.manual_seed(0)
+    blocks = [torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.LayerNorm(64))
+              for _ in range(4)]
+    model = torch.nn.Sequential(*blocks, torch.nn.Linear(64, 512, bias=False)).eval()
+    from tests.compiler_core.test_passes_layout import capture
+
+    x = torch.randn(2, 8, 64)
+    cap = capture(model, x)
+    art = compile_request(CompileRequest(graph=cap.spec))
+    runner = load_plan(art)
+    args = [x, *cap.constants]
+    (whole,) = runner(args)
+    plan = art.manifest.plan
+    cut = graph_cut(plan, [plan.outputs[0].name])
+    assert cut is not None and 0 < cut < len(plan.steps)
+    env = runner.begin(args)
+    runner.run_steps(env, 0, cut)
+    live = {n: env[n] for n in live_across(plan, cut)}
+    tail = runner.begin(args)
+    tail.update(live)
+    runner.run_steps(tail, cut)
+    (got,) = runner.finish(tail)
+    torch.testing.assert_close(got, whole, rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)

@@ -118,14 +118,43 @@ def test_off_by_setting_for_training_and_for_large_outputs(monkeypatch):
     assert _counts()[0] == captures
     torch._dynamo.reset()
 
-    # an activation-sized output is not worth copying out of a graph each call
+    # an activation-sized output is not worth copying out of a graph each call: the plan is cut,
+    # the graph replays the steps before the output's storage is made, the rest run step by step
     trunk = nn.Sequential(*list(model.children())[:5])
     compiled = torch.compile(trunk, backend=fxcc_backend)
-    with torch.no_grad():
-        for _ in range(3):
-            torch.testing.assert_close(compiled(x), trunk(x), rtol=1e-4, atol=1e-4)
-    assert _counts()[0] == captures
-    assert any("too large" in r for r in cuda_graphs.stats.disabled)
+    cut_before = cuda_graphs.stats.cut_plans
+    _check_cut_plan(compiled, trunk, x, cut_before)
+
+
+def _check_cut_plan(compiled, model, x, cut_before):
+    from client import cuda_graphs
     from client.backend import events
 
-    assert "too large" in events()[-1].runs_as  # what explain() reports for this graph
+    captures, replays = _counts()
+    with torch.no_grad():
+        y1 = compiled(x)  # step by step; decides the cut
+        y2 = compiled(x)  # captured, replayed, then the tail
+        ref = model(x)
+        kept = y2.clone()
+        x.copy_(torch.randn_like(x))
+        y3 = compiled(x)  # replayed on new values; y2 is the caller's and stays as it was
+        ref3 = model(x)
+        torch.cuda.synchronize()
+    assert cuda_graphs.stats.cut_plans == cut_before + 1
+    assert _counts() == (captures + 1, replays + 2)
+    assert events()[-1].runs_as.startswith("cuda graph for steps 1-")
+    torch.testing.assert_close(y1, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(y2, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(y3, ref3, rtol=1e-4, atol=1e-4)
+    assert torch.equal(y2, kept) and y2.data_ptr() != y3.data_ptr()
+
+
+def test_a_language_model_head_replays_all_but_its_logits_step_by_step():
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.LayerNorm(256)) for _ in range(6)]
+    model = nn.Sequential(*blocks, nn.Linear(256, 16384, bias=False)).cuda().eval()
+    from client import cuda_graphs
+
+    compiled = torch.compile(model, backend=fxcc_backend)
+    x = torch.randn(4, 64, 256, device="cuda")
+    _check_cut_plan(compiled, model, x, cuda_graphs.stats.cut_plans)
