@@ -97,6 +97,7 @@ def launch_grid(q_len: Any, batch_heads: Any, block_m: int) -> list[Any]:
 
 
 _BODY = '''\
+# fxcc-attention {facts}
 @triton.jit
 def {name}(Q, K, V, O,
            q_off, q_sz, q_sh, q_sm, k_off, k_sz, k_sh, k_sn, v_off, v_sz, v_sh, v_sn,
@@ -172,6 +173,9 @@ def render_attention(params: AttentionParams, config: AttentionConfig) -> Render
         "precision": precision, "scale_log2e": repr(float(params.scale) * math.log2(math.e)),
         "dot_dtype": TL_DTYPES[params.dtype],
     }
+    fields["facts"] = (f"head_dim={params.head_dim} value_dim={params.value_dim} "
+                       f"dtype={str(params.dtype).removeprefix('torch.')} precision={params.precision if fp32 else 'none'} "
+                       f"causal={int(params.causal)}")
     body = _BODY.format(name="{name}", **fields)
     digest = hashlib.sha256(f"{body}\n{sorted(config.constexprs.items())}\n{config.num_warps}\n"
                             f"{config.num_stages}".encode()).hexdigest()[:16]
@@ -188,6 +192,15 @@ def render_template(item: Any, target: str) -> RenderedKernel:
     grid = launch_grid(sizes["q_len"], sizes["batch_heads"], config.block_m)
     return RenderedKernel(r.name, r.source, [], None, None, grid, config.constexprs, config.num_warps,
                           num_stages=config.num_stages)
+
+
+def source_facts(source: str) -> dict[str, str]:
+    """What a rendered template's source says of itself (its `# fxcc-attention` line): head_dim,
+    value_dim, dtype, precision ("tf32", "ieee", "none" off fp32), causal."""
+    for line in source.splitlines():
+        if line.startswith("# fxcc-attention "):
+            return dict(item.split("=", 1) for item in line.split()[2:])
+    raise ValueError("not an fxcc attention template")
 
 
 def int_args(step_args: list[Any]) -> dict[str, Any]:
