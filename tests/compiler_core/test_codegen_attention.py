@@ -126,6 +126,6 @@ def test_other_head_dims_are_refused(head_dim: int) -> None:
 
 def test_heuristic_for_hopper_head_dim_64() -> None:
     params = AttentionParams(64, 64, False, 0.125, torch.float32, "tf32")
-    assert heuristic_config(params, 512, 512, "cuda") == AttentionConfig(128, 64, 8, 2)
+    assert heuristic_config(params, 512, 512, "cuda") == AttentionConfig(128, 64, 4, 2)
     small = heuristic_config(params, 20, 9, "cuda")
     assert (small.block_m, small.block_n) == (32, 16)
