@@ -94,3 +94,23 @@ def test_an_unreadable_flag_means_exact_fp32(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setattr(torch.backends.cuda, "matmul", Mixed())
     assert matmul_allows_tf32() is False
+
+
+@pytest.mark.parametrize("block", ["transformer", "gpt2"])
+def test_dynamic_sequence_lengths_run_the_template_with_a_symbolic_grid(block: str) -> None:
+    """Dynamo's dynamic graph (the second length) keeps fxcc's kernel: its sizes and strides are
+    kernel arguments, its grid a size expression; every length matches eager."""
+    from client.examples import GPT2Block
+
+    torch.manual_seed(0)
+    model = (TransformerBlock(64, 4) if block == "transformer" else GPT2Block(64, 4)).eval()
+    compiled = torch.compile(model, backend="fxcc")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    with torch.no_grad():
+        for seq in (8, 9, 23, 5):
+            x = torch.randn(2, seq, 64)
+            torch.testing.assert_close(compiled(x), model(x), atol=2e-5, rtol=2e-5)
+    static, dynamic = artifacts()
+    assert templates(static) and templates(dynamic) and dynamic.manifest.plan.symbols
+    (launch,) = [s for s in dynamic.manifest.plan.steps if s.kind == "kernel" and is_template_kernel(s.kernel)]
+    assert isinstance(launch.grid[0], str) and any(a.kind == "sym" for a in launch.args)
