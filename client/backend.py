@@ -114,9 +114,12 @@ class GraphCompiler:
         eager = _boxed(gm)
         try:
             capture = capture_graph(gm, example_inputs)
+            from client.precision import matmul_allows_tf32  # the flag as it is now: Dynamo guards it
+
             request = CompileRequest(
                 graph=capture.spec,
-                options=CompileOptions(mode=self.settings.mode, target=target_for(example_inputs)),
+                options=CompileOptions(mode=self.settings.mode, target=target_for(example_inputs),
+                                       allow_tf32=matmul_allows_tf32()),
                 priority="precompile" if self.settings.precompile else "interactive",
                 hints=capture.hints,
             )

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from compiler_core.artifact import Artifact, KernelInfo, KernelStep, Plan, TuningRecord, add_blob
+from compiler_core.codegen.attention import is_template_kernel
 from compiler_core.codegen.triton import launch_grid, next_pow2, render_kernel
 from compiler_core.errors import AutotuneError
 from compiler_core.scheduler import Kernel, node_coords
@@ -184,9 +185,14 @@ class Bench(Protocol):
     def time_ms(self, config: Config) -> float: ...
 
 
-def select_config(candidates: Sequence[Config], bench: Bench) -> tuple[Config, dict[str, float], dict[str, str]]:
-    """(winner, times by label, rejected labels with why) over `candidates`, the first of which
-    is the heuristic reference. Raises AutotuneError when the reference itself cannot run."""
+def select_config(candidates: Sequence[Any], bench: Bench,
+                  check: Callable[[Sequence[Any], Sequence[Any]], str | None] | None = None,
+                  ) -> tuple[Any, dict[str, float], dict[str, str]]:
+    """(winner, times by label, rejected labels with why) over `candidates` (Configs, or any
+    config with a `label`), the first of which is the heuristic reference. `check` compares a
+    candidate's buffers with the reference's (default: `mismatch`). Raises AutotuneError when
+    the reference itself cannot run."""
+    check = check or mismatch
     reference = candidates[0]
     try:
         expected = bench.run(reference)
@@ -196,7 +202,7 @@ def select_config(candidates: Sequence[Config], bench: Bench) -> tuple[Config, d
     rejected: dict[str, str] = {}
     for config in candidates[1:]:
         try:
-            why = mismatch(bench.run(config), expected)
+            why = check(bench.run(config), expected)
             if why is None:
                 timings[config.label] = bench.time_ms(config)
         except Exception as e:  # noqa: BLE001 - a candidate that fails to compile or run loses
@@ -381,6 +387,11 @@ def autotune_artifact(artifact: Artifact, request: CompileRequest, device: str =
     kernels: list[KernelInfo] = []
     with tempfile.TemporaryDirectory(prefix="fxcc-tune-") as tmp:
         for info in manifest.kernels:
+            if is_template_kernel(info.name) and not info.tuned and launches.get(info.name) \
+                    and time.monotonic() <= deadline:
+                kernels.append(_tune_template(info, launches[info.name], manifest.plan, blobs,
+                                              request.options.mode, device, timer, Path(tmp)))
+                continue
             found = scheduled.get(info.name)
             if info.tuned or time.monotonic() > deadline or found is None or not launches.get(info.name):
                 why = ("tuned before" if info.tuned else "budget spent" if found is not None
@@ -396,14 +407,37 @@ def autotune_artifact(artifact: Artifact, request: CompileRequest, device: str =
                 kernels.append(info)
     if all(new is old for new, old in zip(kernels, manifest.kernels)):
         return artifact  # nothing (newly) tuned
-    xblocks = {k.name: k.constexprs["XBLOCK"] for k in kernels if k.tuned}
-    steps = [retile_step(s, xblocks[s.kernel]) if isinstance(s, KernelStep) and s.kernel in xblocks else s
+    tuned = {k.name: k for k in kernels if k.tuned}
+    steps = [_regrid(s, tuned[s.kernel]) if isinstance(s, KernelStep) and s.kernel in tuned else s
              for s in manifest.plan.steps]
     plan = manifest.plan.model_copy(update={"steps": steps})
     stats = manifest.stats.model_copy(update={"tune_s": round(time.monotonic() - started, 3)})
     new = manifest.model_copy(update={"kernels": kernels, "plan": plan, "tuned": True, "stats": stats})
     used = {ref.digest for ref in new.blob_refs()}
     return Artifact(new, {d: b for d, b in blobs.items() if d in used})
+
+
+def _regrid(step: KernelStep, info: KernelInfo) -> KernelStep:
+    """A launch of a tuned kernel with the grid its config needs."""
+    if is_template_kernel(info.name):
+        from compiler_core import autotune_attention
+
+        return autotune_attention.retile_step(step, info.constexprs["BLOCK_M"])
+    return retile_step(step, info.constexprs["XBLOCK"])
+
+
+def _tune_template(info: KernelInfo, launches: Sequence[KernelStep], plan: Plan, blobs: dict[str, bytes],
+                   mode: str, device: str, timer: Timer, tmp: Path) -> KernelInfo:
+    """A template kernel tuned over its own candidates (compiler_core.autotune_attention), or
+    `info` unchanged when that fails."""
+    from compiler_core import autotune_attention
+
+    try:
+        return autotune_attention.tune_template(info, launches, plan, blobs[info.source.digest].decode(), mode,
+                                                device, timer, tmp)
+    except Exception as e:  # noqa: BLE001 - an untuned kernel is still a correct kernel
+        log.warning("kernel %s keeps its heuristic config: %s", info.name, _short(e))
+        return info
 
 
 def tune_kernel(info: KernelInfo, found: _Scheduled, launches: Sequence[KernelStep], blobs: dict[str, bytes],
@@ -456,10 +490,14 @@ def scheduled_kernels(request: CompileRequest) -> dict[str, _Scheduled]:
     """The request's kernels by name, re-derived by the compiler's own (deterministic) pipeline."""
     from compiler_core.graph import rebuild_graph
     from compiler_core.lowering import lower_graph
+    from compiler_core.passes import run_passes
     from compiler_core.scheduler import schedule
 
     target = request.options.target.kind
-    g = lower_graph(rebuild_graph(request.graph), request.graph, target)
+    # Note: through the passes, as the compile went: a kernel reading an attention result reads
+    # the buffer the pass's node made (fxcc's kernel writes a buffer of its own name).
+    gm, spec = run_passes(rebuild_graph(request.graph), request.graph, target, request.options.allow_tf32)
+    g = lower_graph(gm, spec, target)
     found: dict[str, _Scheduled] = {}
     for item in schedule(g):
         if isinstance(item, Kernel):

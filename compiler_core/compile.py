@@ -24,11 +24,12 @@ from compiler_core.artifact import (
     Versions,
     add_blob,
 )
+from compiler_core.codegen.attention import render_template
 from compiler_core.codegen.triton import RenderedKernel, render_kernel
 from compiler_core.errors import InvalidGraph, UnsupportedOp
 from compiler_core.graph import rebuild_graph
 from compiler_core.keys import compile_key, compiler_fingerprint
-from compiler_core.lowering import ExternCall, GraphLowering, lower_graph
+from compiler_core.lowering import ExternCall, GraphLowering, TemplateKernel, lower_graph
 from compiler_core.passes import run_passes
 from compiler_core.plan import build_plan
 from compiler_core.scheduler import Kernel, schedule
@@ -46,7 +47,8 @@ def compile_request(request: CompileRequest) -> Artifact:
     gm = rebuild_graph(request.graph, request.hints)
     blobs: dict[str, bytes] = {}
     try:
-        plan, kernels, stats = compile_graph(gm, request.graph, request.options.target.kind, blobs)
+        plan, kernels, stats = compile_graph(gm, request.graph, request.options.target.kind, blobs,
+                                             allow_tf32=request.options.allow_tf32)
     except InvalidGraph:
         raise
     except UnsupportedOp as e:
@@ -62,14 +64,14 @@ def compile_request(request: CompileRequest) -> Artifact:
     return Artifact(manifest, blobs)
 
 
-def compile_graph(gm: fx.GraphModule, graph: GraphSpec, target: str,
-                  blobs: dict[str, bytes]) -> tuple[Plan, list[KernelInfo], CompileStats]:
+def compile_graph(gm: fx.GraphModule, graph: GraphSpec, target: str, blobs: dict[str, bytes],
+                  allow_tf32: bool = False) -> tuple[Plan, list[KernelInfo], CompileStats]:
     """The pipeline, one step per line: loop IR, fused kernels, Triton source, plan (blobs filled).
 
     With size symbols, everything runs in their scope (sizes are SymPy over s0, s1, …), and the
     plan gets the symbols' bindings and every guard the ShapeEnv recorded on the way.
     """
-    gm, graph = run_passes(gm, graph, target)
+    gm, graph = run_passes(gm, graph, target, allow_tf32)
     syms = gm.meta.get("fxcc_syms")
     scope = symbol_scope(syms.rename, syms.hints) if syms else contextlib.nullcontext()
     with scope:
@@ -130,8 +132,10 @@ def shape_env_guards(syms: Any) -> list[str]:
 
 
 def render_kernels(g: GraphLowering, items: Sequence[Kernel | ExternCall], target: str) -> dict[int, RenderedKernel]:
-    """Triton source for every kernel of the schedule, keyed by its position."""
-    return {i: render_kernel(item, g.buffers, target) for i, item in enumerate(items) if isinstance(item, Kernel)}
+    """Triton source for every kernel of the schedule (fused or from a template), keyed by its position."""
+    out = {i: render_kernel(item, g.buffers, target) for i, item in enumerate(items) if isinstance(item, Kernel)}
+    out |= {i: render_template(item, target) for i, item in enumerate(items) if isinstance(item, TemplateKernel)}
+    return out
 
 
 def kernel_infos(rendered: Sequence[RenderedKernel] | object, blobs: dict[str, bytes]) -> list[KernelInfo]:
@@ -141,14 +145,14 @@ def kernel_infos(rendered: Sequence[RenderedKernel] | object, blobs: dict[str, b
         if rk.name not in infos:
             ref = add_blob(blobs, rk.source.encode())
             infos[rk.name] = KernelInfo(name=rk.name, source=ref, num_warps=rk.num_warps,
-                                        constexprs=rk.constexprs)
+                                        num_stages=rk.num_stages, constexprs=rk.constexprs)
     return list(infos.values())
 
 
 def compile_stats(graph: GraphSpec, g: GraphLowering, items: Sequence[Kernel | ExternCall],
                   kernels: list[KernelInfo]) -> CompileStats:
-    launches = [i for i in items if isinstance(i, Kernel)]
-    unstored = [n.buffer for k in launches for n in k.nodes if n.name not in k.stored]
+    launches = [i for i in items if isinstance(i, (Kernel, TemplateKernel))]
+    unstored = [n.buffer for k in launches if isinstance(k, Kernel) for n in k.nodes if n.name not in k.stored]
     return CompileStats(
         nodes=len(graph.nodes), nodes_lowered=g.nodes_lowered,
         nodes_extern=len(graph.nodes) - g.nodes_lowered, extern_ops=sorted(set(g.extern_ops)),

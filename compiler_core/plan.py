@@ -11,7 +11,7 @@ from typing import Any
 from compiler_core.artifact import AllocStep, ExternStep, FreeStep, KernelStep, Plan
 from compiler_core.codegen.triton import RenderedKernel
 from compiler_core.ir.nodes import Buffer
-from compiler_core.lowering import ExternCall, GraphLowering, size_arg
+from compiler_core.lowering import ExternCall, GraphLowering, TemplateKernel, size_arg
 from compiler_core.scheduler import Kernel, inplace_reads
 from compiler_core.symbolic import is_symbolic
 from compiler_core.symexpr import dump
@@ -37,6 +37,15 @@ def build_plan(g: GraphLowering, items: Sequence[Kernel | ExternCall],
     reads: list[list[str]] = []
     inplace: list[dict[str, list[str]]] = []  # per kernel: scheduler.inplace_reads
     for i, item in enumerate(items):
+        if isinstance(item, TemplateKernel):
+            rk = rendered[i]
+            steps.append(AllocStep(out=item.out, spec=_spec(g.buffers[item.out])))
+            reads.append([])
+            args = [*item.args, NodeRef(name=item.out)] + [size_arg(x) for x in item.int_args]
+            steps.append(KernelStep(kernel=rk.name, args=args, grid=[size_text(x) for x in rk.grid]))
+            reads.append(_refs(item.args))
+            inplace.append({})
+            continue
         if isinstance(item, ExternCall):
             expect = None if item.expect_strides is None else [size_text(x) for x in item.expect_strides]
             steps.append(ExternStep(op=item.op, args=item.args, kwargs=item.kwargs, out=item.out,

@@ -350,6 +350,10 @@ class CompileOptions(_Model):
     mode: Literal["default", "max-autotune"] = "default"
     target: Target = Field(default_factory=Target)
     runtime: RuntimeVersions = Field(default_factory=RuntimeVersions)
+    # The client's fp32 matmul precision (torch.backends.cuda.matmul.allow_tf32, or fp32_precision
+    # == "tf32") when it compiled: fxcc's own fp32 kernels may round matmul inputs to TF32 only
+    # when eager would. Part of the key, so flipping the flag never reuses the other artifact.
+    allow_tf32: bool = False
 
 
 class CompileRequest(_Model):
@@ -379,7 +383,8 @@ class CompileRequest(_Model):
 
 
 def resolve_target(target: str, node: str | None = None) -> Any:
-    """The callable a node's target names: an aten/prims OpOverload, or operator.getitem.
+    """The callable a node's target names: an aten/prims OpOverload, one of fxcc's own ops
+    (compiler_core.fxcc_ops.OPS, an explicit list), or operator.getitem.
 
     Raises InvalidGraph for anything else. Resolution is attribute lookup on torch.ops.aten /
     torch.ops.prims after a strict grammar check, so no text reaches an interpreter.
@@ -388,6 +393,13 @@ def resolve_target(target: str, node: str | None = None) -> Any:
 
     if target == "getitem":
         return operator.getitem
+    if target.startswith("fxcc."):
+        from compiler_core import fxcc_ops
+
+        if target not in fxcc_ops.OPS:
+            raise InvalidGraph(f"unknown fxcc op {target!r}", op=target, node=node)
+        _, op_name, overload_name = target.split(".")
+        return getattr(getattr(torch.ops.fxcc, op_name), overload_name)
     m = _TARGET_RE.fullmatch(target)
     if m is None:
         raise InvalidGraph(f"target {target!r} is not of the form aten.<op>.<overload> or "

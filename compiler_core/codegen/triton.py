@@ -275,6 +275,7 @@ class RenderedKernel:
     num_warps: int
     reduction: bool = False
     size_args: tuple[Any, ...] = ()  # size symbols passed after xnumel/rnumel
+    num_stages: int = 1
 
 
 def next_pow2(n: int) -> int:

@@ -104,6 +104,20 @@ class ExternCall:
 
 
 @dataclass(frozen=True)
+class TemplateKernel(ExternCall):
+    """A kernel fxcc renders from a template (codegen.attention), not from loop IR.
+
+    Note: to the scheduler it is an extern call (opaque: never fused, reads `args`, writes
+    `out`); the plan allocates `out` and launches it as an ordinary KernelStep with `int_args`
+    (ints or size expressions) after the buffers `args` and `out`.
+    """
+
+    params: Any = None  # codegen.attention.AttentionParams
+    int_args: tuple[Any, ...] = ()
+    sizes: dict[str, Any] = field(default_factory=dict)  # q_len, kv_len, batch_heads: for the grid
+
+
+@dataclass(frozen=True)
 class ExternTuple:
     """The tuple an extern call returned; items become buffers through getitem calls."""
 
@@ -554,4 +568,11 @@ def _same_layout(value: StridedView, val: torch.Tensor) -> bool:
 
 
 def _load_lowerings() -> None:
-    from compiler_core.lowering import indexing, normalization, pointwise, reduction, views  # noqa: F401 - they register
+    from compiler_core.lowering import (  # noqa: F401 - they register
+        attention,
+        indexing,
+        normalization,
+        pointwise,
+        reduction,
+        views,
+    )

@@ -15,10 +15,19 @@ client graph) and only where the result is the same:
   had at compile time. `_scaled_dot_product_efficient_attention` (CUDA) and
   `_scaled_dot_product_flash_attention_for_cpu` have meta kernels that give their real layouts;
   the pass fires only for shapes, strides and dtypes those kernels take.
+
+fxcc's own flash-attention kernel (codegen.attention) replaces the aten kernel where the request
+allows it: fp32 with TF32 allowed (`CompileOptions.allow_tf32`), static power-of-two head dims
+(codegen.attention.HEAD_DIMS), on CUDA or the interpreter. The chain then becomes one
+`fxcc.flash_attention` node, which the lowering turns into a template kernel. Direct SDPA calls
+that AOTAutograd left in the graph (F.scaled_dot_product_attention: aten's memory-efficient op on
+CUDA, the CPU flash op in the interpreter) become that node too, where only their attention
+output is read, with no dropout and no mask.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import operator
@@ -27,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
+from compiler_core.codegen import attention as template
 from compiler_core.graph import rebuild_graph
 from compiler_core.wire import BoolArg, FloatArg, GraphSpec, IntArg, Node, NodeRef, NoneArg
 
@@ -36,6 +46,11 @@ aten = torch.ops.aten
 
 CUDA_OP = "aten._scaled_dot_product_efficient_attention.default"
 CPU_OP = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+TEMPLATE_OP = "fxcc.flash_attention.default"
+# Direct SDPA calls the template may replace (fp32 only, so aten's flash op, fp16/bf16, never),
+# and the target whose graphs have them.
+DIRECT_SDPA = {aten._scaled_dot_product_efficient_attention.default: "cuda",
+               aten._scaled_dot_product_flash_attention_for_cpu.default: "interpret"}
 # Note: the memory-efficient kernel takes bfloat16 only on sm80 and later, and the pass sees the
 # target's kind, not its arch: bfloat16 attention on CUDA stays unfused until it does.
 CUDA_DTYPES = (torch.float32, torch.float16)
@@ -60,15 +75,34 @@ class AttentionMatch:
     v: fx.Node  # [N, S, Ev]
     scale: float
     removed: tuple[fx.Node, ...]
+    template: bool = False  # fxcc's kernel, not aten's
 
 
-def fuse_attention(gm: fx.GraphModule, spec: GraphSpec, target: str) -> tuple[fx.GraphModule, GraphSpec]:
-    """`gm` and `spec` with each matched attention chain replaced by one SDPA call (else unchanged)."""
+@dataclass(frozen=True)
+class SdpaMatch:
+    """A direct SDPA call whose only use is its attention output (`out`, a getitem 0)."""
+
+    call: fx.Node
+    out: fx.Node
+    q: fx.Node  # [Z, H, L, E]
+    k: fx.Node  # [Z, H, S, E]
+    v: fx.Node  # [Z, H, S, Ev]
+    scale: float
+    causal: bool
+    heads_outer: bool  # the op's output is laid out [Z, H, L, Ev] (else [Z, L, H, Ev])
+    dead: tuple[fx.Node, ...] = ()  # getitems of its other results, which nothing reads
+
+
+def fuse_attention(gm: fx.GraphModule, spec: GraphSpec, target: str,
+                   allow_tf32: bool = False) -> tuple[fx.GraphModule, GraphSpec]:
+    """`gm` and `spec` with each matched attention chain replaced by one SDPA call, or fxcc's
+    kernel where it applies, and direct SDPA calls by fxcc's kernel where it applies (else unchanged)."""
     try:
         syms = gm.meta.get("fxcc_syms")  # a symbolic graph keeps its hints
         before = _recorded(syms)
-        matches = find_attention(gm, target)
-        if not matches:
+        matches = find_attention(gm, target, allow_tf32)
+        direct = find_direct_sdpa(gm, target, allow_tf32)
+        if not matches and not direct:
             return gm, spec
         if _recorded(syms) != before:
             # Note: the match asked something of the sizes that holds only for some of them (the
@@ -76,12 +110,14 @@ def fuse_attention(gm: fx.GraphModule, spec: GraphSpec, target: str) -> tuple[fx
             # would be lost, and the plan would run SDPA for sizes the match never allowed.
             log.info("attention pass skipped: the match holds only under guards on the sizes")
             return gm, spec
-        rewritten = rewrite_spec(spec, matches, target)
+        rewritten = rewrite_spec(spec, matches, target, direct)
         new_gm = rebuild_graph(rewritten, {s.name: v for s, v in syms.hints.items()} if syms else None)
     except Exception as e:  # noqa: BLE001 - correctness first: an unsure rewrite is no rewrite
         log.warning("attention pass skipped: %s: %s", type(e).__name__, e)
         return gm, spec
-    log.info("attention pass: %d chain(s) → %s", len(matches), CUDA_OP if target == "cuda" else CPU_OP)
+    fxcc = sum(m.template for m in matches)
+    log.info("attention pass: %d chain(s) → %s, %d → %s; %d direct SDPA call(s) → %s", len(matches) - fxcc,
+             CUDA_OP if target == "cuda" else CPU_OP, fxcc, TEMPLATE_OP, len(direct), TEMPLATE_OP)
     return new_gm, rewritten
 
 
@@ -91,17 +127,107 @@ def _recorded(syms: object) -> tuple[int, int]:
     return (len(env.guards), len(env.replacements)) if env is not None else (0, 0)
 
 
-def find_attention(gm: fx.GraphModule, target: str) -> list[AttentionMatch]:
-    """Every attention chain of `gm` that the target's SDPA kernel computes exactly; none overlap."""
+def find_attention(gm: fx.GraphModule, target: str, allow_tf32: bool = False) -> list[AttentionMatch]:
+    """Every attention chain of `gm` that the target's SDPA kernel computes exactly; none overlap.
+    Each says whether fxcc's kernel takes it (`template`)."""
     matches: list[AttentionMatch] = []
     taken: set[fx.Node] = set()
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target is aten._softmax.default:
             m = match_softmax(node)
             if m is not None and supported(m, target) and not taken.intersection(m.removed):
-                matches.append(m)
+                q, kt, v = _val(m.q), _val(m.kt), _val(m.v)
+                # supported() checked that q, kᵀ (its dim 1) and v are dense along the head dim
+                fxcc = template_applies((q.dtype, kt.dtype, v.dtype), (q.shape[-1], kt.shape[1], v.shape[-1]),
+                                        True, target, allow_tf32)
+                matches.append(dataclasses.replace(m, template=fxcc))
                 taken.update(m.removed)
     return matches
+
+
+def template_applies(dtypes: tuple[torch.dtype, ...], dims: tuple[object, ...], dense: bool, target: str,
+                     allow_tf32: bool) -> bool:
+    """Whether fxcc's attention kernel computes SDPA of q, k, v of these dtypes, head dims (E of q,
+    E of k, Ev of v) and innermost strides (`dense`: all 1) as the request allows.
+
+    Note: sizes other than the head dims may be symbolic (they are kernel arguments); the checks
+    here never compare a symbolic size, so they add no guard, and they run no tensor op (the
+    FakeTensors belong to the graph's mode, not to the one Dynamo may have active).
+    """
+    if target not in ("cuda", "interpret") or len(set(dtypes)) != 1 or not dense:
+        return False
+    if dtypes[0] not in template.DTYPES or (dtypes[0] == torch.float32 and not allow_tf32):
+        return False
+    e, ek, ev = dims
+    if not all(isinstance(d, int) for d in dims) or e != ek:
+        return False
+    return e in template.HEAD_DIMS and ev in template.HEAD_DIMS
+
+
+def find_direct_sdpa(gm: fx.GraphModule, target: str, allow_tf32: bool) -> list[SdpaMatch]:
+    """Direct SDPA calls of `gm` that fxcc's kernel computes: the target's op, only its output
+    read, no dropout, no mask, not asked for anything a kernel without them would not give."""
+    found: list[SdpaMatch] = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or DIRECT_SDPA.get(node.target) != target:
+            continue
+        args = _bound_args(node)
+        if args is None or args.get("dropout_p", 0.0) != 0.0:
+            continue
+        if args.get("attn_bias") is not None or args.get("attn_mask") is not None:
+            continue
+        users = list(node.users)
+        if any(u.target is not operator.getitem for u in users):
+            continue
+        outs = [u for u in users if u.args[1] == 0]
+        dead = tuple(u for u in users if u.args[1] != 0 and not u.users)  # make_fx keeps unused getitems
+        if len(outs) != 1 or len(outs) + len(dead) != len(users):
+            continue
+        q, k, v = (args[name] for name in ("query", "key", "value"))
+        vals = [_val(x) for x in (q, k, v)]
+        if any(t is None or t.dim() != 4 for t in vals):
+            continue
+        dense = all(t.stride(-1) == 1 for t in vals)
+        if not template_applies(tuple(t.dtype for t in vals), tuple(t.shape[-1] for t in vals), dense,
+                                target, allow_tf32):
+            continue
+        scale = args.get("scale")
+        scale = 1.0 / math.sqrt(vals[0].shape[-1]) if scale is None else float(scale)
+        if not (math.isfinite(scale) and scale > 0) or not isinstance(args.get("is_causal", False), bool):
+            continue
+        out = _val(outs[0])
+        if out is None or out.dim() != 4:
+            continue
+        found.append(SdpaMatch(node, outs[0], q, k, v, scale, bool(args.get("is_causal", False)),
+                               _heads_outer(out), dead))
+    return found
+
+
+def _heads_outer(out: torch.Tensor) -> bool:
+    """Whether an SDPA result [Z, H, L, Ev] lies heads outside rows; else rows outside heads
+    ([Z, L, H, Ev] in memory, where a head's stride is Ev). The template's output copies it, so
+    the views the graph takes of it stay valid.
+
+    Note: a plain-int compare: a symbolic stride compared with a number would record a guard.
+    """
+    heads_stride = out.stride(1)
+    return not (isinstance(heads_stride, int) and heads_stride == out.shape[-1] and out.shape[1] != 1)
+
+
+def _bound_args(node: fx.Node) -> dict[str, object] | None:
+    """`node`'s arguments by their schema names, defaults filled in (None if they do not bind)."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or len(node.args) > len(schema.arguments):
+        return None
+    out: dict[str, object] = {}
+    for i, a in enumerate(schema.arguments):
+        if i < len(node.args):
+            out[a.name] = node.args[i]
+        elif a.name in node.kwargs:
+            out[a.name] = node.kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+    return out if set(node.kwargs) <= set(out) else None
 
 
 def match_softmax(softmax: fx.Node) -> AttentionMatch | None:
@@ -217,15 +343,26 @@ def supported(m: AttentionMatch, target: str) -> bool:
     return q.dtype in CPU_DTYPES and e == ev
 
 
-def rewrite_spec(spec: GraphSpec, matches: list[AttentionMatch], target: str) -> GraphSpec:
-    """`spec` without the matched chains; each second bmm's name now holds the SDPA result."""
-    removed = {n.name for m in matches for n in m.removed}
+def rewrite_spec(spec: GraphSpec, matches: list[AttentionMatch], target: str,
+                 direct: list[SdpaMatch] | None = None) -> GraphSpec:
+    """`spec` without the matched chains; each second bmm's name now holds the SDPA result, and
+    each direct SDPA call's output name fxcc's kernel's result."""
+    direct = direct or []
+    removed = {n.name for m in matches for n in m.removed} | {d.call.name for d in direct}
+    removed |= {n.name for d in direct for n in d.dead}
     by_out = {m.out.name: m for m in matches}
+    direct_by_out = {d.out.name: d for d in direct}
     taken = {p.name for p in spec.placeholders} | {n.name for n in spec.nodes}
     nodes: list[Node] = []
     for n in spec.nodes:
         if n.name in by_out:
             nodes.extend(sdpa_nodes(by_out[n.name], target, taken))
+        elif n.name in direct_by_out:
+            d = direct_by_out[n.name]
+            args = [NodeRef(name=d.q.name), NodeRef(name=d.k.name), NodeRef(name=d.v.name),
+                    FloatArg(value=d.scale), BoolArg(value=d.causal), BoolArg(value=True),
+                    BoolArg(value=d.heads_outer)]
+            nodes.append(Node(name=n.name, target=TEMPLATE_OP, args=args))
         elif n.name not in removed:
             nodes.append(n)
     # Note: a symbolic graph keeps its size symbols (their declarations and ranges), or the
@@ -258,6 +395,14 @@ def sdpa_nodes(m: AttentionMatch, target: str, taken: set[str]) -> list[Node]:
         Node(name=v, target="aten.unsqueeze.default", args=[ref(m.v), zero]),
     ]
     scale = {"scale": FloatArg(value=m.scale)}
+    if m.template:
+        # Note: laid out as the aten op the target would run lays its output out, so that the
+        # rest of the plan is the one it would be with that op.
+        args = [ref(q), ref(k), ref(v), FloatArg(value=m.scale), BoolArg(value=False), BoolArg(value=True),
+                BoolArg(value=target != "cuda")]
+        nodes.append(Node(name=out4, target=TEMPLATE_OP, args=args))
+        nodes.append(Node(name=m.out.name, target="aten.select.int", args=[ref(out4), zero, zero]))
+        return nodes
     if target == "cuda":
         args = [ref(q), ref(k), ref(v), NoneArg(), BoolArg(value=False), FloatArg(value=0.0), BoolArg(value=False)]
         nodes.append(Node(name=call, target=CUDA_OP, args=args, kwargs=scale))

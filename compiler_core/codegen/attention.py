@@ -1,0 +1,212 @@
+"""fxcc's flash-attention forward kernel: a Triton template rendered per (head dims, causal, scale, dtype, precision).
+
+Note: one program computes BLOCK_M query rows of one (batch, head) pair. It walks the keys in
+tiles of BLOCK_N, keeping for each row the running maximum `m` of its scores, the running sum
+`l` of exp(score - m) and the running P @ V in fp32; when a tile raises `m`, the older terms
+are scaled by exp(m_old - m_new) (online softmax), so the scores never leave registers. Exps
+are base 2 with log2(e) folded into the scale. The grid is one-dimensional (query tiles of a
+head adjacent, so they share its K/V tiles in L2, and no 65535 limit on batch × heads).
+
+q, k, v and out are addressed as base pointer + element offset + z * s_z + h * s_h + row * s_row
++ d, with every offset and stride a kernel argument: views of a fused QKV projection are read
+where they lie (no copies), and the innermost dim must be dense (stride 1, so loads vectorise).
+Rows past the query length and keys past the key length are masked (any length works);
+`causal` keeps key j for query i where j <= i (SDPA's `is_causal`, aligned top-left).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from compiler_core.codegen.triton import TL_DTYPES, RenderedKernel, next_pow2
+from compiler_core.symbolic import hint, is_symbolic
+
+# The head dims the template renders: powers of two that tl.dot takes (K >= 16) and whose tiles
+# fit registers. Others keep aten's kernel.
+HEAD_DIMS = (16, 32, 64, 128)
+# Input dtypes the template serves. Note: fp16/bf16 attention stays on aten's flash kernel (FA2,
+# tuned per arch, with warp-specialised Hopper variants in newer torch): this template has no
+# claim to be faster there, and has not been measured against it. fp32 runs here only with
+# TF32 allowed (compile option `allow_tf32`); exact fp32 keeps aten's kernel.
+DTYPES = (torch.float32,)
+# Positions of the KernelStep's integer arguments (after the four pointers q, k, v, out).
+INT_ARGS = ("q_off", "q_sz", "q_sh", "q_sm", "k_off", "k_sz", "k_sh", "k_sn",
+            "v_off", "v_sz", "v_sh", "v_sn", "o_sz", "o_sh", "o_sm", "batch", "heads", "q_len", "kv_len")
+KERNEL_PREFIX = "fxcc_flash_"
+
+
+@dataclass(frozen=True)
+class AttentionParams:
+    """What the source of one attention kernel depends on (sizes and strides are arguments)."""
+
+    head_dim: int
+    value_dim: int
+    causal: bool
+    scale: float
+    dtype: torch.dtype
+    precision: str  # tl.dot's input_precision for fp32 inputs: "tf32" or "ieee"
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    @property
+    def constexprs(self) -> dict[str, int]:
+        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n}
+
+    @property
+    def label(self) -> str:
+        return f"m{self.block_m}_n{self.block_n}_w{self.num_warps}_s{self.num_stages}"
+
+
+def is_template_kernel(name: str) -> bool:
+    return name.startswith(KERNEL_PREFIX)
+
+
+def heuristic_config(params: AttentionParams, q_len: Any, kv_len: Any, target: str) -> AttentionConfig:
+    """The launch config before tuning (and of symbolic plans, which are never tuned).
+
+    Note: on the H200 with head dim 64 in TF32 (bench.attention_kernel's sweep), 128-row query
+    tiles over 64-key tiles on 4 warps with 2 stages were the fastest config for the
+    TransformerBlock's attention (0.311 ms; 8 warps: 0.390) and 8% off the fastest for GPT-2's
+    causal one (0.0686 ms against 3 stages on 8 warps, 0.0636). Short sequences (the hint's) get
+    tiles no longer than they need; the interpreter takes the same tiles (its cost is per tile).
+    """
+    del target
+    wide = max(params.head_dim, params.value_dim) > 64
+    block_m = min(64 if wide else 128, max(16, next_pow2(hint(q_len))))
+    block_n = min(64, max(16, next_pow2(hint(kv_len))))
+    return AttentionConfig(block_m, block_n, 4, 2)
+
+
+def launch_grid(q_len: Any, batch_heads: Any, block_m: int) -> list[Any]:
+    """One program per BLOCK_M query rows of each (batch, head): a size expression when symbolic."""
+    if is_symbolic(q_len) or is_symbolic(batch_heads):
+        from compiler_core.sizevars import FloorDiv
+
+        return [FloorDiv(q_len + block_m - 1, block_m) * batch_heads]
+    return [-(-int(q_len) // block_m) * int(batch_heads)]
+
+
+_BODY = '''\
+# fxcc-attention {facts}
+@triton.jit
+def {name}(Q, K, V, O,
+           q_off, q_sz, q_sh, q_sm, k_off, k_sz, k_sh, k_sn, v_off, v_sz, v_sh, v_sn,
+           o_sz, o_sh, o_sm, batch, heads, q_len, kv_len,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    tiles = tl.cdiv(q_len, BLOCK_M)
+    pid = tl.program_id(0)
+    tile = pid % tiles
+    zh = pid // tiles
+    z = (zh // heads).to(tl.int64)
+    h = (zh % heads).to(tl.int64)
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < q_len
+    dq = tl.arange(0, {head_dim})
+    dv = tl.arange(0, {value_dim})
+    q_base = Q + q_off + z * q_sz + h * q_sh
+    k_base = K + k_off + z * k_sz + h * k_sh
+    v_base = V + v_off + z * v_sz + h * v_sh
+    q = tl.load(q_base + rows[:, None] * q_sm + dq[None, :], mask=row_ok[:, None], other=0.0)
+    # running row maximum (of log2-scaled scores), row sum of exponentials, P @ V
+    m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_run = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, {value_dim}], tl.float32)
+{key_end}
+    for start in range(0, key_end, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_ok = cols < kv_len
+        kt = tl.load(k_base + cols[None, :] * k_sn + dq[:, None], mask=col_ok[None, :], other=0.0)
+        s = tl.dot(q, kt{precision}) * {scale_log2e}
+{keep}
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_run, tl.max(s, 1))
+        alpha = tl.exp2(m_run - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_run = l_run * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + cols[:, None] * v_sn + dv[None, :], mask=col_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to({dot_dtype}), v{precision})
+        m_run = m_new
+    out = acc / l_run[:, None]
+    o_ptrs = O + z * o_sz + h * o_sh + rows[:, None] * o_sm + dv[None, :]
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+'''
+
+
+@dataclass(frozen=True)
+class RenderedTemplate:
+    name: str
+    source: str
+    config: AttentionConfig
+
+
+def render_attention(params: AttentionParams, config: AttentionConfig) -> RenderedTemplate:
+    """The Triton source of one attention kernel; its name is a hash of the source and config.
+
+    Note: the config is part of the name for the reason codegen.triton gives (a grid sized for
+    one BLOCK_M must never launch another's kernel); tuning keeps the name and regrids.
+    """
+    if params.head_dim not in HEAD_DIMS or params.value_dim not in HEAD_DIMS:
+        raise ValueError(f"head dims {params.head_dim}, {params.value_dim} are not in {HEAD_DIMS}")
+    if not (math.isfinite(params.scale) and params.scale > 0):
+        raise ValueError(f"scale {params.scale} is not a positive finite number")
+    fp32 = params.dtype == torch.float32
+    precision = f', input_precision="{params.precision}"' if fp32 else ""
+    if params.causal:
+        # Note: keys past the tile's last row are masked for every row of it: stop there.
+        key_end = "    key_end = tl.minimum(kv_len, (tile + 1) * BLOCK_M)"
+        keep = "        keep = col_ok[None, :] & (cols[None, :] <= rows[:, None])"
+    else:
+        key_end = "    key_end = kv_len"
+        keep = "        keep = col_ok[None, :]"
+    fields = {
+        "head_dim": params.head_dim, "value_dim": params.value_dim, "key_end": key_end, "keep": keep,
+        "precision": precision, "scale_log2e": repr(float(params.scale) * math.log2(math.e)),
+        "dot_dtype": TL_DTYPES[params.dtype],
+    }
+    fields["facts"] = (f"head_dim={params.head_dim} value_dim={params.value_dim} "
+                       f"dtype={str(params.dtype).removeprefix('torch.')} precision={params.precision if fp32 else 'none'} "
+                       f"causal={int(params.causal)}")
+    body = _BODY.format(name="{name}", **fields)
+    digest = hashlib.sha256(f"{body}\n{sorted(config.constexprs.items())}\n{config.num_warps}\n"
+                            f"{config.num_stages}".encode()).hexdigest()[:16]
+    name = f"{KERNEL_PREFIX}{digest}"
+    source = "import triton\nimport triton.language as tl\n\n\n" + body.format(name=name)
+    return RenderedTemplate(name, source, config)
+
+
+def render_template(item: Any, target: str) -> RenderedKernel:
+    """The kernel of a lowering.TemplateKernel, with its heuristic launch config and grid."""
+    sizes = item.sizes
+    config = heuristic_config(item.params, sizes["q_len"], sizes["kv_len"], target)
+    r = render_attention(item.params, config)
+    grid = launch_grid(sizes["q_len"], sizes["batch_heads"], config.block_m)
+    return RenderedKernel(r.name, r.source, [], None, None, grid, config.constexprs, config.num_warps,
+                          num_stages=config.num_stages)
+
+
+def source_facts(source: str) -> dict[str, str]:
+    """What a rendered template's source says of itself (its `# fxcc-attention` line): head_dim,
+    value_dim, dtype, precision ("tf32", "ieee", "none" off fp32), causal."""
+    for line in source.splitlines():
+        if line.startswith("# fxcc-attention "):
+            return dict(item.split("=", 1) for item in line.split()[2:])
+    raise ValueError("not an fxcc attention template")
+
+
+def int_args(step_args: list[Any]) -> dict[str, Any]:
+    """A template launch's integer arguments by name (the values after its four pointers)."""
+    values = [getattr(a, "value", None) for a in step_args[4:]]
+    if len(values) != len(INT_ARGS):
+        raise ValueError(f"an attention launch takes {len(INT_ARGS)} integers, got {len(values)}")
+    return dict(zip(INT_ARGS, values))

@@ -1,0 +1,40 @@
+"""fxcc's own aten-level ops (`torch.ops.fxcc.*`): graph nodes that passes emit for fxcc's templates.
+
+Note: each op has a fake kernel, so a rewritten GraphSpec is rebuilt and re-derived with
+FakeTensors like any client graph, and an eager kernel built from aten ops, so that a plan that
+runs one as an extern call (its template could not be lowered) still computes the right result.
+Only the ops named in OPS resolve from the wire (compiler_core.wire.resolve_target).
+"""
+
+from __future__ import annotations
+
+import torch
+
+OPS = frozenset({"fxcc.flash_attention.default"})
+
+
+@torch.library.custom_op("fxcc::flash_attention", mutates_args=())
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                    is_causal: bool, allow_tf32: bool, heads_outer: bool) -> torch.Tensor:
+    """softmax(q @ kᵀ · scale [causal: key j ≤ query i]) @ v over [Z, H, ·, ·] tensors, laid out
+    [Z, L, H, Dv] in memory (as aten's memory-efficient and flash kernels lay theirs out), or
+    contiguous with `heads_outer` (as aten's CPU kernel does).
+    `allow_tf32`: fp32 products may round their inputs to TF32 (fxcc's kernel does; this
+    eager form, the fallback, computes them as aten's SDPA does)."""
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+    laid_out = _empty_out(q, v, heads_outer)
+    laid_out.copy_(out)
+    return laid_out
+
+
+@flash_attention.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, is_causal: bool,
+      allow_tf32: bool, heads_outer: bool) -> torch.Tensor:
+    return _empty_out(q, v, heads_outer)
+
+
+def _empty_out(q: torch.Tensor, v: torch.Tensor, heads_outer: bool) -> torch.Tensor:
+    z, h, rows, _ = q.shape
+    if heads_outer:
+        return q.new_empty((z, h, rows, v.shape[-1]))
+    return q.new_empty((z, rows, h, v.shape[-1])).transpose(1, 2)

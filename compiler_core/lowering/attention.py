@@ -1,0 +1,57 @@
+"""Lowering of `fxcc.flash_attention`: a template kernel that reads q, k, v where they lie and writes a new buffer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from compiler_core.codegen.attention import HEAD_DIMS, AttentionParams
+from compiler_core.errors import UnsupportedOp
+from compiler_core.ir.nodes import Buffer, Lazy, StridedView, TensorValue, make_loader
+from compiler_core.lowering import TemplateKernel, current_graph, node_val, register_lowering
+from compiler_core.sizevars import contiguous_strides
+from compiler_core.symbolic import is_symbolic, sizes_of, strides_of
+from compiler_core.wire import NodeRef, target_name
+
+
+def _flash_attention_op() -> Any:
+    from compiler_core import fxcc_ops
+
+    return fxcc_ops.flash_attention._opoverload
+
+
+@register_lowering(_flash_attention_op())
+def flash_attention(q: TensorValue, k: TensorValue, v: TensorValue, scale: float, is_causal: bool,
+                    allow_tf32: bool, heads_outer: bool) -> StridedView:
+    """The template kernel writing a new buffer in the layout the op's fake kernel gives (`heads_outer`)."""
+    del heads_outer  # in the node's value's strides
+    g = current_graph()
+    val = node_val()
+    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise UnsupportedOp(f"attention template takes no {q.dtype}")
+    z, h, q_len, head_dim = q.sizes
+    kv_len, value_dim = k.sizes[2], v.sizes[3]
+    if is_symbolic(head_dim) or is_symbolic(value_dim) or head_dim not in HEAD_DIMS or value_dim not in HEAD_DIMS:
+        raise UnsupportedOp(f"attention template takes no head dims {head_dim}, {value_dim}")
+    views = [_dense_last(g, t) for t in (q, k, v)]
+    out = g.add_buffer(Buffer(g.new_name("attn"), val.dtype, sizes_of(val), strides_of(val), "computed"))
+    ints: list[Any] = []
+    for t in views:
+        ints += [t.offset, *t.strides[:3]]
+    ints += [*out.strides[:3], z, h, q_len, kv_len]
+    precision = "tf32" if allow_tf32 else "ieee"
+    params = AttentionParams(int(head_dim), int(value_dim), bool(is_causal), float(scale), q.dtype, precision)
+    g.program.append(TemplateKernel(
+        out.buffer.name, target_name(_flash_attention_op()), [NodeRef(name=t.buffer.name) for t in views],
+        params=params, int_args=tuple(ints), sizes={"q_len": q_len, "kv_len": kv_len, "batch_heads": z * h}))
+    return out
+
+
+def _dense_last(g: Any, value: TensorValue) -> StridedView:
+    """`value` in memory with a dense innermost dim: where it lies if it has one, else a contiguous copy."""
+    if isinstance(value, StridedView) and value.strides[-1] == 1:
+        return value
+    if isinstance(value, StridedView):
+        value = Lazy(value.dtype, value.sizes, make_loader(value))
+    return g.realize(value, contiguous_strides(value.sizes))

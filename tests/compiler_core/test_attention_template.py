@@ -1,0 +1,183 @@
+"""Attention through fxcc's own kernel: where the attention pass and direct SDPA calls use it, and
+where they keep aten's (no TF32, other dtypes and head dims, masks, dropout, training)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from client.backend import decomposition_table
+from client.capture import capture_graph
+from client.runtime import load_plan
+from compiler_core.artifact import Artifact
+from compiler_core.build import build_artifact, cuda_build_unavailable
+from compiler_core.codegen.attention import is_template_kernel
+from compiler_core.compile import compile_request
+from compiler_core.errors import InvalidGraph
+from compiler_core.passes.attention import CPU_OP, CUDA_OP, TEMPLATE_OP
+from compiler_core.wire import CompileOptions, CompileRequest, GraphSpec, Target, resolve_target
+
+aten = torch.ops.aten
+
+
+def traced(fn: Any, *inputs: torch.Tensor, mode: str = "real") -> GraphSpec:
+    with torch.no_grad():
+        gm = make_fx(fn, decomposition_table=decomposition_table(), tracing_mode=mode)(*inputs)
+    return capture_graph(gm, list(inputs)).spec
+
+
+def compiled(spec: GraphSpec, tf32: bool, target: Target | None = None) -> Artifact:
+    return compile_request(CompileRequest(graph=spec, options=CompileOptions(allow_tf32=tf32, target=target or Target())))
+
+
+def templates(art: Artifact) -> list[str]:
+    return [k.name for k in art.manifest.kernels if is_template_kernel(k.name)]
+
+
+def qkv(*shape: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*shape, generator=g) for _ in range(3))
+
+
+def chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(q @ k.transpose(-2, -1) * 0.25, -1) @ v
+
+
+def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+@pytest.mark.parametrize("fn", [chain, causal_sdpa], ids=["bmm_softmax_bmm", "direct_sdpa"])
+def test_tf32_allowed_runs_the_template_and_matches_eager(fn: Any) -> None:
+    inputs = qkv(2, 3, 37, 16)
+    spec = traced(fn, *inputs)
+    art = compiled(spec, tf32=True)
+    assert len(templates(art)) == 1
+    assert not {CPU_OP, CUDA_OP, "aten.bmm.default"} & set(art.manifest.stats.extern_ops)
+    (got,) = load_plan(art)(list(inputs))
+    want = fn(*inputs)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert got.stride() == want.stride()
+
+
+@pytest.mark.parametrize("fn", [chain, causal_sdpa], ids=["bmm_softmax_bmm", "direct_sdpa"])
+def test_without_tf32_the_extern_stays(fn: Any) -> None:
+    inputs = qkv(2, 3, 20, 16)
+    art = compiled(traced(fn, *inputs), tf32=False)
+    assert not templates(art) and CPU_OP in art.manifest.stats.extern_ops
+
+
+@pytest.mark.parametrize("case", ["float64", "head_dim_8", "head_dim_24", "mask", "dropout", "lse_used"])
+def test_the_template_is_not_used_where_it_does_not_apply(case: str) -> None:
+    q, k, v = qkv(2, 2, 16, 8 if case == "head_dim_8" else 24 if case == "head_dim_24" else 16)
+    mask = torch.rand(16, 16, generator=torch.Generator().manual_seed(1)) > 0.3
+    fns = {
+        "float64": causal_sdpa, "head_dim_8": causal_sdpa, "head_dim_24": chain,
+        "mask": lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        "dropout": lambda q, k, v: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.5)[0],
+        "lse_used": lambda q, k, v: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[1] + 1,
+    }
+    inputs = [q.double(), k.double(), v.double()] if case == "float64" else [q, k, v]
+    inputs += [mask] if case == "mask" else []
+    # (the CPU kernel refuses dropout: traced on FakeTensors, never run)
+    art = compiled(traced(fns[case], *inputs, mode="fake" if case == "dropout" else "real"), tf32=True)
+    assert not templates(art)
+    if case != "dropout":
+        (got,) = load_plan(art)(inputs)
+        torch.testing.assert_close(got, fns[case](*inputs), atol=1e-5, rtol=1e-5)
+
+
+def test_views_of_a_fused_projection_are_read_in_place() -> None:
+    """GPT-2's q, k, v: split views of one projection, no copy kernel before the template."""
+    b, s, h, d = 2, 24, 4, 16
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (t.view(b, s, h, d).transpose(1, 2) for t in x.split(h * d, dim=2))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, h * d)
+
+    x = torch.randn(b, s, 3 * h * d, generator=torch.Generator().manual_seed(2))
+    art = compiled(traced(fn, x), tf32=True)
+    steps = [st for st in art.manifest.plan.steps if st.kind == "kernel"]
+    (launch,) = [st for st in steps if is_template_kernel(st.kernel)]
+    assert [a.name for a in launch.args[:3]] == [art.manifest.plan.inputs[0]] * 3
+    assert [a.value for a in launch.args[4:5]] + [launch.args[8].value, launch.args[12].value] == [0, h * d, 2 * h * d]
+    (got,) = load_plan(art)([x])
+    torch.testing.assert_close(got, fn(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_failing_template_lowering_runs_the_op_as_an_extern_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fxcc op's eager kernel (aten SDPA) is the fallback: the plan stays correct."""
+    from compiler_core import lowering
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("template lowering bug")
+
+    op = resolve_target(TEMPLATE_OP)
+    lowering._load_lowerings()
+    monkeypatch.setitem(lowering.LOWERINGS, op, broken)
+    inputs = qkv(2, 2, 20, 16)
+    art = compiled(traced(causal_sdpa, *inputs), tf32=True)
+    assert not templates(art) and TEMPLATE_OP in art.manifest.stats.extern_ops
+    (got,) = load_plan(art)(list(inputs))
+    torch.testing.assert_close(got, causal_sdpa(*inputs), atol=1e-5, rtol=1e-5)
+
+
+def test_only_listed_fxcc_ops_resolve() -> None:
+    assert resolve_target(TEMPLATE_OP) is torch.ops.fxcc.flash_attention.default
+    for bad in ("fxcc.flash_attention.out", "fxcc.__class__.default", "fxcc.other.default"):
+        with pytest.raises(InvalidGraph):
+            resolve_target(bad)
+
+
+def test_tf32_is_part_of_the_key() -> None:
+    from compiler_core.keys import compile_key
+
+    spec = traced(chain, *qkv(2, 3, 8, 16))
+    keys = {compile_key(CompileRequest(graph=spec, options=CompileOptions(allow_tf32=tf))) for tf in (False, True)}
+    assert len(keys) == 2
+
+
+# ---------------------------------------------------------------- CUDA targets (FakeTensors; no GPU needed)
+
+
+def _cuda_spec(dtype: torch.dtype = torch.float32, head_dim: int = 16) -> GraphSpec:
+    """GPT-2's attention as AOTAutograd leaves it on a GPU: aten's memory-efficient op on views of
+    the fused projection (a CPU-only torch decomposes SDPA on fake CUDA tensors, so it is called here)."""
+    h = 4
+    width = h * head_dim
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = (t.view(b, s, h, head_dim).transpose(1, 2) for t in x.split(width, dim=2))
+        out = aten._scaled_dot_product_efficient_attention(q, k, v, None, False, is_causal=True)[0]
+        return out.transpose(1, 2).reshape(b, s, width) * 2
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x = torch.empty(2, 40, 3 * width, device="cuda", dtype=dtype)
+        gm = make_fx(fn)(x)
+    return capture_graph(gm, [x]).spec
+
+
+@pytest.mark.parametrize(("dtype", "head_dim", "tf32", "fires"), [
+    (torch.float32, 16, True, True), (torch.float32, 64, True, True), (torch.float32, 16, False, False),
+    (torch.float16, 16, True, False), (torch.float32, 8, True, False)])
+def test_cuda_direct_sdpa(dtype: torch.dtype, head_dim: int, tf32: bool, fires: bool) -> None:
+    art = compiled(_cuda_spec(dtype, head_dim), tf32, Target(kind="cuda", arch=90))
+    assert bool(templates(art)) == fires
+    assert (CUDA_OP in art.manifest.stats.extern_ops) != fires
+
+
+@pytest.mark.skipif(cuda_build_unavailable() is not None, reason="cannot cross-compile for CUDA")
+def test_cuda_template_builds_a_cubin() -> None:
+    spec = _cuda_spec(head_dim=64)
+    request = CompileRequest(graph=spec, options=CompileOptions(allow_tf32=True, target=Target(kind="cuda", arch=90)))
+    art = build_artifact(compile_request(request), request, 90)
+    (info,) = [k for k in art.manifest.kernels if is_template_kernel(k.name)]
+    assert "sm_90" in info.binaries, info.metadata
+    assert info.metadata["sm_90.num_warps"] == info.num_warps and info.num_stages >= 2
+    assert info.metadata["sm_90.signature"].startswith("*fp32,*fp32,*fp32,*fp32,")

@@ -1,0 +1,131 @@
+"""fxcc's flash-attention template (compiler_core/codegen/attention.py) against a float64 reference."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from compiler_core.autotune import load_jit
+from compiler_core.codegen.attention import (
+    AttentionConfig,
+    AttentionParams,
+    heuristic_config,
+    launch_grid,
+    render_attention,
+)
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+    scores = q.double() @ k.double().transpose(-2, -1) * scale
+    if causal:
+        rows, cols = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(rows, cols, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(scores, -1) @ v.double()
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, causal: bool, precision: str,
+           tmp: Path, config: AttentionConfig | None = None, heads_outer: bool = False) -> torch.Tensor:
+    """The template run by the interpreter on [Z, H, ·, ·] views, as a plan would launch it."""
+    z, h, rows, e = q.shape
+    cols, ev = k.shape[2], v.shape[3]
+    params = AttentionParams(e, ev, causal, scale, q.dtype, precision)
+    config = config or heuristic_config(params, rows, cols, "interpret")
+    r = render_attention(params, config)
+    fn = load_jit(r.source, r.name, tmp, interpret=True)
+    out = (torch.empty(z, h, rows, ev, dtype=q.dtype) if heads_outer
+           else torch.empty(z, rows, h, ev, dtype=q.dtype).transpose(1, 2))
+    ints: list[Any] = []
+    for t in (q, k, v):
+        base = t._base if t._base is not None else t
+        ints += [t.storage_offset() - base.storage_offset(), *t.stride()[:3]]
+        assert t.stride(3) == 1
+    ints += [*out.stride()[:3], z, h, rows, cols]
+    bases = [t._base if t._base is not None else t for t in (q, k, v)]
+    grid = tuple(launch_grid(rows, z * h, config.block_m))
+    fn[grid](*bases, out, *ints, **config.constexprs, num_warps=config.num_warps, num_stages=config.num_stages)
+    return out
+
+
+def qkv(z: int, h: int, rows: int, cols: int, e: int, ev: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(z, h, rows, e, generator=g), torch.randn(z, h, cols, e, generator=g),
+            torch.randn(z, h, cols, ev, generator=g))
+
+
+SMALL_TILES = AttentionConfig(16, 16, 4, 2)  # several key tiles per row: the online softmax's rescaling runs
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(("rows", "cols"), [(32, 32), (37, 45), (45, 37), (1, 19)], ids=str)
+def test_matches_float64_on_ragged_lengths(causal: bool, rows: int, cols: int, tmp_path: Path) -> None:
+    q, k, v = qkv(2, 3, rows, cols, 16, 16)
+    scale = 1 / math.sqrt(16)
+    got = attend(q, k, v, scale=scale, causal=causal, precision="ieee", tmp=tmp_path, config=SMALL_TILES)
+    want = reference(q, k, v, scale, causal)
+    assert (got.double() - want).abs().max() < 2e-6
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_heuristic_tiles_and_other_value_dim(causal: bool, tmp_path: Path) -> None:
+    q, k, v = qkv(1, 2, 70, 70, 32, 64, seed=1)
+    got = attend(q, k, v, scale=0.3, causal=causal, precision="ieee", tmp=tmp_path, heads_outer=True)
+    assert (got.double() - reference(q, k, v, 0.3, causal)).abs().max() < 2e-6
+
+
+def test_strided_views_of_a_fused_projection_are_read_in_place(tmp_path: Path) -> None:
+    """q, k, v as GPT-2 makes them: [B, S, 3·H·D] split, viewed [B, S, H, D], transposed to [B, H, S, D]."""
+    b, s, heads, d = 2, 40, 4, 16
+    x = torch.randn(b, s, 3 * heads * d, generator=torch.Generator().manual_seed(3))
+    q, k, v = (t.view(b, s, heads, d).transpose(1, 2) for t in x.split(heads * d, dim=2))
+    assert k.storage_offset() == heads * d and not q.is_contiguous()
+    got = attend(q, k, v, scale=1 / math.sqrt(d), causal=True, precision="ieee", tmp=tmp_path, config=SMALL_TILES)
+    want = reference(q, k, v, 1 / math.sqrt(d), True)
+    assert (got.double() - want).abs().max() < 2e-6
+    torch.testing.assert_close(got, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_tf32_source_and_a_loose_tolerance(tmp_path: Path) -> None:
+    """With TF32 the dots say so (the interpreter computes them exactly; a GPU rounds inputs to
+    10 mantissa bits, so the GPU tests hold it to about 1e-3 relative); without, they say ieee."""
+    params = AttentionParams(64, 64, False, 0.125, torch.float32, "tf32")
+    source = render_attention(params, AttentionConfig(64, 32, 4, 2)).source
+    assert source.count('input_precision="tf32"') == 2 and "ieee" not in source
+    exact = render_attention(params.__class__(64, 64, False, 0.125, torch.float32, "ieee"), AttentionConfig(64, 32, 4, 2))
+    assert exact.source.count('input_precision="ieee"') == 2
+    q, k, v = qkv(2, 2, 33, 50, 64, 64, seed=4)
+    got = attend(q, k, v, scale=0.125, causal=False, precision="tf32", tmp=tmp_path)
+    assert (got.double() - reference(q, k, v, 0.125, False)).abs().max() < 2e-2
+
+
+def test_half_precision_inputs(tmp_path: Path) -> None:
+    q, k, v = (t.half() for t in qkv(1, 2, 24, 24, 16, 16, seed=5))
+    got = attend(q, k, v, scale=0.25, causal=True, precision="tf32", tmp=tmp_path, config=SMALL_TILES)
+    assert got.dtype == torch.float16
+    assert (got.double() - reference(q, k, v, 0.25, True)).abs().max() < 5e-3
+
+
+def test_names_follow_source_and_config() -> None:
+    params = AttentionParams(64, 64, True, 0.125, torch.float32, "tf32")
+    a, b = render_attention(params, AttentionConfig(128, 64, 8, 2)), render_attention(params, AttentionConfig(64, 64, 8, 2))
+    assert a.name != b.name and a.name == render_attention(params, AttentionConfig(128, 64, 8, 2)).name
+    assert a.name != render_attention(params.__class__(64, 64, False, 0.125, torch.float32, "tf32"),
+                                      AttentionConfig(128, 64, 8, 2)).name
+
+
+@pytest.mark.parametrize("head_dim", [8, 24, 256])
+def test_other_head_dims_are_refused(head_dim: int) -> None:
+    with pytest.raises(ValueError, match="head dims"):
+        render_attention(AttentionParams(head_dim, head_dim, False, 0.1, torch.float32, "tf32"),
+                         AttentionConfig(64, 64, 4, 2))
+
+
+def test_heuristic_for_hopper_head_dim_64() -> None:
+    params = AttentionParams(64, 64, False, 0.125, torch.float32, "tf32")
+    assert heuristic_config(params, 512, 512, "cuda") == AttentionConfig(128, 64, 4, 2)
+    small = heuristic_config(params, 20, 9, "cuda")
+    assert (small.block_m, small.block_n) == (32, 16)
