@@ -116,6 +116,8 @@ def _check_global_state(example_inputs: list[Any]) -> None:
         raise Ineligible("a torch function or dispatch mode is active")
     if torch._C._functorch.peek_interpreter_stack() is not None:
         raise Ineligible("inside a functorch transform")
+    if getattr(torch._guards.TracingContext.try_get(), "fakify_first_call", False):
+        raise Ineligible("the first call returns fake outputs")
 
 
 def _global_state() -> dict[str, Any]:
@@ -361,8 +363,10 @@ def _not_plain(gm: fx.GraphModule, example_inputs: list[Any], dynamo_outputs: li
     meta = getattr(ctx, "fw_metadata", None)
     if meta is None:
         return "no AOTAutograd metadata"
+    # Note: a field an older torch lacks stands for a feature it does not have (getattr defaults).
     if any(i.mutates_data or i.mutates_metadata or i.mutates_storage_metadata
-           or i.mutation_inductor_storage_resize or i.mutation_type != MutationType.NOT_MUTATED
+           or getattr(i, "mutation_inductor_storage_resize", False)
+           or getattr(i, "mutation_type", MutationType.NOT_MUTATED) != MutationType.NOT_MUTATED
            for i in meta.input_info):
         return "an input is mutated"
     if meta.mutated_inp_runtime_indices or meta.num_mutated_inp_runtime_indices:
@@ -374,10 +378,11 @@ def _not_plain(gm: fx.GraphModule, example_inputs: list[Any], dynamo_outputs: li
     # Note: random ops themselves are fine. Only functionalized RNG (seed and offset passed in and
     # out by AOTAutograd's wrappers) differs from running the plan's ops, which draw from torch's
     # generator exactly as the plan does when AOTAutograd ran.
-    if meta.tokens or meta.is_rng_op_functionalized or meta.num_outputs_rng_offset or meta.num_graphsafe_rng_states:
+    if (meta.tokens or meta.is_rng_op_functionalized or meta.num_outputs_rng_offset
+            or getattr(meta, "num_graphsafe_rng_states", 0)):
         return "effect tokens or functionalized RNG state"
-    if meta.act_input_indices or any(not isinstance(m, int) and type(m).__name__ != "PlainTensorMeta"
-                                     for m in meta.subclass_inp_meta):
+    if getattr(meta, "act_input_indices", None) or any(
+            not isinstance(m, int) and type(m).__name__ != "PlainTensorMeta" for m in meta.subclass_inp_meta):
         return "a tensor subclass"
     if getattr(meta, "is_train", False):
         return "a training graph"
