@@ -219,7 +219,10 @@ class GraphCompiler:
         log.info("fxcc: graph %s from %s (%d kernels; %s)%s", key[:12], source, art.manifest.stats.kernels,
                  runs_as, "; AOTAutograd skipped (pre-AOT cache)" if capture is None else "")
         if self.on_ready is not None:
-            self.on_ready(event, art, capture, request)
+            try:
+                self.on_ready(event, art, capture, request)
+            except Exception as e:  # noqa: BLE001 - an observer never costs the plan
+                log.info("fxcc: on_ready hook failed (%s)", _cause_text(e))
         return _guarded(runner, [] if capture is None else capture.constants, eager, key)
 
     def _variant(self, request: CompileRequest, capture: Any, args: list[Any]) -> Callable:

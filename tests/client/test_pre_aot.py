@@ -250,3 +250,21 @@ def test_explain_says_the_aot_step_was_skipped():
         second = str(explain(model)(x))
     assert "AOTAutograd: ran; stored for the next process" in first
     assert "AOTAutograd: skipped: pre-AOT cache hit" in second
+
+
+def test_a_plan_failing_on_a_hit_runs_dynamos_graph_eagerly(monkeypatch):
+    from client.runtime import PlanRunner
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU()).eval()
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        torch.compile(model, backend="fxcc")(x)
+        torch._dynamo.reset()
+
+        def broken(self, args):
+            raise RuntimeError("kernel launch failed")
+        monkeypatch.setattr(PlanRunner, "__call__", broken)
+        with pytest.warns(RuntimeWarning, match="failed to run"):
+            got = torch.compile(model, backend="fxcc")(x)
+    assert backend.events()[-1].pre_aot == "skipped: pre-AOT cache hit"
+    torch.testing.assert_close(got, model(x))
