@@ -48,6 +48,9 @@ class CompileEvent:
     # how the plan runs: "cuda graph" (replayed once its inputs' addresses repeat), or
     # "step by step: <why not a CUDA graph>"; None for no plan (fallback, precompile)
     runs_as: str | None = None
+    # AOTAutograd and the pre-AOT cache (client/pre_aot.py): "skipped: pre-AOT cache hit",
+    # "ran; stored for the next process", "ran; not cached: <why>"; None when not looked at
+    pre_aot: str | None = None
 
 
 @dataclass
@@ -55,6 +58,7 @@ class _Log:
     events: list[CompileEvent] = field(default_factory=list)
     warned: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    aot_runs: int = 0  # Dynamo graphs handed to AOTAutograd (a pre-AOT cache hit skips it)
 
 
 _log = _Log()
@@ -76,6 +80,13 @@ def reset() -> None:
     with _log.lock:
         _log.events.clear()
         _log.warned.clear()
+        _log.aot_runs = 0
+
+
+def aot_runs() -> int:
+    """How many Dynamo graphs this process has run through AOTAutograd."""
+    with _log.lock:
+        return _log.aot_runs
 
 
 def _record(event: CompileEvent) -> None:
@@ -103,6 +114,9 @@ def target_for(example_inputs: list[Any]) -> Target:
 
 class GraphCompiler:
     """AOTAutograd's fw/bw compiler: aten GraphModule + example inputs → a boxed callable."""
+
+    # Called with (event, artifact, capture, request) once a plan is ready (client/pre_aot.py).
+    on_ready: Callable[[CompileEvent, Artifact, Any, CompileRequest | None], None] | None = None
 
     def __init__(self, settings: ClientSettings, inference: bool = False) -> None:
         self.settings = settings
@@ -182,7 +196,10 @@ class GraphCompiler:
         return True
 
     def _ready(self, art: Artifact, source: str, capture: Any, eager: Callable, t0: float,
-               request: CompileRequest | None = None) -> Callable:
+               request: CompileRequest | None = None, graph_nodes: int = 0,
+               pre_aot: str | None = None) -> Callable:
+        """The plan of `art`, ready to run. `capture` is None for a pre-AOT cache hit (a plan with
+        no constants and no size symbols, whose graph has `graph_nodes` nodes)."""
         runner: Callable = load_plan(art)
         key = art.manifest.key
         if request is not None and request.graph.symbols:
@@ -195,16 +212,22 @@ class GraphCompiler:
 
             why = why_not_graphed(art.manifest, self.inference)
             runs_as = "cuda graph, once its inputs' addresses repeat" if why is None else f"step by step: {why}"
+        nodes = graph_nodes if capture is None else len(capture.spec.nodes)
         event = CompileEvent(key=key, source=source, seconds=time.perf_counter() - t0,
-                             stats=art.manifest.stats, graph_nodes=len(capture.spec.nodes), runs_as=runs_as)
+                             stats=art.manifest.stats, graph_nodes=nodes, runs_as=runs_as, pre_aot=pre_aot)
         if runs_as.startswith("cuda graph"):
             runner = GraphedPlan(runner, art.manifest,
                                  on_disable=lambda why: setattr(event, "runs_as", f"step by step: {why}"),
                                  on_cut=lambda how: setattr(event, "runs_as", how))
         _record(event)
-        log.info("fxcc: graph %s from %s (%d kernels; %s)", key[:12], source, art.manifest.stats.kernels,
-                 runs_as)
-        return _guarded(runner, capture.constants, eager, key)
+        log.info("fxcc: graph %s from %s (%d kernels; %s)%s", key[:12], source, art.manifest.stats.kernels,
+                 runs_as, "; AOTAutograd skipped (pre-AOT cache)" if capture is None else "")
+        if self.on_ready is not None:
+            try:
+                self.on_ready(event, art, capture, request)
+            except Exception as e:  # noqa: BLE001 - an observer never costs the plan
+                log.info("fxcc: on_ready hook failed (%s)", _cause_text(e))
+        return _guarded(runner, [] if capture is None else capture.constants, eager, key)
 
     def _variant(self, request: CompileRequest, capture: Any, args: list[Any]) -> Callable:
         """A plan for sizes that every known plan's guards reject: compiled with the call's sizes
@@ -410,17 +433,73 @@ def partition_joint_graph(joint: fx.GraphModule, joint_inputs: Any,
 
 
 def fxcc_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable:
-    """The `fxcc` backend for torch.compile (registered as a torch_dynamo_backends entry point)."""
-    from torch._dynamo.backends.common import aot_autograd
+    """The `fxcc` backend for torch.compile (registered as a torch_dynamo_backends entry point).
 
+    A graph the pre-AOT cache knows (client/pre_aot.py) is served from it without AOTAutograd;
+    otherwise AOTAutograd runs, and a plain inference graph gets an entry for the next process.
+    """
+    t0 = time.perf_counter()
     try:
         settings = ClientSettings.from_env().with_options(kwargs.get("options"))
     except ValueError as e:
         raise ValueError(f"fxcc: {e}") from None
     compiler = GraphCompiler(settings)
+    inference = GraphCompiler(settings, inference=True)
+    served, recorder = _pre_aot(gm, example_inputs, settings, inference, t0)
+    if served is not None:
+        return served
+    return _run_aot(gm, example_inputs, compiler, inference, recorder)
+
+
+def _pre_aot(gm: fx.GraphModule, example_inputs: list[Any], settings: ClientSettings,
+             inference: GraphCompiler, t0: float) -> tuple[Callable | None, Any]:
+    """(the pre-AOT cache's callable on a hit, else None; a recorder for AOTAutograd's run, or
+    None when the graph cannot be cached). Never raises: any failure is a miss."""
+    if not settings.pre_aot_cache or settings.precompile:
+        return None, None
+    from client import pre_aot
+
+    try:
+        key = pre_aot.graph_key(gm, example_inputs, settings)
+    except pre_aot.Ineligible as e:
+        log.debug("fxcc: pre-AOT cache: not for this graph: %s", e)
+        return None, None
+    except Exception as e:  # noqa: BLE001 - only an optimisation
+        pre_aot.log_once(f"key:{_cause(e)}", "no key for a graph (%s)", _cause_text(e))
+        return None, None
+    store = pre_aot.Store(settings.cache_dir)
+    try:
+        entry = store.get(key)
+        if entry is not None:
+            served = pre_aot.serve(entry, gm, example_inputs, inference, t0)
+            if served is not None:
+                return served, None
+        return None, pre_aot.Recorder(key, gm, example_inputs, store)
+    except Exception as e:  # noqa: BLE001 - only an optimisation; AOTAutograd runs as usual
+        pre_aot.log_once(f"serve:{_cause(e)}", "falling back to AOTAutograd (%s)", _cause_text(e))
+        return None, None
+
+
+def _run_aot(gm: fx.GraphModule, example_inputs: list[Any], compiler: GraphCompiler,
+             inference: GraphCompiler, recorder: Any) -> Callable:
+    """AOTAutograd over Dynamo's graph, fxcc compiling each aten graph it produces."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    inference_compiler: Callable = inference
+    if recorder is not None:
+        inference.on_ready = recorder.ready
+        inference_compiler = recorder.inference_compiler(inference)
     backend = aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
-                           inference_compiler=GraphCompiler(settings, inference=True),
+                           inference_compiler=inference_compiler,
                            partition_fn=partition_joint_graph,
                            decompositions=decomposition_table(),
                            keep_inference_input_mutations=True)
-    return backend(gm, example_inputs)
+    with _log.lock:
+        _log.aot_runs += 1
+    fn = backend(gm, example_inputs)
+    if recorder is not None:
+        try:
+            recorder.store()
+        except Exception as e:  # noqa: BLE001 - only an optimisation
+            log.info("fxcc: pre-AOT cache: could not store an entry (%s)", _cause_text(e))
+    return fn

@@ -31,6 +31,8 @@ class Explanation:
                 lines.append(f"    extern ops: {', '.join(s.extern_ops)}")
             if e.runs_as:
                 lines.append(f"    runs as: {e.runs_as}")
+            if e.pre_aot:
+                lines.append(f"    AOTAutograd: {e.pre_aot}")
         for reason in self.graph_breaks:
             lines.append(f"  graph break: {reason}")
         return "\n".join(lines)

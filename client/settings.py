@@ -26,6 +26,9 @@ class ClientSettings:
     compile_timeout_s: how long to wait for a remote compile before falling back.
     cuda_graphs: replay static inference plans of many small steps as CUDA graphs
         (FXCC_CUDA_GRAPHS=1, default; 0 always runs plans step by step; client/cuda_graphs.py).
+    pre_aot_cache: serve a plain inference graph that this machine compiled before without
+        running AOTAutograd again (FXCC_PRE_AOT_CACHE=1, default; 0 always runs it;
+        client/pre_aot.py). Entries live under cache_dir/pre_aot.
     """
 
     url: str | None = None
@@ -37,6 +40,7 @@ class ClientSettings:
     blocking: bool = True
     precompile: bool = False
     cuda_graphs: bool = True
+    pre_aot_cache: bool = True
     compile_timeout_s: float = 600.0
     request_timeout_s: float = 30.0
 
@@ -57,7 +61,7 @@ class ClientSettings:
             values["mode"] = env["FXCC_MODE"]
         if env.get("FXCC_FALLBACK"):
             values["fallback"] = env["FXCC_FALLBACK"]
-        for name in ("blocking", "precompile", "cuda_graphs"):
+        for name in ("blocking", "precompile", "cuda_graphs", "pre_aot_cache"):
             raw = env.get(f"FXCC_{name.upper()}")
             if raw:
                 values[name] = _flag(f"FXCC_{name.upper()}", raw)
