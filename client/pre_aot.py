@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from client.precision import matmul_allows_tf32
 from compiler_core.artifact import atomic_write
 from compiler_core.keys import compiler_fingerprint
 from compiler_core.wire import CompileOptions
@@ -129,6 +130,8 @@ def _global_state() -> dict[str, Any]:
         "inference_mode": torch.is_inference_mode_enabled(),
         "default_dtype": str(torch.get_default_dtype()),
         "deterministic": torch.are_deterministic_algorithms_enabled(),
+        # CompileOptions.allow_tf32 (fxcc's attention kernel rounds to TF32 only where eager would)
+        "tf32": matmul_allows_tf32(),
         # which attention kernel and convolution path tracing picks
         "backends": [torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled(),
                      torch.backends.cuda.math_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled(),

@@ -268,3 +268,25 @@ def test_a_plan_failing_on_a_hit_runs_dynamos_graph_eagerly(monkeypatch):
             got = torch.compile(model, backend="fxcc")(x)
     assert backend.events()[-1].pre_aot == "skipped: pre-AOT cache hit"
     torch.testing.assert_close(got, model(x))
+
+
+def test_flipping_tf32_misses():
+    """The TF32 flag is part of the compile (fxcc's attention kernel uses it): an entry made with
+    it off must not serve a process that turned it on."""
+    from client.examples import TransformerBlock
+
+    torch.manual_seed(0)
+    model, x = TransformerBlock(64, 4).eval(), torch.randn(2, 16, 64)
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_tf32
+    try:
+        matmul.allow_tf32 = False
+        with torch.no_grad():
+            torch.compile(model, backend="fxcc")(x)
+            torch._dynamo.reset()
+            matmul.allow_tf32 = True
+            got = torch.compile(model, backend="fxcc")(x)
+    finally:
+        matmul.allow_tf32 = before
+    assert backend.aot_runs() == 2 and len(_entries()) == 2
+    torch.testing.assert_close(got, model(x), rtol=1e-2, atol=1e-2)
