@@ -177,8 +177,9 @@ def inplace_count(plan: Plan) -> int:
     return count
 
 
-def measure_plan(spec: GraphSpec, target: Target) -> dict[str, Any]:
-    art = pipeline.compile_request(CompileRequest(graph=spec, options=CompileOptions(target=target)))
+def measure_plan(spec: GraphSpec, target: Target, tf32: bool = False) -> dict[str, Any]:
+    options = CompileOptions(target=target, allow_tf32=tf32)
+    art = pipeline.compile_request(CompileRequest(graph=spec, options=options))
     plan, stats = art.manifest.plan, art.manifest.stats
     allocs = [s for s in plan.steps if isinstance(s, AllocStep)]
     return {"kernels": stats.kernels, "externs": sum(isinstance(s, ExternStep) for s in plan.steps),
@@ -188,10 +189,10 @@ def measure_plan(spec: GraphSpec, target: Target) -> dict[str, Any]:
             "peak_live_mb": peak_live_bytes(plan, spec) / MB}
 
 
-def measure(name: str, target: Target, tiny: bool) -> dict[str, Any]:
+def measure(name: str, target: Target, tiny: bool, tf32: bool = False) -> dict[str, Any]:
     fn, inputs = workload(name, tiny)
     specs = capture(fn, inputs, "cuda" if target.kind == "cuda" else "cpu")
-    per_graph = [measure_plan(s, target) for s in specs]
+    per_graph = [measure_plan(s, target, tf32) for s in specs]
     total = {k: sum(g[k] for g in per_graph) for k in per_graph[0]}
     return {"workload": name, "graphs": len(specs), **{k: round(v, 1) for k, v in total.items()}}
 
@@ -201,10 +202,13 @@ def main() -> None:
     p.add_argument("--workloads", nargs="+", default=list(DEFAULT))
     p.add_argument("--target", choices=("cuda", "interpret"), default="cuda")
     p.add_argument("--tiny", action="store_true", help="bench.workloads' CPU-sized versions")
+    p.add_argument("--tf32", action="store_true", help="compile as a client with TF32 on does (bench.measure "
+                   "runs so): fp32 attention becomes fxcc's template kernel")
     a = p.parse_args()
     target = Target(kind="cuda", arch=90) if a.target == "cuda" else Target(kind="interpret")
     for name in a.workloads:
-        print(json.dumps({"target": a.target, "tiny": a.tiny, **measure(name, target, a.tiny)}), flush=True)
+        print(json.dumps({"target": a.target, "tiny": a.tiny, "tf32": a.tf32, **measure(name, target, a.tiny, a.tf32)}),
+              flush=True)
 
 
 if __name__ == "__main__":

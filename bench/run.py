@@ -210,6 +210,11 @@ def merge(path: Path, rows: list[dict[str, Any]], extra: dict[str, Any]) -> dict
     ratios = [r["fxcc_vs_inductor"] for r in doc["workloads"] if r.get("fxcc_vs_inductor")]
     doc["fxcc_vs_inductor_geomean"] = (round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3)
                                        if ratios else None)
+    device = [r["fxcc_vs_inductor_device"] for r in doc["workloads"] if r.get("fxcc_vs_inductor_device")]
+    # over the workloads measured with device times (bench.measure.device_ms) only
+    doc["fxcc_vs_inductor_device_geomean"] = (round(math.exp(sum(map(math.log, device)) / len(device)), 3)
+                                              if device else None)
+    doc["fxcc_vs_inductor_device_workloads"] = len(device)
     return doc
 
 

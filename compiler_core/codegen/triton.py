@@ -310,9 +310,19 @@ def launch_config(kernel: Kernel) -> tuple[dict[str, int], int]:
     # 4096 5x slower than the fixed 1x2048 tile (coalescing), which ran rows of 9 20x slower
     rblock = (min(2048, max(SYMBOLIC_RBLOCK_MIN, next_pow2(hint(kernel.rnumel)))) if kernel.looped
               else next_pow2(kernel.rnumel))
-    xblock = max(1, min(64, 2048 // rblock, next_pow2(xnumel)))
-    elems = xblock * rblock
+    # Note: a tile holds about 8 KB of the rows' stored dtype: 2048 fp32 elements, 4096 bf16 ones.
+    # On the H200, bias+GELU+LayerNorm over bf16 rows of 1024 ran 4 rows on 4 warps in 0.0370 ms
+    # against 2 rows' 0.0384 (the autotuner's pick); fp32 tiles are as before.
+    narrow = max(1, 4 // stored_itemsize(kernel))
+    xblock = max(1, min(64, 2048 * narrow // rblock, next_pow2(xnumel)))
+    elems = xblock * rblock // narrow  # in fp32-sized elements
     return {"XBLOCK": xblock, "RBLOCK": rblock}, 8 if elems >= 4096 else 4 if elems >= 1024 else 2
+
+
+def stored_itemsize(kernel: Kernel) -> int:
+    """The widest element the kernel stores (4 when it stores nothing it computes in fp32 or wider)."""
+    sizes = [n.buffer.dtype.itemsize for n in kernel.nodes if n.name in kernel.stored]
+    return max(sizes) if sizes else 4
 
 
 def launch_grid(xnumel: Any, xblock: int) -> list[Any]:

@@ -59,3 +59,11 @@ def test_several_processes_keep_each_ones_spread():
     row = combine(samples)
     assert row["fxcc_ms_spread_samples"] == [s["fxcc_ms_spread"] for s in samples]
     assert "inductor_ms_spread_samples" not in row  # no process measured one
+
+
+def test_device_time_geomean_covers_only_rows_that_measured_it(tmp_path):
+    path = tmp_path / "h200.json"
+    rows = [_row("cos_sin", 1.0), {**_row("softmax", 0.8), "fxcc_vs_inductor_device": 0.5},
+            {**_row("resnet50", 0.5), "fxcc_vs_inductor_device": 2.0}]
+    doc = merge(path, rows, {})
+    assert doc["fxcc_vs_inductor_device_geomean"] == 1.0 and doc["fxcc_vs_inductor_device_workloads"] == 2

@@ -169,3 +169,18 @@ def test_chain_reading_the_target_at_another_index_is_not_hoisted():
     art = check(lambda a, b: (torch.atan2(h := _heavy(a), b), h.t().contiguous() * 3), sq, sq.clone(), atol=1e-5, rtol=1e-5)
     kinds = [s.kind for s in art.manifest.plan.steps if s.kind in ("kernel", "extern")]
     assert kinds == ["kernel", "extern", "kernel"]
+
+
+def test_row_tiles_hold_the_same_bytes_in_narrow_dtypes():
+    """A persistent row kernel's tile is about 8 KB of what it stores: twice the rows in bf16."""
+    def norm(a):
+        return torch.nn.functional.layer_norm(a, (256,))
+
+    configs = {}
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        x = torch.randn(64, 256, dtype=dtype)
+        art = check(norm, x, atol=tol, rtol=tol)
+        (info,) = art.manifest.kernels
+        configs[dtype] = (info.constexprs["XBLOCK"], info.constexprs["RBLOCK"], info.num_warps)
+    assert configs[torch.float32] == (8, 256, 4)
+    assert configs[torch.bfloat16] == (16, 256, 4)
