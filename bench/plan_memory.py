@@ -29,6 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from client.backend import decomposition_table
 from client.capture import capture_graph
+from client.cuda_graphs import flat_tensors
 from compiler_core import compile as pipeline
 from compiler_core.artifact import AllocStep, ExternStep, FreeStep, KernelStep, Plan
 from compiler_core.graph import decode_arg
@@ -140,19 +141,9 @@ def peak_live_bytes(plan: Plan, spec: GraphSpec) -> int:
         elif isinstance(step, FreeStep):
             for n in step.names:
                 env.pop(n, None)
-        live = {_storage(t): _nbytes(t) for t in _tensors(env.values())}
+        live = {_storage(t): _nbytes(t) for t in flat_tensors(env.values())}
         peak = max(peak, sum(b for s, b in live.items() if s not in inputs))
     return peak
-
-
-def _tensors(values: Any) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-        elif isinstance(v, (tuple, list)):
-            out.extend(_tensors(v))
-    return out
 
 
 def _storage(t: torch.Tensor) -> int:

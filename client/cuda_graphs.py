@@ -175,20 +175,21 @@ class _Captured:
         self.outputs = outputs  # the whole plan's outputs, or (cut) the values live across the cut
         self.live = live
         self.layouts = [_layout(o) for o in outputs]
-        self.pool_storages = {t.untyped_storage().data_ptr() for t in _tensors(outputs)}
+        self.pool_storages = {t.untyped_storage().data_ptr() for t in flat_tensors(outputs)}
 
 
 def _layout(o: Any) -> Any:
     return (o.shape, o.stride(), o.dtype, o.device) if isinstance(o, torch.Tensor) else None
 
 
-def _tensors(values: Any) -> list[torch.Tensor]:
+def flat_tensors(values: Any) -> list[torch.Tensor]:
+    """The tensors among `values`, those inside tuples and lists included (an extern's tuple result)."""
     out: list[torch.Tensor] = []
     for v in values:
         if isinstance(v, torch.Tensor):
             out.append(v)
         elif isinstance(v, (tuple, list)):
-            out.extend(_tensors(v))
+            out.extend(flat_tensors(v))
     return out
 
 
