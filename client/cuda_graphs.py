@@ -10,6 +10,11 @@ Note: what a captured graph assumes, and how each assumption is kept:
   graph is keyed by its inputs' data pointers; a call whose pointers match replays it, any other
   call runs the plan step by step. A set of pointers is captured the second time it is seen (the
   first call also warms cuDNN/cuBLAS, loads cubins), at most MAX_GRAPHS sets per plan.
+- Library workspaces. cuBLAS keeps a workspace (32 MiB on Hopper) per stream, made on the
+  stream's first matmul. Captures run on one fxcc stream per device, and a plan's first call
+  runs there too (ordered after the caller's stream, its outputs handed back to it), so that
+  stream's workspaces are made by a step-by-step call, as the caller's stream's are by eager's
+  first call, and a capture allocates nothing beyond the plan.
 - Outputs. The graph writes its outputs into its private memory pool, which the next replay
   overwrites, so each replay's outputs are copied out (fresh tensors with the same strides) and
   the caller owns them as it owns eager outputs. That copy is why only outputs small beside the
@@ -216,6 +221,7 @@ class GraphedPlan:
         self.last_stream: Any = None
         self.done: Any = None  # event recorded after the last replay's copies
         self.pool_bytes = 0  # bytes the shared pool reserved while capturing
+        self.warmed = False  # whether the plan ran once on the capture stream
 
     def __call__(self, args: list[Any]) -> tuple[Any, ...]:
         if self.disabled is not None:
@@ -236,14 +242,29 @@ class GraphedPlan:
                 if len(self.seen) >= _MAX_SEEN:
                     self.seen.clear()
                 self.seen.add(key)
+            warm = captured is None and not self.warmed
+            self.warmed = True
             if captured is not None:
                 return self._replay(captured, args)
         stats.count("step_by_step")
-        outputs = self.runner(args)
+        outputs = self._warm_up(args) if warm else self.runner(args)
         if not self.graphs and self.disabled is None and self.cut is None:
             reason = self._check_outputs(outputs, args)  # known before any capture
             if reason is not None:
                 self._disable(reason, logging.INFO)
+        return outputs
+
+    def _warm_up(self, args: list[Any]) -> tuple[Any, ...]:
+        """Run step by step on the capture stream, after the caller's work and before its next:
+        the libraries' per-stream workspaces are made now, not inside the capture."""
+        caller = torch.cuda.current_stream(self.device)
+        stream = capture_stream(self.device)
+        stream.wait_stream(caller)
+        with torch.cuda.stream(stream):
+            outputs = self.runner(args)
+        caller.wait_stream(stream)
+        for t in flat_tensors(outputs):
+            t.record_stream(caller)  # made on the capture stream, used and freed on the caller's
         return outputs
 
     def _check_outputs(self, outputs: Any, args: list[Any]) -> str | None:
@@ -285,7 +306,8 @@ class GraphedPlan:
                 self.pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.device(self.device), \
-                    torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                    torch.cuda.graph(graph, pool=self.pool, stream=capture_stream(self.device),
+                                     capture_error_mode="thread_local"):
                 before = torch.cuda.memory_reserved(self.device)  # after the cache was emptied for the capture
                 live = None
                 if self.cut is None:
@@ -346,6 +368,20 @@ class GraphedPlan:
         self.last_stream = stream
         stats.count("replays")
         return out
+
+
+_streams: dict[int, Any] = {}
+_streams_lock = threading.Lock()
+
+
+def capture_stream(device: torch.device) -> Any:
+    """The stream fxcc captures (and warms up) on for `device`: one per device and process, so
+    one cuBLAS workspace serves every graph (torch's default capture stream is one for all GPUs)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _streams_lock:
+        if index not in _streams:
+            _streams[index] = torch.cuda.Stream(device=index)
+        return _streams[index]
 
 
 def _pointer_key(args: list[Any]) -> tuple[Any, ...] | None:

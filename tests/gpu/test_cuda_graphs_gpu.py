@@ -158,3 +158,66 @@ def test_a_language_model_head_replays_all_but_its_logits_step_by_step():
     compiled = torch.compile(model, backend=fxcc_backend)
     x = torch.randn(4, 64, 256, device="cuda")
     _check_cut_plan(compiled, model, x, cuda_graphs.stats.cut_plans)
+
+
+_CAPTURE_PEAK = r"""
+import json, os, sys
+import torch
+from torch import nn
+from client.backend import fxcc_backend
+
+def peak(fn):
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base, out
+
+torch.manual_seed(0)
+model = nn.Sequential(*[nn.Sequential(nn.Linear(512, 512), nn.GELU()) for _ in range(6)],
+                      nn.Linear(512, 8)).cuda().eval()
+x = torch.randn(64, 512, device="cuda")
+res = {}
+with torch.no_grad():
+    probe = torch.cuda.Stream()  # a matmul on a new stream makes its workspace: measure it
+    with torch.cuda.stream(probe):
+        res["workspace"] = peak(lambda: model(x))[0] - peak(lambda: model(x))[0]
+    torch.cuda.synchronize()
+    ref = model(x)  # the caller's stream has its cuBLAS workspace from here on
+    os.environ["FXCC_CUDA_GRAPHS"] = "0"
+    plain = torch.compile(model, backend=fxcc_backend)
+    plain(x)
+    res["step_by_step"] = peak(lambda: plain(x))[0]
+    torch._dynamo.reset()
+    os.environ["FXCC_CUDA_GRAPHS"] = "1"
+    graphed = torch.compile(model, backend=fxcc_backend)
+    graphed(x)  # step by step, on the capture stream
+    res["capture"], out = peak(lambda: graphed(x))
+    res["replay"] = peak(lambda: graphed(x))[0]
+    from client.cuda_graphs import stats
+    res["captures"], res["replays"] = stats.captures, stats.replays
+    res["err"] = float((out - ref).abs().max())
+print(json.dumps(res))
+"""
+
+
+def test_the_call_that_captures_allocates_no_library_workspace(tmp_path):
+    """In a fresh process whose stream already has cuBLAS's workspace (eager ran first), the call
+    that captures takes no more memory than a step-by-step call: the capture stream's workspace
+    was made by the plan's first call (client/cuda_graphs.py, "Library workspaces")."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FXCC_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("FXCC_URL", None)
+    proc = subprocess.run([sys.executable, "-c", _CAPTURE_PEAK], check=False, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (res["captures"], res["replays"]) == (1, 2), res
+    assert res["err"] < 1e-3, res
+    assert res["workspace"] >= 1 << 20, res  # a workspace too small to tell apart would prove nothing
+    assert res["capture"] < res["step_by_step"] + res["workspace"] // 2, res
