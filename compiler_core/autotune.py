@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from compiler_core.artifact import Artifact, KernelInfo, KernelStep, Plan, TuningRecord, add_blob
 from compiler_core.codegen.attention import is_template_kernel
-from compiler_core.codegen.triton import launch_grid, next_pow2, render_kernel
+from compiler_core.codegen.triton import RBLOCK_MAX, XBLOCK_MAX, launch_grid, next_pow2, render_kernel
 from compiler_core.errors import AutotuneError
 from compiler_core.scheduler import Kernel, node_coords
 from compiler_core.wire import CompileRequest, IntArg, NodeRef
@@ -43,7 +43,6 @@ PERSISTENT_CANDIDATE_MAX = {"default": 8192, "max-autotune": 16384}
 LOOPED_CANDIDATE_MIN = {"default": 1024, "max-autotune": 256}
 # Elements one program holds per reduction tile (XBLOCK * RBLOCK), at most.
 TILE_MAX = {"default": 8192, "max-autotune": 16384}
-XBLOCK_MAX = 4096  # codegen keeps 4096 of int32 headroom for index arithmetic past xnumel
 
 
 # ---------------------------------------------------------------- configs and candidates
@@ -145,7 +144,8 @@ def _looped(shape: KernelShape, wide: bool) -> list[Config]:
     warps = (4, 8, 16) if wide else (4, 8)
     stages = (1, 2) if wide else (1,)
     return [Config(x, r, w, s, True) for x in xblocks for r in rblocks for w in warps for s in stages
-            if r <= rtop and x * r <= tile_max and x <= next_pow2(shape.xnumel) and 32 * w <= x * r]
+            if r <= min(rtop, RBLOCK_MAX) and x * r <= tile_max and x <= next_pow2(shape.xnumel)
+            and 32 * w <= x * r]
 
 
 def _column(shape: KernelShape, wide: bool) -> list[Config]:

@@ -61,3 +61,26 @@ def test_transposed_outputs_are_written_in_memory_order():
     (src,) = sources(compile_fn(lambda a: a.sin() * 2, x))
     assert "tl.load(in_ptr0 + (xindex), xmask)" in src
     assert "tl.store(out_ptr0 + (xindex), " in src
+
+
+def test_masks_of_sizes_every_tile_covers_are_constants_others_compare():
+    from tests.compiler_core.helpers import check
+
+    def ln(x):
+        return torch.nn.functional.layer_norm(torch.nn.functional.gelu(x), x.shape[-1:])
+
+    even = torch.randn(4096, 64)  # rows a multiple of the widest XBLOCK, a power-of-two row
+    (src,) = sources(check(ln, even))
+    assert "xmask = tl.full([XBLOCK, 1], True, tl.int1)" in src
+    assert "rmask = tl.full([1, RBLOCK], True, tl.int1)" in src
+    assert "< xnumel" not in src and "< rnumel" not in src
+    (src,) = sources(check(lambda x: x.sin() * 2, torch.randn(8192)))
+    assert "xmask = tl.full([XBLOCK], True, tl.int1)" in src and "< xnumel" not in src
+
+    # rows and lengths some config's tile overhangs keep their compares, and still match eager
+    for shape in ((4095, 64), (4096, 48), (2048, 64)):
+        (src,) = sources(check(ln, torch.randn(*shape)))
+        assert ("xmask = xindex < xnumel" in src) == (shape[0] % 4096 != 0), shape
+        assert ("rmask = rindex < rnumel" in src) == (shape[1] != 64), shape
+    (src,) = sources(check(lambda x: x.sin() * 2, torch.randn(100)))
+    assert "xmask = xindex < xnumel" in src
