@@ -37,6 +37,9 @@ NOTES = {
                  "do_bench's number also counts host launch jitter when a call's host time exceeds its "
                  "L2 flush, which decides sub-0.1-ms workloads",
     "peak_mb": "torch.cuda.max_memory_allocated during one call minus memory_allocated before it",
+    "reserved_mb": "*_reserved_mb: torch.cuda.max_memory_reserved over the three calls after the compiling one "
+                   "(fxcc's graph capture, replays and pools included), from an emptied cache: the memory a "
+                   "compiled model keeps from other work; weights and inputs included",
     "first_call": "fresh process: torch.compile + first call until synchronized; CUDA init and "
                   "inputs before the clock; compiler imports inside it. inductor_cold: empty "
                   "TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR; inductor_warm: the same, filled",
