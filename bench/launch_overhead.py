@@ -52,8 +52,8 @@ def main() -> None:
     launcher = StepLauncher(kernel, [1], ["x", "out", n])
     dev = x.device.index
     res["cubin_launch_us"] = per_call_us(lambda: launcher([x, out], dev))
-    fn, stream = kernel.function(dev), torch.cuda.current_stream().cuda_stream
-    res["driver_call_only_us"] = per_call_us(  # cuLaunchKernel through cuda.bindings, args pre-packed
+    fn, stream = kernel.handle(dev), torch.cuda.current_stream().cuda_stream
+    res["driver_call_only_us"] = per_call_us(  # cuLaunchKernel through ctypes, args pre-packed
         lambda: cuda_loader._launch(fn, 1, 1, 1, launcher.block, 0, stream, launcher.params_addr, dev))
 
     jit = load_kernel(info, art.blobs[info.source.digest])

@@ -1,7 +1,8 @@
 """Launch prebuilt cubins through the CUDA driver API: no Triton compiler, LLVM, ptxas or C compiler.
 
 A cubin built by compiler_core.build is loaded (per device, on first use) with
-`cuModuleLoadData` and launched with `cuLaunchKernel` on torch's current stream. Triton kernels
+`cuModuleLoadData` (cuda.bindings) and launched with `cuLaunchKernel` (libcuda through ctypes) on
+torch's current stream. Triton kernels
 take their non-constexpr arguments, then hidden trailing pointers (global and profile scratch).
 
 Note: per-launch host work is kept to reading the tensors' data pointers, one alignment check
@@ -108,6 +109,7 @@ class CubinKernel:
         self.cubin = cubin
         self.meta = meta
         self._functions: dict[int, Any] = {}
+        self._handles: dict[int, int] = {}
         self._lock = threading.Lock()
 
     def function(self, device: int) -> Any:
@@ -118,6 +120,13 @@ class CubinKernel:
                 if fn is None:
                     fn = self._functions[device] = self._load(device)
         return fn
+
+    def handle(self, device: int) -> int:
+        """The loaded function's CUfunction handle on `device`, as the driver API takes it."""
+        h = self._handles.get(device)
+        if h is None:
+            h = self._handles[device] = int(self.function(device))
+        return h
 
     def _load(self, device: int) -> Any:
         cu = _driver()
@@ -178,9 +187,13 @@ def _allow_dynamic_smem(cu: Any, fn: Any, device: int, meta: LaunchMeta) -> None
         "cuFuncSetAttribute")
 
 
+_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _raw_stream(device: int) -> int:
-    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return int(get(device)) if get is not None else int(torch.cuda.current_stream(device).cuda_stream)
+    if _current_raw_stream is not None:
+        return int(_current_raw_stream(device))
+    return int(torch.cuda.current_stream(device).cuda_stream)
 
 
 class StepLauncher:
@@ -244,15 +257,17 @@ class StepLauncher:
         them like every other guard.
         """
         ptrs = [t.data_ptr() for t in tensors]
+        bits = 0
         for p in ptrs:
-            if p & 15:
-                return False
+            bits |= p
+        if bits & 15:
+            return False
         if ints is not None and any(ints[i - len(ptrs)] % 16 for i in self._div16_ints(len(ptrs))):
             return False
         launch_grid = self.grid if grid is None else (tuple(grid) + (1, 1))[:3]
         if 0 in launch_grid:
             return True
-        fn = self.kernel.function(device)
+        fn = self.kernel.handle(device)
         stream = _raw_stream(device)
         with self._lock:  # the parameter buffer is shared by every call of this step
             struct.pack_into(self._ptr_fmt, self._buf, 0, *ptrs)
@@ -286,25 +301,38 @@ class StepLauncher:
         return keep
 
 
-_extra_arg: list[Any] = [0]  # cuda.bindings versions differ on how "no extra" is spelled
+_CUDA_ERROR_INVALID_CONTEXT = 201
+_c_launch: list[Any] = []
 
 
-def _launch(fn: Any, gx: int, gy: int, gz: int, block: int, shared: int, stream: int,
+def _cu_launch_kernel() -> Any:
+    """libcuda's cuLaunchKernel through ctypes, its argument types declared once.
+
+    Note: cuda.bindings converts each argument to its own wrapper types on every call (about
+    4.3 µs per launch on the H200's host); a ctypes call with declared argtypes passes the same
+    integers straight through. Module loading keeps using cuda.bindings (once per kernel).
+    """
+    if not _c_launch:
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuLaunchKernel
+        u = ctypes.c_uint
+        fn.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        _c_launch.append(fn)
+    return _c_launch[0]
+
+
+def _launch(fn: int, gx: int, gy: int, gz: int, block: int, shared: int, stream: int,
             params: int, device: int) -> None:
-    cu = _driver()
-    try:
-        res = cu.cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, shared, stream, params, _extra_arg[0])
-    except TypeError:
-        _extra_arg[0] = None if _extra_arg[0] == 0 else 0
-        res = cu.cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, shared, stream, params, _extra_arg[0])
-    err = res[0]
+    """cuLaunchKernel of the function handle `fn` on `stream` with packed parameters `params`."""
+    launch = _c_launch[0] if _c_launch else _cu_launch_kernel()
+    err = launch(fn, gx, gy, gz, block, 1, 1, shared, stream, params, None)
     if err:
-        if int(err) == int(cu.CUresult.CUDA_ERROR_INVALID_CONTEXT):
-            _ensure_context(cu, device)
-            err = cu.cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, shared, stream, params,
-                                    _extra_arg[0])[0]
+        if err == _CUDA_ERROR_INVALID_CONTEXT:  # a thread that never touched the device
+            _ensure_context(_driver(), device)
+            err = launch(fn, gx, gy, gz, block, 1, 1, shared, stream, params, None)
         if err:
-            raise ArtifactError(f"cuLaunchKernel failed: {err!r}")
+            raise ArtifactError(f"cuLaunchKernel failed: CUresult {err}")
 
 
 def record_fallback() -> None:

@@ -33,6 +33,8 @@ class Explanation:
                 lines.append(f"    runs as: {e.runs_as}")
             if e.pre_aot:
                 lines.append(f"    AOTAutograd: {e.pre_aot}")
+            if e.aot_wrapper is False:
+                lines.append("    each call: the plan directly (a plain inference graph: no AOTAutograd wrapper)")
         for reason in self.graph_breaks:
             lines.append(f"  graph break: {reason}")
         return "\n".join(lines)

@@ -314,6 +314,7 @@ class Recorder:
         self.calls = 0
         self.entry: Entry | None = None
         self.event: Any = None
+        self.compiled: Callable | None = None  # what fxcc's inference compiler returned
 
     def inference_compiler(self, inner: Callable) -> Callable:
         def compile_inference(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable:
@@ -322,7 +323,8 @@ class Recorder:
                 self.why_not = _not_plain(gm, example_inputs, self.outputs)
             except Exception as e:  # noqa: BLE001 - only an optimisation
                 self.why_not = f"check failed: {type(e).__name__}: {e}"
-            return inner(gm, example_inputs)
+            self.compiled = inner(gm, example_inputs)
+            return self.compiled
         return compile_inference
 
     def ready(self, event: Any, artifact: Any, capture: Any, request: Any) -> None:
@@ -343,6 +345,10 @@ class Recorder:
         else:
             self.entry = Entry(artifact_key=event.key, inputs=len(self.inputs), outputs=len(self.outputs),
                                graph_nodes=event.graph_nodes)
+
+    def plain(self) -> bool:
+        """Whether AOTAutograd's run showed the plain case (its runtime wrapper adds nothing)."""
+        return self.why_not is None and self.entry is not None
 
     def store(self) -> None:
         """After AOTAutograd returned: write the entry if everything showed the plain case."""

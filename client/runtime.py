@@ -113,6 +113,10 @@ class PlanRunner:
             elif isinstance(step, FreeStep):
                 self._steps.append(self._free(step))
         self._outputs = plan.outputs
+        # the common case, outputs that are all plan values: read by name, no decoding per call
+        self._output_names = ([a.name for a in plan.outputs]
+                              if all(isinstance(a, NodeRef) for a in plan.outputs) else None)
+        self._first_tensor = 0  # where the device is read from (the first tensor input seen)
 
     @staticmethod
     def _extern(step: ExternStep) -> Callable[[dict[str, Any]], None]:
@@ -230,8 +234,14 @@ class PlanRunner:
         if len(args) != len(self.inputs):
             raise ArtifactError(f"plan takes {len(self.inputs)} inputs, got {len(args)}")
         env: dict[str, Any] = dict(zip(self.inputs, args))
-        env["__device__"] = next((a.device for a in args if isinstance(a, torch.Tensor)),
-                                 torch.device("cpu"))
+        first = args[self._first_tensor] if args else None
+        if isinstance(first, torch.Tensor):
+            env["__device__"] = first.device
+        else:
+            i = next((i for i, a in enumerate(args) if isinstance(a, torch.Tensor)), None)
+            if i is not None:
+                self._first_tensor = i
+            env["__device__"] = torch.device("cpu") if i is None else args[i].device
         if self._symbols is not None:
             env[SYMS] = self._symbols(args)
         return env
@@ -243,6 +253,8 @@ class PlanRunner:
 
     def finish(self, env: dict[str, Any]) -> tuple[Any, ...]:
         """The call's outputs, read from `env` once every step has run."""
+        if self._output_names is not None:
+            return tuple([env[n] for n in self._output_names])
         return tuple(decode_arg(a, env, env.get(SYMS)) for a in self._outputs)
 
 

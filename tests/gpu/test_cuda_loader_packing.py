@@ -31,7 +31,7 @@ def launches(monkeypatch):  # type: ignore[no-untyped-def]
 
     monkeypatch.setattr(cuda_loader, "_launch", fake_launch)
     monkeypatch.setattr(cuda_loader, "_raw_stream", lambda device: 1234)
-    monkeypatch.setattr(CubinKernel, "function", lambda self, device: f"fn@{device}")
+    monkeypatch.setattr(CubinKernel, "handle", lambda self, device: f"fn@{device}")
     return seen
 
 
