@@ -4,7 +4,8 @@ a same-size copy: what masks, eviction hints, looping over rows with the paramet
 registers, tile shapes, and the GELU itself cost.
 
 `python -m bench.ln_variants OUT.json` (every variant) or `python -m bench.ln_variants OUT.json --nogelu`
-(the kernel with and without its GELU: how much of its time is arithmetic). A diagnostic, not part
+(the kernel with and without its GELU: how much of its time is arithmetic), `--fasterf` (libdevice's
+erf against a cheaper erfc, with their errors). A diagnostic, not part
 of `bench.run`; session 6's results are in results/logs/h200-s6-runD-ln-*.json.
 """
 import functools
@@ -39,8 +40,14 @@ def base(in0, in1, in2, in3, out0, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK:
         x = tl.load(in0 + (rindex + RBLOCK * xindex), m).to(tl.float32)
         b = tl.load(in1 + rindex, rm).to(tl.float32)
     h = x + b
-    if GELU:
+    if GELU == 1:
         g = h * (0.5 * (1.0 + libdevice.erf(h * 0.7071067811865476)))
+    elif GELU == 2:  # Phi(h) from Abramowitz & Stegun 7.1.26's erfc (|error| <= 1.5e-7)
+        z = tl.abs(h) * 0.7071067811865476
+        t = tl.fdiv(1.0, 1.0 + 0.3275911 * z, ieee_rounding=False)
+        p = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+        q = p * tl.exp(-z * z)
+        g = h * tl.where(h >= 0, 1.0 - 0.5 * q, 0.5 * q)
     else:
         g = h
     mean = tl.sum(g, 1)[:, None] / RBLOCK
@@ -113,6 +120,24 @@ def nogelu() -> dict:
     return res
 
 
+def fasterf() -> dict:
+    """The kernel with libdevice's erf (GELU=1), a cheaper erfc (GELU=2) and none (GELU=0): device time
+    and the largest difference from an fp64 reference."""
+    res = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        x, (b, w, c), out = _inputs(dtype)
+        ref = torch.nn.functional.layer_norm(torch.nn.functional.gelu(x.double() + b.double()), (COLS,),
+                                             w.double(), c.double())
+        t = {"aten_copy": do_bench_cudagraph(functools.partial(out.copy_, x))}
+        for xb, nw, gelu in itertools.product((1, 2, 4), (4, 8), (1, 2, 0)):
+            ms = _time(base, (ROWS // xb,), x, b, w, c, out, ROWS, COLS, XBLOCK=xb, RBLOCK=COLS, EVICT=0, MASK=0,
+                       GELU=gelu, num_warps=nw)
+            t[f"x{xb}_w{nw}_gelu{gelu}"] = (round(ms * 1000, 2), (out.double() - ref).abs().max().item())
+        res[str(dtype)] = t
+        print(dtype, t)
+    return res
+
+
 def variants() -> dict:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     res = {}
@@ -141,6 +166,6 @@ def variants() -> dict:
 
 
 if __name__ == "__main__":
-    result = nogelu() if "--nogelu" in sys.argv else variants()
+    result = nogelu() if "--nogelu" in sys.argv else fasterf() if "--fasterf" in sys.argv else variants()
     with open(sys.argv[1], "w") as f:
         json.dump(result, f, indent=1)

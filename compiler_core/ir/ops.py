@@ -19,6 +19,7 @@ UNARY_FLOAT = frozenset({
     "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
     "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "erf", "erfc",
     "sigmoid", "reciprocal", "floor", "ceil", "trunc", "round",
+    "normal_cdf",  # Phi(x) = (1 + erf(x / sqrt 2)) / 2, fp32 only (exact GELU's gate)
 })
 UNARY_ANY = frozenset({"abs", "neg", "bitwise_not", "sign"})
 UNARY_TO_BOOL = frozenset({"logical_not", "isnan", "isinf", "isfinite", "signbit"})

@@ -144,3 +144,27 @@ def test_fp16_chains_round_after_each_op_like_eager():
     # Without rounding each fused op's result to fp16, some products land across an integer.
     x = torch.randn(4096)
     check(lambda a: ((a.half() * 1.5).sin() * 100).to(torch.int32), x, atol=0, rtol=0)
+
+
+def test_exact_gelu_is_accurate_across_its_range_and_in_its_lower_tail() -> None:
+    """fp32's GELU gate is Phi through an erfc (codegen's _fxcc_normal_cdf): against float64 it keeps
+    a small relative error everywhere, where 1 + erf(x) in fp32 (eager's spelling) cancels to
+    nothing below x = -3; fp64 keeps libdevice's / numpy's erf."""
+    from tests.compiler_core.helpers import compile_fn, run
+
+    x = torch.linspace(-9.0, 9.0, 20001)
+    art = compile_fn(F.gelu, x)
+    assert "_fxcc_normal_cdf(" in art.blobs[art.manifest.kernels[0].source.digest].decode()
+    (got,) = run(art, x)
+    x64 = x.double()
+    ref = x64 * 0.5 * torch.special.erfc(-x64 * 0.5 ** 0.5)  # float64 gelu cancels too, below -8
+    rel = ((got.double() - ref).abs() / ref.abs().clamp_min(1e-300))[ref.abs() > 1e-30]
+    assert rel.max() < 2e-5, rel.max()  # exp(-x*x/2) of an fp32 x: ~x*x ulps in the far tail
+    eager_rel = ((F.gelu(x).double() - ref).abs() / ref.abs().clamp_min(1e-300))[ref.abs() > 1e-30]
+    assert eager_rel.max() > 1e-2  # eager's fp32 cancellation, which the erfc form avoids
+
+    art64 = compile_fn(F.gelu, x64)
+    assert "_fxcc_normal_cdf(" not in art64.blobs[art64.manifest.kernels[0].source.digest].decode().split(
+        "@triton.jit\ndef fxcc")[-1]
+    (got64,) = run(art64, x64)
+    torch.testing.assert_close(got64, F.gelu(x64), rtol=1e-12, atol=1e-15)
