@@ -62,7 +62,9 @@ def _client_runs(workload: str, tiny: bool, timeout_s: float, env: dict[str, str
                  t: Path) -> dict[str, Any]:
     """The cold run, then the warm one, each in a fresh process with empty local caches."""
     res: dict[str, Any] = {}
-    args = ["bench.first_call", "--workload", workload, "--compiler", "fxcc", *(["--tiny"] if tiny else [])]
+    # --split: each run's detail also says where its time went (imports, Dynamo, AOTAutograd, fxcc, run)
+    args = ["bench.first_call", "--workload", workload, "--compiler", "fxcc", "--split",
+            *(["--tiny"] if tiny else [])]
     for field, (must, allowed) in EXPECTED.items():
         run = field.removesuffix("_s")
         cenv = dict(env, FXCC_URL=url, FXCC_FALLBACK="error", FXCC_BLOCKING="1",
