@@ -49,7 +49,8 @@ class CompileEvent:
     # "step by step: <why not a CUDA graph>"; None for no plan (fallback, precompile)
     runs_as: str | None = None
     # AOTAutograd and the pre-AOT cache (client/pre_aot.py): "skipped: pre-AOT cache hit",
-    # "ran; stored for the next process", "ran; not cached: <why>"; None when not looked at
+    # "skipped: pre-AOT cache hit from the service", "ran; stored for the next process",
+    # "ran; not cached: <why>"; None when not looked at
     pre_aot: str | None = None
     # Whether AOTAutograd's runtime wrapper runs around each call. False for a plain inference
     # graph (client/pre_aot.py): fxcc calls its plan directly, as on a pre-AOT cache hit.
@@ -471,11 +472,16 @@ def _pre_aot(gm: fx.GraphModule, example_inputs: list[Any], settings: ClientSett
     except Exception as e:  # noqa: BLE001 - only an optimisation
         pre_aot.log_once(f"key:{_cause(e)}", "no key for a graph (%s)", _cause_text(e))
         return None, None
-    store = pre_aot.Store(settings.cache_dir)
+    # With a service, a local miss asks it, and what AOTAutograd stores is shared through it.
+    store = pre_aot.Shared(settings.cache_dir, settings) if settings.url else pre_aot.Store(settings.cache_dir)
     try:
         entry = store.get(key)
         if entry is not None:
             served = pre_aot.serve(entry, gm, example_inputs, inference, t0)
+            if served is not None:
+                return served, None
+        if isinstance(store, pre_aot.Shared):
+            served = store.serve(key, gm, example_inputs, inference, t0)
             if served is not None:
                 return served, None
         return None, pre_aot.Recorder(key, gm, example_inputs, store)

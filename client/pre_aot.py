@@ -17,8 +17,14 @@ graph's inputs one to one (same specs) and its outputs are Dynamo's, in order (s
 shapes); no constants in the aten graph; no autocast, no torch function or
 dispatch mode, no functorch transform around the compile. The run decides this from AOTAutograd's
 ViewAndMutationMeta and the graphs themselves; anything else, or anything unsure, is not stored.
-Entries are written only by this client, after a local AOTAutograd run, and read from local disk
-only; an entry that does not parse, or whose artifact is missing or does not fit, is a miss.
+Entries are written only by this client, after a local AOTAutograd run; an entry that does not
+parse, or whose artifact is missing or does not fit, is a miss.
+
+With FXCC_URL set, entries are also shared through the service, per principal (the token's name):
+a local miss asks the service (GET /v1/pre-aot/{key}) and loads the artifact it names from the local
+cache or the service, as any artifact is loaded; an entry stored after AOTAutograd ran is also PUT
+there (`Shared`). So a new machine of the cluster skips AOTAutograd for what another one compiled.
+The key holds nothing machine-local (no service URL, no cache dir), only what decides the compile.
 """
 
 from __future__ import annotations
@@ -47,8 +53,12 @@ log = logging.getLogger("fxcc.pre_aot")
 SCHEMA = 1
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # Settings that say how to reach the service or how long to wait: not part of what compiles.
-_SETTINGS_NOT_KEYED = {"token", "signing_key", "compile_timeout_s", "request_timeout_s", "blocking",
-                       "precompile", "fallback", "cuda_graphs", "pre_aot_cache"}
+# Nor where the artifacts are kept locally: entries are shared by machines (through the service).
+_SETTINGS_NOT_KEYED = {"url", "token", "signing_key", "cache_dir", "compile_timeout_s", "request_timeout_s",
+                       "blocking", "precompile", "fallback", "cuda_graphs", "pre_aot_cache"}
+# How long a pre-AOT look-up or PUT at the service may take (capped by request_timeout_s): a slow
+# answer costs more than the AOTAutograd run it would save.
+SERVICE_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -271,25 +281,117 @@ class Store:
             log_once(f"read:{type(e).__name__}", "cannot read %s: %s", self.path(key), e)
             return None
         try:
-            d = json.loads(raw)
-            entry = Entry(artifact_key=d["artifact_key"], inputs=d["inputs"], outputs=d["outputs"],
-                          graph_nodes=d["graph_nodes"])
-            if (d["schema"] != SCHEMA or d["key"] != key or not isinstance(entry.artifact_key, str)
-                    or not _HEX64.match(entry.artifact_key)
-                    or not all(type(v) is int and v >= 0 for v in (entry.inputs, entry.outputs, entry.graph_nodes))):
-                raise ValueError("fields out of range")
+            return entry_from(json.loads(raw), key)
         except (ValueError, TypeError, KeyError) as e:  # a torn, truncated or foreign file
             log_once("corrupt", "ignoring the unreadable entry %s (%s)", self.path(key), e)
             return None
-        return entry
 
     def put(self, key: str, entry: Entry) -> None:
-        data = {"schema": SCHEMA, "key": key, "artifact_key": entry.artifact_key, "inputs": entry.inputs,
-                "outputs": entry.outputs, "graph_nodes": entry.graph_nodes}
         try:
-            atomic_write(self.path(key), json.dumps(data).encode())
+            atomic_write(self.path(key), json.dumps(entry_json(key, entry)).encode())
         except OSError as e:  # a read-only or full disk: only an optimisation is lost
             log_once(f"write:{type(e).__name__}", "cannot write %s: %s", self.root, e)
+
+
+def entry_json(key: str, entry: Entry) -> dict[str, Any]:
+    """An entry as stored on disk and as the service answers it."""
+    return {"schema": SCHEMA, "key": key, "artifact_key": entry.artifact_key, "inputs": entry.inputs,
+            "outputs": entry.outputs, "graph_nodes": entry.graph_nodes}
+
+
+def entry_from(d: Any, key: str) -> Entry:
+    """The Entry that `d` (entry_json's shape) holds for `key`; raises ValueError, TypeError or KeyError."""
+    entry = Entry(artifact_key=d["artifact_key"], inputs=d["inputs"], outputs=d["outputs"],
+                  graph_nodes=d["graph_nodes"])
+    if (d["schema"] != SCHEMA or d["key"] != key or not isinstance(entry.artifact_key, str)
+            or not _HEX64.match(entry.artifact_key)
+            or not all(type(v) is int and v >= 0 for v in (entry.inputs, entry.outputs, entry.graph_nodes))):
+        raise ValueError("fields out of range")
+    return entry
+
+
+class Shared(Store):
+    """The local store, backed by the service's entries of this client's principal (FXCC_URL).
+
+    `serve` answers a local miss from the service: its entry, and the artifact from the local cache
+    or the service (verified, and signed where FXCC_SIGNING_KEY says so, as every artifact is).
+    `put` (after AOTAutograd ran) writes the entry locally, then PUTs it to the service. Both wait
+    at most SERVICE_TIMEOUT_S for the service; whatever goes wrong there is a miss, logged once.
+    """
+
+    def __init__(self, cache_dir: Path, settings: Any) -> None:
+        super().__init__(cache_dir)
+        self.settings = settings
+        self.timeout_s = min(SERVICE_TIMEOUT_S, settings.request_timeout_s)
+
+    def _remote(self, timeout_s: float) -> Any:
+        from client.remote import RemoteService
+
+        s = self.settings
+        return RemoteService(s.url, s.token, timeout_s, s.signing_key)
+
+    def fetch(self, key: str) -> Entry | None:
+        """The service's entry for `key`; None when it has none, or on any error."""
+        try:
+            remote = self._remote(self.timeout_s)
+            try:
+                found = remote.get_pre_aot(key)
+            finally:
+                remote.close()
+            return None if found is None else entry_from(found, key)
+        except Exception as e:  # noqa: BLE001 - only an optimisation: AOTAutograd runs
+            log_once(f"service-get:{type(e).__name__}", "no entry from the service (%s: %s)",
+                     type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            return None
+
+    def put(self, key: str, entry: Entry) -> None:
+        super().put(key, entry)
+        try:
+            remote = self._remote(self.timeout_s)
+            try:
+                stored = remote.put_pre_aot(key, {k: v for k, v in entry_json(key, entry).items() if k != "key"})
+            finally:
+                remote.close()
+            if not stored:
+                log.debug("fxcc: pre-AOT cache: the service does not hold artifact %s; entry not shared",
+                          entry.artifact_key[:12])
+        except Exception as e:  # noqa: BLE001 - only an optimisation: the next machine runs AOTAutograd
+            log_once(f"service-put:{type(e).__name__}", "could not share an entry through the service (%s: %s)",
+                     type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+
+    def serve(self, key: str, gm: fx.GraphModule, example_inputs: list[Any], compiler: Any,
+              t0: float) -> Callable | None:
+        """The callable for a hit of the service's entry (also written locally then); None for a miss."""
+        entry = self.fetch(key)
+        if entry is None:
+            return None
+        art, source = compiler.cache.get(entry.artifact_key), "local-hit"
+        if art is None:
+            art, source = self._artifact(entry.artifact_key), "remote-hit"
+            if art is None:
+                return None
+            compiler.cache.put(art)
+        served = serve(entry, gm, example_inputs, compiler, t0, art=art, source=source,
+                       how="skipped: pre-AOT cache hit from the service")
+        if served is not None:
+            super().put(key, entry)  # the next process here needs no service
+        return served
+
+    def _artifact(self, artifact_key: str) -> Any:
+        """The artifact from the service (as GraphCompiler fetches it); None when gone or on any error."""
+        try:
+            remote = self._remote(self.settings.request_timeout_s)
+            try:
+                art = remote.get_artifact(artifact_key)
+            finally:
+                remote.close()
+        except Exception as e:  # noqa: BLE001 - only an optimisation: AOTAutograd runs
+            log_once(f"service-artifact:{type(e).__name__}", "no artifact from the service for an entry (%s: %s)",
+                     type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            return None
+        if art is None:
+            log_once("service-no-artifact", "the artifact %s of the service's entry is gone", artifact_key[:12])
+        return art
 
 
 # ---------------------------------------------------------------- after AOTAutograd: record
@@ -422,13 +524,14 @@ def _not_plain(gm: fx.GraphModule, example_inputs: list[Any], dynamo_outputs: li
 # ---------------------------------------------------------------- on a hit: serve
 
 
-def serve(entry: Entry, gm: fx.GraphModule, example_inputs: list[Any], compiler: Any, t0: float) -> Callable | None:
-    """The callable Dynamo gets for a hit: the cached artifact run as AOTAutograd's runtime wrapper
-    runs an inference graph in the plain case; None (a miss) when the artifact is gone or does not
-    fit the entry."""
+def serve(entry: Entry, gm: fx.GraphModule, example_inputs: list[Any], compiler: Any, t0: float, *,
+          art: Any = None, source: str = "local-hit", how: str = "skipped: pre-AOT cache hit") -> Callable | None:
+    """The callable Dynamo gets for a hit: the cached artifact (`art`, else the local cache's) run as
+    AOTAutograd's runtime wrapper runs an inference graph in the plain case; None (a miss) when the
+    artifact is gone or does not fit the entry. `source` and `how` go into the CompileEvent."""
     from client.backend import _boxed, _executor, target_for
 
-    art = compiler.cache.get(entry.artifact_key)
+    art = art if art is not None else compiler.cache.get(entry.artifact_key)
     if art is None:
         log_once("no-artifact", "the artifact %s of an entry is not in the local cache", entry.artifact_key[:12])
         return None
@@ -442,8 +545,7 @@ def serve(entry: Entry, gm: fx.GraphModule, example_inputs: list[Any], compiler:
     if settings.url and not art.manifest.tuned and art.manifest.target.kind == "cuda":
         _executor().submit(compiler.refresh_tuned, entry.artifact_key)
     # Eager fallback, should the plan fail when it runs: Dynamo's own graph (torch-level code).
-    runner = compiler._ready(art, "local-hit", None, _boxed(gm), t0, None,
-                             graph_nodes=entry.graph_nodes, pre_aot="skipped: pre-AOT cache hit")
+    runner = compiler._ready(art, source, None, _boxed(gm), t0, None, graph_nodes=entry.graph_nodes, pre_aot=how)
     return as_aot_runtime(runner, entry.outputs)
 
 
@@ -470,4 +572,5 @@ def as_aot_runtime(runner: Callable[[list[Any]], Any], outputs: int) -> Callable
     return torch._dynamo.disable(forward, reason="do not trace an fxcc compiled graph")
 
 
-__all__ = ["Entry", "Ineligible", "Recorder", "Store", "as_aot_runtime", "graph_key", "log_once", "serve"]
+__all__ = ["Entry", "Ineligible", "Recorder", "Shared", "Store", "as_aot_runtime", "entry_from", "entry_json",
+           "graph_key", "log_once", "serve"]

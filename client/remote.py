@@ -60,6 +60,23 @@ class RemoteService:
         art.verify()
         return art
 
+    def get_pre_aot(self, key: str) -> dict[str, Any] | None:
+        """This principal's pre-AOT entry for `key` (JSON, unchecked); None when there is none."""
+        r = self._request("GET", f"/v1/pre-aot/{key}")
+        if r.status_code == 404:
+            return None
+        _check(r)
+        return r.json()
+
+    def put_pre_aot(self, key: str, entry: dict[str, Any]) -> bool:
+        """Share a pre-AOT entry under this principal; False when the service does not hold the
+        artifact it names (409)."""
+        r = self._request("PUT", f"/v1/pre-aot/{key}", json=entry)
+        if r.status_code == 409:
+            return False
+        _check(r)
+        return True
+
     def submit(self, request: CompileRequest) -> dict[str, Any]:
         """POST the compile; the service answers done (cached) or queued with a job id."""
         r = self._request("POST", "/v1/compile", content=request.model_dump_json(),

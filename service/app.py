@@ -21,6 +21,7 @@ from service.routes import (
     health,
     jobs,
     metrics,
+    pre_aot,
     status,
 )
 from service.settings import ServiceSettings
@@ -67,7 +68,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
                   description="Compiler-as-a-service for PyTorch 2. Bearer tokens with roles client and admin.")
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     install_handlers(app)
-    for router in (compile.router, jobs.router, artifacts.router, status.router, cache.router,
+    for router in (compile.router, jobs.router, artifacts.router, pre_aot.router, status.router, cache.router,
                    dead_letters.router, admin.router, metrics.router, health.router, dashboard.router):
         app.include_router(router)  # each router declares the role it needs
     return app

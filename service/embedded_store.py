@@ -4,6 +4,7 @@ for `fxcc serve` without Redis; the tune jobs in flight are also kept on disk, f
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import shutil
@@ -195,6 +196,25 @@ class EmbeddedStore:
 
     def cache_entries(self) -> int:
         return len(self.list_artifacts(1 << 62))
+
+    # ------------------------------------------------------------ pre-AOT entries
+
+    def _pre_aot_path(self, principal: str, key: str) -> Path:
+        # One folder per principal, named by a hash: a principal's name never becomes a path.
+        folder = hashlib.sha256(principal.encode()).hexdigest()[:32]
+        return self.root / "pre_aot" / folder / f"{key}.json"
+
+    def put_pre_aot(self, principal: str, key: str, artifact_key: str, entry_json: bytes) -> bool:
+        if not self._manifest_path(artifact_key).is_file():
+            return False
+        atomic_write(self._pre_aot_path(principal, key), entry_json)
+        return True
+
+    def get_pre_aot(self, principal: str, key: str) -> bytes | None:
+        try:
+            return self._pre_aot_path(principal, key).read_bytes()
+        except FileNotFoundError:
+            return None
 
     # ------------------------------------------------------------ jobs
 

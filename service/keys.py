@@ -8,6 +8,9 @@ MANIFEST = "manifest:{key}"  # ArtifactManifest JSON; written last, after every 
 SIGNATURE = "sig:{key}"  # hex HMAC-SHA256 of the manifest; set in one MSET with the manifest
 MANIFEST_INDEX = "manifests"  # set of the keys that have a manifest (for listing and counting)
 CACHE_COUNTERS = "stats:cache"  # hash of counters: hits, misses, puts, rejected, bytes
+# a pre-AOT entry (a Dynamo graph's pre-AOT key -> the artifact it compiled to) of one principal, as
+# JSON; expires after pre_aot_ttl_s unless written again (routes/pre_aot.py)
+PRE_AOT = "preaot:{principal}:{key}"
 
 # ---- queue and jobs (FXCC_REDIS_URL)
 JOB = "job:{job_id}"  # hash: stage, stage times, worker, attempt, request JSON, error, stats
@@ -51,6 +54,9 @@ class RedisKeys:
 
     def signature(self, key: str) -> str:
         return self.prefix + SIGNATURE.format(key=key)
+
+    def pre_aot(self, principal: str, key: str) -> str:
+        return self.prefix + PRE_AOT.format(principal=principal, key=key)
 
     def job(self, job_id: str) -> str:
         return self.prefix + JOB.format(job_id=job_id)

@@ -23,12 +23,15 @@ _PURGE_BATCH = 500
 class RedisCache:
     """The artifact half of RedisStore, on the cache's Redis (`self.c`), which may be the queue's."""
 
-    def __init__(self, client: redis.Redis, keys: RedisKeys, max_artifact_bytes: int, url: str) -> None:
+    def __init__(self, client: redis.Redis, keys: RedisKeys, max_artifact_bytes: int, url: str,
+                 pre_aot_ttl_s: int = 30 * 86_400) -> None:
         self.c = client
         self.k = keys
         self.url = url
         self.max_artifact_bytes = max_artifact_bytes
+        self.pre_aot_ttl_s = pre_aot_ttl_s
         self._lookup = self.c.register_script(lua.LOOKUP)
+        self._put_pre_aot = self.c.register_script(lua.PUT_PRE_AOT)
         # The cache-hit route's own asyncio connection pool, made in the event loop that uses it.
         self._async: aioredis.Redis | None = None
         self._alookup: Any = None
@@ -183,6 +186,16 @@ class RedisCache:
         pipe.hset(self.k.cache_counters, "bytes", 0)
         pipe.execute()
         return removed
+
+    # Note: pre-AOT entries live next to the artifacts they name (the cache's Redis), so that the
+    # check "is the artifact there?" and the write are one atomic script; each expires
+    # pre_aot_ttl_s after it was last written or read, and an allkeys-lru cache may evict it sooner.
+    def put_pre_aot(self, principal: str, key: str, artifact_key: str, entry_json: bytes) -> bool:
+        keys = [self.k.manifest(artifact_key), self.k.pre_aot(principal, key)]
+        return bool(self._put_pre_aot(keys=keys, args=[entry_json, self.pre_aot_ttl_s]))
+
+    def get_pre_aot(self, principal: str, key: str) -> bytes | None:
+        return self.c.getex(self.k.pre_aot(principal, key), ex=self.pre_aot_ttl_s)
 
     def count(self, counter: str, n: int = 1) -> None:
         self.c.hincrby(self.k.cache_counters, counter, n)

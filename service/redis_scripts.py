@@ -170,3 +170,12 @@ end
 counted('hits')
 return out
 """
+
+# A pre-AOT entry goes in only while the artifact it names has a manifest: an entry never points at
+# nothing when it is written (the artifact may still be evicted or removed later).
+# KEYS: manifest, entry. ARGV: entry JSON, ttl s.
+PUT_PRE_AOT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
+return 1
+"""

@@ -62,7 +62,8 @@ class RedisStore(RedisCache):
             separate = settings.cache_redis_url and settings.cache_redis_url != settings.redis_url
             cache_client = connect(settings.cache_redis_url) if separate else client
         keys = RedisKeys(settings.redis_prefix)
-        super().__init__(cache_client, keys, settings.max_artifact_bytes, settings.cache_url or "")
+        super().__init__(cache_client, keys, settings.max_artifact_bytes, settings.cache_url or "",
+                         pre_aot_ttl_s=settings.pre_aot_ttl_s)
         self.r = client
         self.settings = settings
         self._submit = self.r.register_script(lua.SUBMIT)

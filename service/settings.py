@@ -83,6 +83,8 @@ class ServiceSettings(BaseSettings):
     # heartbeats renew the single-flight entry of a job that is being compiled.
     inflight_ttl_s: int = Field(default=3_600, ge=1)
     job_ttl_s: int = Field(default=7 * 86_400, ge=1)
+    # A pre-AOT entry in Redis expires this long after it was last written (embedded: never).
+    pre_aot_ttl_s: int = Field(default=30 * 86_400, ge=1)
     embedded_workers: int = Field(default=1, ge=1)
     # What embedded mode's in-process workers run on: `auto` (a CUDA GPU when torch sees one),
     # `cpu` (never tune), `cuda`, `cuda:N` or `N`. On a GPU they autotune as `fxcc worker` does.

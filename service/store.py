@@ -201,6 +201,16 @@ class Store(Protocol):
 
     def cache_entries(self) -> int: ...
 
+    # ---- pre-AOT entries, one namespace per principal (routes/pre_aot.py)
+    def put_pre_aot(self, principal: str, key: str, artifact_key: str, entry_json: bytes) -> bool:
+        """Store `entry_json` as `principal`'s entry for `key`, but only while the artifact
+        `artifact_key` is stored; False (nothing written) when it is not."""
+        ...
+
+    def get_pre_aot(self, principal: str, key: str) -> bytes | None:
+        """`principal`'s entry for `key` as stored (the artifact it names may be gone since)."""
+        ...
+
     # ---- jobs
     def submit(self, key: str, request_json: str, priority: Priority) -> Submitted:
         """Queue a job for `key` unless the artifact exists or a job for it is queued/running."""

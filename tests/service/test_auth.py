@@ -21,7 +21,8 @@ ADMIN_TOKEN = "admin-secret-2"
 
 # One route per role and resource; the admin routes answer 403 to a client token.
 CLIENT_ROUTES = [("GET", "/v1/jobs/" + "0" * 32, 404), ("GET", "/v1/jobs", 200), ("GET", "/v1/status", 200),
-                 ("GET", "/v1/artifacts/" + "a" * 64, 404), ("GET", "/v1/jobs/" + "0" * 32 + "/events", 404),
+                 ("GET", "/v1/artifacts/" + "a" * 64, 404), ("GET", "/v1/pre-aot/" + "a" * 64, 404),
+                 ("GET", "/v1/jobs/" + "0" * 32 + "/events", 404),
                  ("DELETE", "/v1/jobs/" + "0" * 32, 404)]
 ADMIN_ROUTES = [("GET", "/v1/stats", 200), ("GET", "/v1/dead-letters", 200), ("GET", "/metrics", 200), ("GET", "/v1/cache", 200),
                 ("DELETE", "/v1/cache/" + "a" * 64, 404), ("DELETE", "/v1/cache", 200),
