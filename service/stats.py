@@ -24,8 +24,10 @@ def gather_stats(store: Store) -> dict[str, Any]:
     cache = {"entries": store.cache_entries(), "bytes": counters.get("bytes", 0), "hits": hits,
              "misses": misses, "puts": counters.get("puts", 0), "rejected": counters.get("rejected", 0),
              "hit_rate": round(hits / (hits + misses), 4) if hits + misses else None}
+    # pre-AOT entries (routes/pre_aot.py): GETs answered (hits) or 404 (misses), PUTs stored or refused (409)
+    pre_aot = {name: counters.get(f"pre_aot_{name}", 0) for name in ("hits", "misses", "puts", "refused")}
     return {"store": store.mode, "queue": store.queue_depths(), "tune": store.tune_depths(),
-            "workers": workers, "jobs": store.job_counts(), "cache": cache}
+            "workers": workers, "jobs": store.job_counts(), "cache": cache, "pre_aot": pre_aot}
 
 
 def render_metrics(stats: dict[str, Any]) -> str:
@@ -58,6 +60,9 @@ def render_metrics(stats: dict[str, Any]) -> str:
     metric("fxcc_cache_bytes", "gauge", "Bytes stored by puts (blobs and manifests).", [({}, cache["bytes"])])
     for name in ("hits", "misses", "puts", "rejected"):
         metric(f"fxcc_cache_{name}_total", "counter", f"Cache {name}.", [({}, cache[name])])
+    for name, value in stats["pre_aot"].items():
+        metric(f"fxcc_pre_aot_{name}_total", "counter", f"Pre-AOT entry {name} (GET /v1/pre-aot hits and misses, "
+               "PUTs stored and refused).", [({}, value)])
     return "\n".join(lines) + "\n"
 
 

@@ -57,8 +57,10 @@ def put_entry(key: KeyPath, entry: PreAotEntry, store: StoreDep, principal: Clie
     """Store this principal's entry for `key` (replacing any): 409 unless the artifact it names is stored."""
     data = entry.model_dump_json(by_alias=True).encode()
     if not store.put_pre_aot(principal.name, key, entry.artifact_key, data):
+        store.count("pre_aot_refused")
         raise HTTPException(status_code=409, detail=f"artifact {entry.artifact_key} is not stored: "
                             "an entry must name a stored artifact")
+    store.count("pre_aot_puts")
     return PreAotEntryOut(key=key, **entry.model_dump(by_alias=True))
 
 
@@ -67,10 +69,13 @@ def get_entry(key: KeyPath, store: StoreDep, principal: ClientDep) -> PreAotEntr
     """This principal's entry for `key`; 404 when it has none (whatever other principals have)."""
     data = store.get_pre_aot(principal.name, key)
     if data is None:
+        store.count("pre_aot_misses")
         raise HTTPException(status_code=404, detail=f"no pre-AOT entry {key}")
     try:
         entry = PreAotEntry.model_validate_json(data)
     except ValidationError:
         log.warning("pre-AOT entry %s of %s is malformed; treating it as absent", key[:12], principal.name)
+        store.count("pre_aot_misses")
         raise HTTPException(status_code=404, detail=f"no pre-AOT entry {key}") from None
+    store.count("pre_aot_hits")
     return PreAotEntryOut(key=key, **entry.model_dump(by_alias=True))

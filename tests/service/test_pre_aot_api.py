@@ -156,3 +156,21 @@ def test_a_big_body_is_413(client: TestClient, artifact_key: str) -> None:
     assert r.status_code == 413 and r.json()["error"] == "RequestTooLarge"
     assert put(client, KEY, b"\x80 not even text").status_code == 400  # FastAPI's answer to undecodable bytes
     assert stored_entries(client) == []
+
+
+def test_stats_count_hits_misses_puts_and_refusals(client: TestClient, artifact_key: str) -> None:
+    from service.stats import gather_stats, render_metrics
+
+    store = client.app.state.store
+    assert gather_stats(store)["pre_aot"] == {"hits": 0, "misses": 0, "puts": 0, "refused": 0}
+    assert get(client, KEY).status_code == 404
+    assert put(client, KEY, entry("f" * 64)).status_code == 409
+    assert put(client, KEY, entry(artifact_key)).status_code == 200
+    assert get(client, KEY).status_code == 200
+    assert get(client, KEY, principal="ci-b").status_code == 404
+    assert put(client, KEY, {"schema": 1}).status_code == 422  # not counted: never reached the store
+    stats = gather_stats(store)
+    assert stats["pre_aot"] == {"hits": 1, "misses": 2, "puts": 1, "refused": 1}
+    assert stats["cache"]["hits"] == 0  # artifact fetches are counted apart
+    text = render_metrics(stats)
+    assert "fxcc_pre_aot_hits_total 1" in text and "fxcc_pre_aot_misses_total 2" in text
