@@ -37,7 +37,7 @@ def request(op: str, arch: int | None) -> CompileRequest:
 
 
 @pytest.fixture
-def cluster(redis_url: str, redis_prefix: str, tmp_path: Path) -> Iterator[str]:
+def cpu_cluster(redis_url: str, redis_prefix: str, tmp_path: Path) -> Iterator[str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FXCC_")}
     env.update(TRITON_INTERPRET="1", FXCC_REDIS_URL=redis_url, FXCC_REDIS_PREFIX=redis_prefix,
@@ -77,9 +77,9 @@ def compile_and_wait(url: str, req: CompileRequest) -> dict:
     return job
 
 
-def test_cpu_cluster_queues_one_tune_job_that_no_cpu_worker_claims(cluster: str, redis_url: str,
+def test_cpu_cluster_queues_one_tune_job_that_no_cpu_worker_claims(cpu_cluster: str, redis_url: str,
                                                                   redis_prefix: str) -> None:
-    url = cluster
+    url = cpu_cluster
     req = request("aten.sin.default", arch=90)
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda _: compile_and_wait(url, req), range(8)))
