@@ -516,8 +516,8 @@ def _run_aot(gm: fx.GraphModule, example_inputs: list[Any], compiler: GraphCompi
             log.info("fxcc: pre-AOT cache: could not store an entry (%s)", _cause_text(e))
         if recorder.plain() and recorder.compiled is not None:
             # Note: in the plain case AOTAutograd's runtime wrapper only turns grad mode off and
-            # lists the outputs; calling the plan as a pre-AOT hit does saves its host time
-            # (several µs per call) in this process too.
+            # lists the outputs; calling the plan as a pre-AOT hit does skips that wrapper's host
+            # work on every call in this process too.
             from client.pre_aot import as_aot_runtime
 
             direct = as_aot_runtime(recorder.compiled, len(recorder.outputs))
