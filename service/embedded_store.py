@@ -179,7 +179,7 @@ class EmbeddedStore:
 
     def purge_cache(self) -> int:
         n = len(self.list_artifacts(1 << 62))
-        for sub in ("manifests", "blobs"):
+        for sub in ("manifests", "blobs", "pre_aot"):  # pre-AOT entries name only artifacts now gone
             shutil.rmtree(self.root / sub, ignore_errors=True)
         return n
 

@@ -170,7 +170,8 @@ class RedisCache:
 
     def purge_cache(self) -> int:
         removed = 0
-        for pattern in (self.k.manifest("*"), self.k.signature("*"), self.k.blob("*")):
+        # pre-AOT entries go too: every artifact they could name is gone
+        for pattern in (self.k.manifest("*"), self.k.signature("*"), self.k.blob("*"), self.k.pre_aot("*", "*")):
             batch: list[bytes] = []
             for name in self.c.scan_iter(match=pattern, count=1000):
                 batch.append(name)

@@ -4,9 +4,10 @@ kept per principal, so that a client on another machine skips AOTAutograd (clien
 Note: an entry is data: five validated fields, stored as the service's own JSON and never run.
 Each principal (the token's name, or `anonymous`) sees only its own entries: another principal's
 entry for the same key is a 404. A PUT is accepted only while the artifact it names is stored
-(409 otherwise). When that artifact goes later (evicted, removed, purged), GET still returns the
-entry: the client's artifact GET then answers 404, which it treats as a miss, runs AOTAutograd,
-and its PUT after the compile rewrites the entry.
+(409 otherwise). A purge of the cache (`DELETE /v1/cache`) removes every entry. When the artifact
+goes otherwise (evicted, removed), GET still returns the entry: the client's artifact GET then
+answers 404, which it treats as a miss, runs AOTAutograd, and its PUT after the compile rewrites
+the entry.
 """
 
 from __future__ import annotations

@@ -174,3 +174,12 @@ def test_stats_count_hits_misses_puts_and_refusals(client: TestClient, artifact_
     assert stats["cache"]["hits"] == 0  # artifact fetches are counted apart
     text = render_metrics(stats)
     assert "fxcc_pre_aot_hits_total 1" in text and "fxcc_pre_aot_misses_total 2" in text
+
+
+def test_a_purge_of_the_cache_removes_every_entry(client: TestClient, artifact_key: str) -> None:
+    assert put(client, KEY, entry(artifact_key)).status_code == 200
+    assert put(client, KEY, entry(artifact_key), principal="ci-b").status_code == 200
+    assert len(stored_entries(client)) == 2
+    assert client.app.state.store.purge_cache() == 1
+    assert stored_entries(client) == []
+    assert get(client, KEY).status_code == 404 and get(client, KEY, principal="ci-b").status_code == 404
