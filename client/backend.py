@@ -340,16 +340,24 @@ def _boxed(gm: fx.GraphModule) -> Callable[[list[Any]], Any]:
 
 
 MAX_VARIANTS = 8
+VARIANT_RETRY_S = 60.0  # after a variant's compile failed, sizes it would serve run eagerly this long
 
 
 class Variants:
     """The plans of one dynamic graph: the first whose guards hold runs; when none holds, one
-    more variant is compiled for the call's sizes (at most MAX_VARIANTS; then GuardFailed)."""
+    more variant is compiled for the call's sizes (at most MAX_VARIANTS; then GuardFailed).
+
+    Note: a variant whose compile fails (the service unreachable, a compile error) raises
+    GuardFailed too, so that only that call runs eagerly, not every later call of the graph; for
+    VARIANT_RETRY_S no compile is tried again (a service outage does not cost each call a timeout).
+    """
 
     def __init__(self, first: Callable, compile_variant: Callable[[list[Any]], Callable]) -> None:
         self.plans = [first]
         self.compile_variant = compile_variant
         self.lock = threading.Lock()
+        self.failed_at: float | None = None
+        self.failure = ""
 
     def __call__(self, args: list[Any]) -> Any:
         for plan in list(self.plans):
@@ -360,7 +368,14 @@ class Variants:
         with self.lock:
             if len(self.plans) >= MAX_VARIANTS:
                 raise GuardFailed(f"{len(self.plans)} variants and none serves these sizes")
-            plan = self.compile_variant(args)
+            if self.failed_at is not None and time.monotonic() - self.failed_at < VARIANT_RETRY_S:
+                raise GuardFailed(f"no variant serves these sizes; the last compile failed ({self.failure})")
+            try:
+                plan = self.compile_variant(args)
+            except Exception as e:  # the graph's other plans still serve their sizes
+                self.failed_at, self.failure = time.monotonic(), _cause_text(e)
+                raise GuardFailed(f"a variant for these sizes failed to compile ({self.failure})") from e
+            self.failed_at = None
             self.plans.append(plan)
         return plan(args)
 

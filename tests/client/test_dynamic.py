@@ -146,6 +146,63 @@ def test_guard_failure_runs_eagerly_and_compiles_a_variant(monkeypatch):
     assert [e.source for e in events()].count("variant") == 1
 
 
+def test_a_variant_that_fails_to_compile_costs_only_its_own_calls(monkeypatch):
+    """With the variant's compile failing (a service outage), calls of sizes only a variant would
+    serve run eagerly (one warning); calls the plan serves keep running it; after the retry
+    delay a working compile adds the variant."""
+    from client import backend
+    from client.runtime import PlanRunner
+
+    real = compile_request
+    seen: list[str] = []
+
+    def narrowing(request):
+        art = real(request)
+        seen.append(art.manifest.key)
+        if len(seen) == 2:  # the dynamic graph's first artifact serves only batch <= 8
+            plan = art.manifest.plan
+            art.manifest = art.manifest.model_copy(update={"plan": plan.model_copy(
+                update={"guards": [*plan.guards, "s0 <= 8"]})})
+        return art
+    monkeypatch.setattr("compiler_core.compile.compile_request", narrowing)
+    real_fetch = backend.GraphCompiler.fetch
+    down = {"now": True}
+
+    def fetch(self, request, key):
+        if request.variant and down["now"]:
+            raise ConnectionError("service unreachable")
+        return real_fetch(self, request, key)
+    monkeypatch.setattr(backend.GraphCompiler, "fetch", fetch)
+    runs = {"plan": 0}
+    real_call = PlanRunner.__call__
+
+    def counting(self, args):  # plans that ran (a failed guard raises before any step)
+        out = real_call(self, args)
+        runs["plan"] += 1
+        return out
+    monkeypatch.setattr(PlanRunner, "__call__", counting)
+
+    torch.manual_seed(0)
+    model = MLP().eval()
+    compiled = torch.compile(model, backend="fxcc")
+    with torch.no_grad():
+        for batch in (2, 3):  # the static graph, then the dynamic one
+            compiled(torch.randn(batch, 16))
+        before = runs["plan"]
+        xs = [torch.randn(batch, 16) for batch in (12, 5, 16, 7)]
+        with pytest.warns(RuntimeWarning, match="runs eagerly for some sizes"):
+            got = [compiled(x) for x in xs]
+        for x, y in zip(xs, got):
+            torch.testing.assert_close(y, model(x))
+        assert runs["plan"] - before == 2  # batches 5 and 7 still ran the compiled plan
+        monkeypatch.setattr(backend, "VARIANT_RETRY_S", 0.0)
+        down["now"] = False
+        x = torch.randn(12, 16)
+        torch.testing.assert_close(compiled(x), model(x))
+    assert [e.source for e in events()].count("variant") == 1
+    assert runs["plan"] - before == 3  # batch 12 now ran its variant
+
+
 def _dynamic_request() -> CompileRequest:
     """The compile request of the MLP's dynamic (batch-symbolic) forward graph."""
     captured: list = []
