@@ -120,9 +120,9 @@ def test_symbolic_plan_checks_its_guards():
         runner(_args_for(request, torch.randn(9, 16)))
 
 
-def test_guard_failure_runs_eagerly_and_compiles_a_variant(monkeypatch):
-    """A call whose sizes fail every known variant's guards runs correctly and gets its own
-    variant (keyed with its hints), without replacing the first one."""
+def _narrow_the_dynamic_artifact(monkeypatch) -> list[str]:
+    """Compiles as usual, but the second artifact (the MLP's dynamic graph) serves only batch <= 8;
+    the keys of every artifact compiled, in order."""
     seen: list[str] = []
     real = compile_request
 
@@ -135,6 +135,13 @@ def test_guard_failure_runs_eagerly_and_compiles_a_variant(monkeypatch):
                 update={"guards": [*plan.guards, "s0 <= 8"]})})
         return art
     monkeypatch.setattr("compiler_core.compile.compile_request", narrowing)
+    return seen
+
+
+def test_guard_failure_runs_eagerly_and_compiles_a_variant(monkeypatch):
+    """A call whose sizes fail every known variant's guards runs correctly and gets its own
+    variant (keyed with its hints), without replacing the first one."""
+    seen = _narrow_the_dynamic_artifact(monkeypatch)
     torch.manual_seed(0)
     model = MLP().eval()
     compiled = torch.compile(model, backend="fxcc")
@@ -153,18 +160,7 @@ def test_a_variant_that_fails_to_compile_costs_only_its_own_calls(monkeypatch):
     from client import backend
     from client.runtime import PlanRunner
 
-    real = compile_request
-    seen: list[str] = []
-
-    def narrowing(request):
-        art = real(request)
-        seen.append(art.manifest.key)
-        if len(seen) == 2:  # the dynamic graph's first artifact serves only batch <= 8
-            plan = art.manifest.plan
-            art.manifest = art.manifest.model_copy(update={"plan": plan.model_copy(
-                update={"guards": [*plan.guards, "s0 <= 8"]})})
-        return art
-    monkeypatch.setattr("compiler_core.compile.compile_request", narrowing)
+    seen = _narrow_the_dynamic_artifact(monkeypatch)
     real_fetch = backend.GraphCompiler.fetch
     down = {"now": True}
 
@@ -201,6 +197,7 @@ def test_a_variant_that_fails_to_compile_costs_only_its_own_calls(monkeypatch):
         torch.testing.assert_close(compiled(x), model(x))
     assert [e.source for e in events()].count("variant") == 1
     assert runs["plan"] - before == 3  # batch 12 now ran its variant
+    assert len(seen) == 3 and len(set(seen)) == 3, seen  # static, dynamic, and the one variant
 
 
 def _dynamic_request() -> CompileRequest:

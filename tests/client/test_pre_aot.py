@@ -14,6 +14,7 @@ from torch import nn
 
 from client import backend
 from client.examples import Bottleneck, TransformerBlock
+from tests.child_scripts import COUNT_AOT
 
 
 @pytest.fixture(autouse=True)
@@ -40,17 +41,8 @@ def _compile_twice(fn, *args, **compile_kwargs):
 
 # A new process with the cache filled: AOTAutograd is not called at all (counted both by fxcc and
 # through a wrapper around torch's aot_module_simplified), and the result matches eager.
-CHILD = textwrap.dedent("""
-    import json, torch
-    import torch._dynamo.backends.common as common
-    from client import backend
+CHILD = COUNT_AOT + textwrap.dedent("""
     from client.examples import TransformerBlock, Bottleneck
-    calls = []
-    real = common.aot_module_simplified
-    def counting(*a, **k):
-        calls.append(1)
-        return real(*a, **k)
-    common.aot_module_simplified = counting
     torch.manual_seed(0)
     block, bottleneck = TransformerBlock(64, 4).eval(), Bottleneck(32, 8, 2).eval()
     x, y = torch.randn(2, 16, 64), torch.randn(2, 32, 8, 8)

@@ -12,20 +12,13 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.child_scripts import COUNT_AOT
+
 pytestmark = pytest.mark.e2e
 
 # AOTAutograd is counted by fxcc and through a wrapper around torch's aot_module_simplified.
-CLIENT = """
-import json, torch
-import torch._dynamo.backends.common as common
+CLIENT = COUNT_AOT + """
 from torch import nn
-from client import backend
-calls = []
-real = common.aot_module_simplified
-def counting(*a, **k):
-    calls.append(1)
-    return real(*a, **k)
-common.aot_module_simplified = counting
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 8)).eval()
 x = torch.randn(4, 16)
