@@ -37,7 +37,7 @@ def main() -> None:
     from triton.testing import do_bench
 
     from bench.workloads import make_workload
-    from client.backend import fxcc_backend
+    from fxcc.client.backend import fxcc_backend
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--workload", default="bias_gelu_ln_fp32")

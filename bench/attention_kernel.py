@@ -49,11 +49,11 @@ def fxcc_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -
     loaded by the client runtime. (runner, artifact)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from client.backend import decomposition_table
-    from client.capture import capture_graph
-    from client.runtime import load_plan
-    from compiler_core.build import compile_and_build
-    from compiler_core.wire import CompileOptions, CompileRequest, Target
+    from fxcc.client.backend import decomposition_table
+    from fxcc.client.capture import capture_graph
+    from fxcc.client.runtime import load_plan
+    from fxcc.compiler_core.build import compile_and_build
+    from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -71,7 +71,7 @@ class JitTemplate:
     """The template's source for q's dtype, launched by Triton's JIT under any config."""
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, tmp: Path) -> None:
-        from compiler_core.codegen.attention import AttentionParams
+        from fxcc.compiler_core.codegen.attention import AttentionParams
 
         self.q, self.k, self.v, self.causal, self.tmp = q, k, v, causal, tmp
         b, h, s, d = q.shape
@@ -80,8 +80,8 @@ class JitTemplate:
         self.fns: dict[Any, Any] = {}
 
     def launch(self, config: Any) -> torch.Tensor:
-        from compiler_core.autotune import load_jit
-        from compiler_core.codegen.attention import launch_grid, render_attention
+        from fxcc.compiler_core.autotune import load_jit
+        from fxcc.compiler_core.codegen.attention import launch_grid, render_attention
 
         fn = self.fns.get(config)
         if fn is None:
@@ -98,8 +98,8 @@ class JitTemplate:
 def run_case(name: str, dtype_name: str, sweep: bool, tmp: Path) -> dict[str, Any]:
     from triton.testing import do_bench
 
-    from compiler_core.autotune_attention import candidate_configs
-    from compiler_core.codegen.attention import heuristic_config
+    from fxcc.compiler_core.autotune_attention import candidate_configs
+    from fxcc.compiler_core.codegen.attention import heuristic_config
 
     b, h, s, d, causal = CASES[name]
     dtype = torch.float32 if dtype_name == "fp32-tf32" else torch.bfloat16

@@ -4,7 +4,7 @@
     python -m bench.attention_memory --small --target interpret
 
 Captures the block's inference graph through AOTAutograd (fake tensors only, nothing runs at full
-size), compiles it with and without `compiler_core.passes.attention`, and prints per plan:
+size), compiles it with and without `fxcc.compiler_core.passes.attention`, and prints per plan:
 `peak_alloc_mb` (plan.peak_alloc_bytes: the plan's own AllocStep buffers) and `peak_live_mb` (every
 storage alive at once while the plan runs, extern results included, replayed on FakeTensors: what
 the device allocator would hold beyond the inputs, before rounding and library workspaces), and
@@ -21,11 +21,11 @@ from unittest import mock
 import torch
 
 from bench.plan_memory import capture, peak_live_bytes
-from client.examples import TransformerBlock
-from compiler_core import compile as pipeline
-from compiler_core.passes import attention
-from compiler_core.plan import peak_alloc_bytes
-from compiler_core.wire import CompileOptions, CompileRequest, GraphSpec, Target
+from fxcc.client.examples import TransformerBlock
+from fxcc.compiler_core import compile as pipeline
+from fxcc.compiler_core.passes import attention
+from fxcc.compiler_core.plan import peak_alloc_bytes
+from fxcc.compiler_core.wire import CompileOptions, CompileRequest, GraphSpec, Target
 
 MB = 1 << 20
 

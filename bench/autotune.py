@@ -24,9 +24,9 @@ from bench.workloads import FAST, WORKLOADS, make_workload
 def _request(fn: Any, inputs: tuple[torch.Tensor, ...], mode: str) -> tuple[Any, list[torch.Tensor]]:
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from client.backend import decomposition_table
-    from client.capture import capture_graph
-    from compiler_core.wire import CompileOptions, CompileRequest, Target
+    from fxcc.client.backend import decomposition_table
+    from fxcc.client.capture import capture_graph
+    from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 
     with torch.no_grad():
         gm = make_fx(fn, decomposition_table=decomposition_table())(*inputs)
@@ -37,8 +37,8 @@ def _request(fn: Any, inputs: tuple[torch.Tensor, ...], mode: str) -> tuple[Any,
 
 
 def measure(name: str, mode: str) -> dict[str, Any]:
-    from client.runtime import load_plan
-    from compiler_core.build import compile_and_build
+    from fxcc.client.runtime import load_plan
+    from fxcc.compiler_core.build import compile_and_build
 
     w = make_workload(name)
     request, args = _request(w.fn, w.inputs, mode)

@@ -90,7 +90,7 @@ def main() -> None:
     importlib.import_module("torch._dynamo")  # timed apart: both compilers pay it
 
     if a.compiler == "fxcc":
-        from client.backend import fxcc_backend
+        from fxcc.client.backend import fxcc_backend
     t_imports = time.perf_counter() - t0
     split = Split(a.no_run) if a.split and a.compiler == "fxcc" else None
     if a.compiler == "inductor":
@@ -109,7 +109,7 @@ def main() -> None:
                               "imports_s": round(t_imports, 3),
                               "inductor_imported": "torch._inductor.compile_fx" in sys.modules}
     if a.compiler == "fxcc":
-        from client import backend, cuda_loader
+        from fxcc.client import backend, cuda_loader
 
         evs = backend.events()
         res["sources"] = sorted({e.source for e in evs})

@@ -6,7 +6,7 @@ and int arguments, the kernel's @triton.jit source in a digest-checked blob.
 
 from __future__ import annotations
 
-from compiler_core.artifact import (
+from fxcc.compiler_core.artifact import (
     AllocStep,
     Artifact,
     ArtifactManifest,
@@ -16,9 +16,9 @@ from compiler_core.artifact import (
     Plan,
     add_blob,
 )
-from compiler_core.compile import local_versions
-from compiler_core.keys import compile_key
-from compiler_core.wire import (
+from fxcc.compiler_core.compile import local_versions
+from fxcc.compiler_core.keys import compile_key
+from fxcc.compiler_core.wire import (
     CompileOptions,
     CompileRequest,
     GraphSpec,

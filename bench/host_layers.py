@@ -23,7 +23,7 @@ from bench.workloads import make_workload
 def spy_on_plans(seen: list[dict[str, Any]]) -> None:
     """Record each plan fxcc hands to AOTAutograd: its boxed callable, the runner inside it, its
     constants, and the first inputs AOTAutograd passes it."""
-    from client import backend
+    from fxcc.client import backend
 
     original = backend._guarded
 
@@ -43,7 +43,7 @@ def spy_on_plans(seen: list[dict[str, Any]]) -> None:
 
 
 def layers(name: str, seen: list[dict[str, Any]], calls: int) -> dict[str, Any]:
-    from client.backend import fxcc_backend
+    from fxcc.client.backend import fxcc_backend
 
     seen.clear()
     torch._dynamo.reset()

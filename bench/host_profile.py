@@ -22,7 +22,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=10)
     args = ap.parse_args()
     os.environ.setdefault("FXCC_CACHE_DIR", tempfile.mkdtemp(prefix="fxcc-host-"))
-    from client.backend import fxcc_backend
+    from fxcc.client.backend import fxcc_backend
 
     wl = WORKLOADS[args.workload]("cuda" if torch.cuda.is_available() else "cpu")
     fn = torch.compile(wl.fn, backend=fxcc_backend)

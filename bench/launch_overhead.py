@@ -31,11 +31,11 @@ def per_call_us(fn: Callable[[], Any], calls: int = 5000) -> float:
 
 def main() -> None:
     from bench.handmade import cos_sin_artifact, cos_sin_request
-    from client import cuda_loader
-    from client.backend import fxcc_backend
-    from client.cuda_loader import CubinKernel, LaunchMeta, StepLauncher
-    from client.runtime import load_kernel, load_plan
-    from compiler_core.build import build_artifact
+    from fxcc.client import cuda_loader
+    from fxcc.client.backend import fxcc_backend
+    from fxcc.client.cuda_loader import CubinKernel, LaunchMeta, StepLauncher
+    from fxcc.client.runtime import load_kernel, load_plan
+    from fxcc.compiler_core.build import build_artifact
 
     major, minor = torch.cuda.get_device_capability()
     arch = major * 10 + minor

@@ -120,7 +120,7 @@ def rel_error(got: Any, ref: Any) -> float:
 
 
 def artifact_bytes(cache_dir: Path, keys: list[str]) -> int:
-    from compiler_core.artifact import load_artifact
+    from fxcc.compiler_core.artifact import load_artifact
 
     total = 0
     for key in keys:
@@ -132,9 +132,9 @@ def artifact_bytes(cache_dir: Path, keys: list[str]) -> int:
 
 def measure(name: str) -> dict[str, Any]:
     from bench.workloads import make_workload
-    from client import backend, cuda_graphs, cuda_loader
-    from client.backend import fxcc_backend
-    from compiler_core.build import cuda_build_unavailable
+    from fxcc.client import backend, cuda_graphs, cuda_loader
+    from fxcc.client.backend import fxcc_backend
+    from fxcc.compiler_core.build import cuda_build_unavailable
 
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -228,8 +228,8 @@ def handmade_cos_sin(x: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
     """The hand-written fused kernel's artifact run from its cubin by the plan runner (no Dynamo):
     what the loader delivers once the codegen fuses cos(sin(x))."""
     from bench.handmade import cos_sin_artifact, cos_sin_request
-    from client.runtime import load_plan
-    from compiler_core.build import build_artifact
+    from fxcc.client.runtime import load_plan
+    from fxcc.compiler_core.build import build_artifact
 
     major, minor = torch.cuda.get_device_capability()
     arch = major * 10 + minor

@@ -27,14 +27,14 @@ import torch
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from client.backend import decomposition_table
-from client.capture import capture_graph
-from client.cuda_graphs import flat_tensors
-from compiler_core import compile as pipeline
-from compiler_core.artifact import AllocStep, ExternStep, FreeStep, KernelStep, Plan
-from compiler_core.graph import decode_arg
-from compiler_core.plan import peak_alloc_bytes
-from compiler_core.wire import (
+from fxcc.client.backend import decomposition_table
+from fxcc.client.capture import capture_graph
+from fxcc.client.cuda_graphs import flat_tensors
+from fxcc.compiler_core import compile as pipeline
+from fxcc.compiler_core.artifact import AllocStep, ExternStep, FreeStep, KernelStep, Plan
+from fxcc.compiler_core.graph import decode_arg
+from fxcc.compiler_core.plan import peak_alloc_bytes
+from fxcc.compiler_core.wire import (
     CompileOptions,
     CompileRequest,
     GraphSpec,

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from bench.handmade import cos_sin_artifact, cos_sin_request
-from compiler_core.artifact import save_artifact
-from compiler_core.build import build_artifact
+from fxcc.compiler_core.artifact import save_artifact
+from fxcc.compiler_core.build import build_artifact
 
 
 def main() -> None:

@@ -49,7 +49,7 @@ def main() -> None:
         wl = WORKLOADS[args.workload]("cuda")
         backend = compiler
         if compiler == "fxcc":
-            from client.backend import fxcc_backend
+            from fxcc.client.backend import fxcc_backend
 
             backend = fxcc_backend  # works without the package's entry point
         fn = wl.fn if compiler == "eager" else torch.compile(wl.fn, backend=backend)
@@ -59,7 +59,7 @@ def main() -> None:
         for name, ms, count in rows:
             print(f"{ms:8.3f} ms  x{count:<4d} {name[:110]}")
         if compiler == "fxcc":
-            from client import runtime
+            from fxcc.client import runtime
 
             print(f"extern results copied into the planned layout: {sorted(runtime._relaid)}")
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.run import _python
-from client.demo import free_port, wait_healthy
+from fxcc.client.demo import free_port, wait_healthy
 
 # Where each run's graphs may come from; `local-hit`: a graph that appears twice in one process.
 EXPECTED = {"fxcc_cold_s": ({"remote-compiled"}, {"remote-compiled", "remote-hit", "local-hit"}),
@@ -44,7 +44,7 @@ def service_first_call(workload: str, tiny: bool = False, timeout_s: float = 300
         env.update(PYTHONUNBUFFERED="1", FXCC_DATA_DIR=str(t / "service"), TRITON_CACHE_DIR=str(t / "service-triton"))
         log_path = t / "service.log"
         with log_path.open("w") as log:
-            server = subprocess.Popen([sys.executable, "-m", "client.cli", "serve", "--port", str(port)],
+            server = subprocess.Popen([sys.executable, "-m", "fxcc.client.cli", "serve", "--port", str(port)],
                                       env=env, stdout=log, stderr=subprocess.STDOUT)
             try:
                 wait_healthy(url, server, timeout_s=min(timeout_s, 120.0))

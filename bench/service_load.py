@@ -51,10 +51,10 @@ def wait_for(check: Any, timeout_s: float, what: str) -> None:
 
 def store_artifact(redis_url: str) -> tuple[str, int]:
     """Compile a small graph and put its artifact in Redis, as a worker would. Returns key, size."""
-    from compiler_core.compile import compile_request
-    from compiler_core.wire import CompileRequest, GraphSpec, Node, NodeRef, Placeholder, TensorSpec
-    from service.redis_store import RedisStore
-    from service.settings import ServiceSettings
+    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.wire import CompileRequest, GraphSpec, Node, NodeRef, Placeholder, TensorSpec
+    from fxcc.service.redis_store import RedisStore
+    from fxcc.service.settings import ServiceSettings
 
     x = Placeholder(name="x", spec=TensorSpec(dtype="float32", sizes=[1024, 1024], strides=[1024, 1]))
     nodes = [Node(name="s", target="aten.sin.default", args=[NodeRef(name="x")]),
@@ -137,9 +137,9 @@ def start_api(redis_url: str, port: int, processes: int, log: Path) -> subproces
     env = {k: v for k, v in os.environ.items() if not k.startswith("FXCC_")}
     env.update(FXCC_REDIS_URL=redis_url, FXCC_TOKEN=TOKEN, FXCC_PORT=str(port))
     if processes == 1:  # exactly what `fxcc serve` runs
-        cmd = [sys.executable, "-c", f"from service.server import serve_main; serve_main('127.0.0.1', {port})"]
+        cmd = [sys.executable, "-c", f"from fxcc.service.server import serve_main; serve_main('127.0.0.1', {port})"]
     else:
-        cmd = [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory", "--host", "127.0.0.1",
+        cmd = [sys.executable, "-m", "uvicorn", "fxcc.service.app:create_app", "--factory", "--host", "127.0.0.1",
                "--port", str(port), "--workers", str(processes), "--no-access-log", "--log-level", "warning"]
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from client import backend
-from client.examples import Bottleneck, GPT2Block
+from fxcc.client import backend
+from fxcc.client.examples import Bottleneck, GPT2Block
 
 MODELS = ("mlp", "gpt2", "bottleneck")
 OPTIMIZERS = ("sgd", "adamw")
@@ -274,7 +274,7 @@ The test (tests/models/test_training.py, the same loop for fewer steps) asserts:
 
 What the forward keeps for the backward (the backward graph's inputs other than incoming
 gradients; parameters and inputs it reads count too), on the same graphs, with fxcc's min-cut
-partition (`client.backend.partition_joint_graph`, torch's `min_cut_rematerialization_partition`
+partition (`fxcc.client.backend.partition_joint_graph`, torch's `min_cut_rematerialization_partition`
 as Inductor uses it) and with torch's default partition, which saves what the backward reads:
 
 {partition_table()}

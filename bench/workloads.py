@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from client.examples import GPT2, BiasGeluLayerNorm, ResNet50, TransformerBlock, cos_sin
+from fxcc.client.examples import GPT2, BiasGeluLayerNorm, ResNet50, TransformerBlock, cos_sin
 
 
 @dataclass

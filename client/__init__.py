@@ -8,7 +8,7 @@ __all__ = ["explain"]
 def __getattr__(name: str) -> Any:
     # Lazy, so that `fxcc serve` and `fxcc worker` do not import the backend.
     if name == "explain":
-        from client.explain import explain
+        from fxcc.client.explain import explain
 
         return explain
     raise AttributeError(name)

@@ -22,13 +22,13 @@ from typing import Any
 import torch
 from torch import fx
 
-from client.cache import LocalCache
-from client.capture import capture_graph
-from client.runtime import GuardFailed, load_plan
-from client.settings import ClientSettings
-from compiler_core.artifact import Artifact, CompileStats
-from compiler_core.keys import compile_key
-from compiler_core.wire import CompileOptions, CompileRequest, Target
+from fxcc.client.cache import LocalCache
+from fxcc.client.capture import capture_graph
+from fxcc.client.runtime import GuardFailed, load_plan
+from fxcc.client.settings import ClientSettings
+from fxcc.compiler_core.artifact import Artifact, CompileStats
+from fxcc.compiler_core.keys import compile_key
+from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 
 log = logging.getLogger("fxcc.client")
 
@@ -132,7 +132,7 @@ class GraphCompiler:
         eager = _boxed(gm)
         try:
             capture = capture_graph(gm, example_inputs)
-            from client.precision import matmul_allows_tf32  # the flag as it is now: Dynamo guards it
+            from fxcc.client.precision import matmul_allows_tf32  # the flag as it is now: Dynamo guards it
 
             request = CompileRequest(
                 graph=capture.spec,
@@ -159,7 +159,7 @@ class GraphCompiler:
     def fetch(self, request: CompileRequest, key: str) -> tuple[Artifact, str]:
         """The artifact for `key` from the service (or an in-process compile), stored locally."""
         if self.settings.url:
-            from client.remote import RemoteService
+            from fxcc.client.remote import RemoteService
 
             remote = RemoteService(self.settings.url, self.settings.token,
                                    self.settings.request_timeout_s, self.settings.signing_key)
@@ -168,7 +168,7 @@ class GraphCompiler:
             finally:
                 remote.close()
         else:
-            from compiler_core.build import compile_and_build
+            from fxcc.compiler_core.build import compile_and_build
 
             # Note: in-process compiles tune only in max-autotune mode (on a GPU of the target's
             # arch): tuning takes seconds per kernel, which a default-mode first call should not.
@@ -181,7 +181,7 @@ class GraphCompiler:
         """Replace an untuned local copy of `key` by the service's tuned one, if it has one by now
         (a GPU worker tuned it after this machine cached it). The process that started the
         refresh keeps its plan; the next one loads the tuned artifact. Never raises."""
-        from client.remote import RemoteService
+        from fxcc.client.remote import RemoteService
 
         try:
             remote = RemoteService(self.settings.url or "", self.settings.token,
@@ -212,7 +212,7 @@ class GraphCompiler:
         elif not self.settings.cuda_graphs:
             runs_as = "step by step: cuda_graphs is off"
         else:
-            from client.cuda_graphs import GraphedPlan, why_not_graphed
+            from fxcc.client.cuda_graphs import GraphedPlan, why_not_graphed
 
             why = why_not_graphed(art.manifest, self.inference)
             runs_as = "cuda graph, once its inputs' addresses repeat" if why is None else f"step by step: {why}"
@@ -253,7 +253,7 @@ class GraphCompiler:
     def _precompile(self, request: CompileRequest, key: str, eager: Callable, t0: float) -> Callable:
         """Submit without waiting (or, with no service, compile now into the local cache)."""
         if self.settings.url:
-            from client.remote import RemoteService
+            from fxcc.client.remote import RemoteService
 
             remote = RemoteService(self.settings.url, self.settings.token,
                                    self.settings.request_timeout_s)
@@ -477,7 +477,7 @@ def _pre_aot(gm: fx.GraphModule, example_inputs: list[Any], settings: ClientSett
     None when the graph cannot be cached). Never raises: any failure is a miss."""
     if not settings.pre_aot_cache or settings.precompile:
         return None, None
-    from client import pre_aot
+    from fxcc.client import pre_aot
 
     try:
         key = pre_aot.graph_key(gm, example_inputs, settings)
@@ -533,7 +533,7 @@ def _run_aot(gm: fx.GraphModule, example_inputs: list[Any], compiler: GraphCompi
             # Note: in the plain case AOTAutograd's runtime wrapper only turns grad mode off and
             # lists the outputs; calling the plan as a pre-AOT hit does skips that wrapper's host
             # work on every call in this process too.
-            from client.pre_aot import as_aot_runtime
+            from fxcc.client.pre_aot import as_aot_runtime
 
             direct = as_aot_runtime(recorder.compiled, len(recorder.outputs))
     with _log.lock:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from compiler_core.artifact import Artifact, ArtifactManifest, load_artifact, save_artifact, supersedes
+from fxcc.compiler_core.artifact import Artifact, ArtifactManifest, load_artifact, save_artifact, supersedes
 
 log = logging.getLogger("fxcc.cache")
 

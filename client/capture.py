@@ -13,10 +13,10 @@ import torch
 from pydantic import ValidationError
 from torch import fx
 
-from compiler_core.errors import InvalidGraph, UnsupportedOp
-from compiler_core.symbolic import from_torch, size_symbol
-from compiler_core.symexpr import dump
-from compiler_core.wire import (
+from fxcc.compiler_core.errors import InvalidGraph, UnsupportedOp
+from fxcc.compiler_core.symbolic import from_torch, size_symbol
+from fxcc.compiler_core.symexpr import dump
+from fxcc.compiler_core.wire import (
     Arg,
     BoolArg,
     DeviceArg,

@@ -6,23 +6,31 @@ import argparse
 import logging
 import sys
 
+from fxcc import extras
+
 
 def _serve(args: argparse.Namespace) -> int:
-    from service.server import serve_main
+    if (status := extras.require("serve", "service")) is not None:
+        return status
+    from fxcc.service.server import serve_main
 
     serve_main(args.host, args.port)
     return 0
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from worker.main import worker_main
+    if (status := extras.require("worker", "worker")) is not None:
+        return status
+    from fxcc.worker.main import worker_main
 
     worker_main(concurrency=args.concurrency, device=args.device)
     return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from client.demo import main as demo_main
+    if (status := extras.require("demo", "service")) is not None:  # the demo starts `fxcc serve`
+        return status
+    from fxcc.client.demo import main as demo_main
 
     return demo_main(args)
 
@@ -32,7 +40,7 @@ def _precompile(args: argparse.Namespace) -> int:
     import os
     import runpy
 
-    from client import backend
+    from fxcc.client import backend
 
     os.environ["FXCC_PRECOMPILE"] = "1"
     sys.argv = [args.script, *args.args]
@@ -51,7 +59,7 @@ def _precompile(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from client.doctor import doctor
+    from fxcc.client.doctor import doctor
 
     return doctor(args)
 
@@ -81,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("args", nargs=argparse.REMAINDER)
     pc.set_defaults(fn=_precompile)
 
-    from client.cli_service import add_parsers
+    from fxcc.client.cli_service import add_parsers
 
     add_parsers(sub)
 

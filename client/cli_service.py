@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from client.settings import ClientSettings
+from fxcc.client.settings import ClientSettings
 
 EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
 

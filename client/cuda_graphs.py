@@ -41,8 +41,8 @@ from typing import Any
 
 import torch
 
-from compiler_core.artifact import AllocStep, ArtifactManifest, ExternStep, FreeStep, KernelStep, Plan
-from compiler_core.wire import NodeRef, _refs, torch_dtype
+from fxcc.compiler_core.artifact import AllocStep, ArtifactManifest, ExternStep, FreeStep, KernelStep, Plan
+from fxcc.compiler_core.wire import NodeRef, _refs, torch_dtype
 
 log = logging.getLogger("fxcc.cuda_graphs")
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from compiler_core.errors import ArtifactError
+from fxcc.compiler_core.errors import ArtifactError
 
 log = logging.getLogger("fxcc.cuda_loader")
 

@@ -40,8 +40,8 @@ def client_pass(out: Path) -> None:
     """Run in a fresh process: compile each seed workload with backend="fxcc", compare with eager."""
     import torch
 
-    from client import backend
-    from client.examples import seed_workloads
+    from fxcc.client import backend
+    from fxcc.client.examples import seed_workloads
 
     rows = []
     for w in seed_workloads("cpu", small=True):
@@ -88,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
     env.update(TRITON_INTERPRET="1", FXCC_DATA_DIR=str(workdir / "service"))
     print(f"fxcc demo: starting the service (embedded store and worker) at {url}; data in {workdir}")
     log = open(workdir / "service.log", "w")  # noqa: SIM115 - lives as long as the server
-    server = subprocess.Popen([sys.executable, "-m", "client.cli", "serve", "--port", str(port)],
+    server = subprocess.Popen([sys.executable, "-m", "fxcc.client.cli", "serve", "--port", str(port)],
                               env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_healthy(url, server)
@@ -96,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
         for name, cache in (("1: new client", "client-a"), ("2: new machine", "client-b")):
             out = workdir / f"{cache}.json"
             cenv = dict(env, FXCC_URL=url, FXCC_CACHE_DIR=str(workdir / cache))
-            subprocess.run([sys.executable, "-m", "client.demo", "--client-pass", str(out)],
+            subprocess.run([sys.executable, "-m", "fxcc.client.demo", "--client-pass", str(out)],
                            env=cenv, check=True)
             passes.append((name, json.loads(out.read_text())))
         print()

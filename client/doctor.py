@@ -10,7 +10,8 @@ import platform
 import tempfile
 from typing import Any
 
-from client.settings import ClientSettings
+from fxcc import extras
+from fxcc.client.settings import ClientSettings
 
 
 def _version(dist: str) -> str | None:
@@ -22,7 +23,7 @@ def _version(dist: str) -> str | None:
 
 def checks(settings: ClientSettings) -> list[dict[str, Any]]:
     """Each check: name, ok (True/False/None for 'not applicable'), detail."""
-    from compiler_core.keys import compiler_fingerprint
+    from fxcc.compiler_core.keys import compiler_fingerprint
 
     out: list[dict[str, Any]] = []
 
@@ -31,6 +32,11 @@ def checks(settings: ClientSettings) -> list[dict[str, Any]]:
 
     add("python", True, platform.python_version())
     add("compiler_core", True, compiler_fingerprint())
+    for extra in extras.EXTRAS:
+        absent = extras.missing(extra)
+        add(f"extra {extra}", None if absent else True,
+            f"not installed (pip install 'fxcc[{extra}]' to run fxcc {extra}): missing {', '.join(absent)}"
+            if absent else "installed")
     for dist, minimum in (("torch", (2, 11)), ("triton", (3, 6))):
         v = _version(dist)
         ok = v is not None and tuple(int(p) for p in v.split("+")[0].split(".")[:2]) >= minimum

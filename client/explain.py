@@ -1,4 +1,4 @@
-"""`client.explain(model)(*inputs)`: what fxcc did with each graph, and where Dynamo broke graphs."""
+"""`fxcc.explain(model)(*inputs)`: what fxcc did with each graph, and where Dynamo broke graphs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from client import backend
+from fxcc.client import backend
 
 
 @dataclass

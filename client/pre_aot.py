@@ -43,10 +43,10 @@ from typing import Any
 import torch
 from torch import fx
 
-from client.precision import matmul_allows_tf32
-from compiler_core.artifact import atomic_write
-from compiler_core.keys import compiler_fingerprint
-from compiler_core.wire import CompileOptions
+from fxcc.client.precision import matmul_allows_tf32
+from fxcc.compiler_core.artifact import atomic_write
+from fxcc.compiler_core.keys import compiler_fingerprint
+from fxcc.compiler_core.wire import CompileOptions
 
 log = logging.getLogger("fxcc.pre_aot")
 
@@ -98,7 +98,7 @@ class Ineligible(Exception):
 
 def graph_key(gm: fx.GraphModule, example_inputs: list[Any], settings: Any) -> str:
     """The pre-AOT key of a Dynamo graph and its inputs; raises Ineligible."""
-    from client.backend import target_for
+    from fxcc.client.backend import target_for
 
     _check_global_state(example_inputs)
     payload = {
@@ -325,7 +325,7 @@ class Shared(Store):
         self.timeout_s = min(SERVICE_TIMEOUT_S, settings.request_timeout_s)
 
     def _remote(self, timeout_s: float) -> Any:
-        from client.remote import RemoteService
+        from fxcc.client.remote import RemoteService
 
         s = self.settings
         return RemoteService(s.url, s.token, timeout_s, s.signing_key)
@@ -406,7 +406,7 @@ class Recorder:
     """
 
     def __init__(self, key: str, gm: fx.GraphModule, example_inputs: list[Any], store: Store) -> None:
-        from client.capture import tensor_spec
+        from fxcc.client.capture import tensor_spec
 
         self.key = key
         self.store_ = store
@@ -529,7 +529,7 @@ def serve(entry: Entry, gm: fx.GraphModule, example_inputs: list[Any], compiler:
     """The callable Dynamo gets for a hit: the cached artifact (`art`, else the local cache's) run as
     AOTAutograd's runtime wrapper runs an inference graph in the plain case; None (a miss) when the
     artifact is gone or does not fit the entry. `source` and `how` go into the CompileEvent."""
-    from client.backend import _boxed, _executor, target_for
+    from fxcc.client.backend import _boxed, _executor, target_for
 
     art = art if art is not None else compiler.cache.get(entry.artifact_key)
     if art is None:

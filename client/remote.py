@@ -10,10 +10,10 @@ from typing import Any
 
 import httpx
 
-from compiler_core.artifact import Artifact, manifest_from_json
-from compiler_core.errors import ArtifactError, FxccError
-from compiler_core.signing import verify_manifest
-from compiler_core.wire import CompileRequest
+from fxcc.compiler_core.artifact import Artifact, manifest_from_json
+from fxcc.compiler_core.errors import ArtifactError, FxccError
+from fxcc.compiler_core.signing import verify_manifest
+from fxcc.compiler_core.wire import CompileRequest
 
 log = logging.getLogger("fxcc.remote")
 

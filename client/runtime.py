@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from compiler_core.artifact import (
+from fxcc.compiler_core.artifact import (
     AllocStep,
     Artifact,
     ExternStep,
@@ -28,11 +28,11 @@ from compiler_core.artifact import (
     KernelStep,
     atomic_write,
 )
-from compiler_core.errors import ArtifactError
-from compiler_core.graph import decode_arg
-from compiler_core.symexpr import compile_exprs, parse
-from compiler_core.triton_lock import TRITON_LOCK, repair_interpreter
-from compiler_core.wire import IntArg, ListArg, NodeRef, SymArg, resolve_target, torch_dtype
+from fxcc.compiler_core.errors import ArtifactError
+from fxcc.compiler_core.graph import decode_arg
+from fxcc.compiler_core.symexpr import compile_exprs, parse
+from fxcc.compiler_core.triton_lock import TRITON_LOCK, repair_interpreter
+from fxcc.compiler_core.wire import IntArg, ListArg, NodeRef, SymArg, resolve_target, torch_dtype
 
 log = logging.getLogger("fxcc.runtime")
 
@@ -467,7 +467,7 @@ def _cubin_step(step: KernelStep, info: KernelInfo, artifact: Artifact, arch: st
     args: list[str | int] = [a.name if isinstance(a, NodeRef) else a.value if isinstance(a, IntArg) else 0
                              for a in step.args]
     try:
-        from client.cuda_loader import LaunchMeta, StepLauncher, cubin_kernel
+        from fxcc.client.cuda_loader import LaunchMeta, StepLauncher, cubin_kernel
 
         kernel = cubins.get(info.name)
         if kernel is None:
@@ -490,7 +490,7 @@ def _cubin_step(step: KernelStep, info: KernelInfo, artifact: Artifact, arch: st
         if device.type == "cuda" and launcher([env[n] for n in buffers], device.index, ints, grid):
             return
         if not jit:
-            from client.cuda_loader import record_fallback
+            from fxcc.client.cuda_loader import record_fallback
 
             record_fallback()
             log.info("fxcc: a launch guard of %s failed; running it from source", info.name)

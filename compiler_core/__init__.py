@@ -1,3 +1,5 @@
 """fxcc's compiler: wire format, keys, lowering to Triton, artifacts. Knows nothing of HTTP or Redis."""
 
-__version__ = "0.1.0"
+from fxcc import __version__
+
+__all__ = ["__version__"]

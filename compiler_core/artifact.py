@@ -17,8 +17,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from compiler_core.errors import ArtifactError
-from compiler_core.wire import Arg, IntArg, Name, NodeRef, SizeText, SymArg, Target, TensorSpec
+from fxcc.compiler_core.errors import ArtifactError
+from fxcc.compiler_core.wire import Arg, IntArg, Name, NodeRef, SizeText, SymArg, Target, TensorSpec
 
 # Note: 2 lets AllocStep.reuse name a fresh extern result, taken at its data pointer (a kernel
 # writing in place of torch's tensor). A version-1 plan means the same under version 2 (it reuses
@@ -103,7 +103,7 @@ class SymbolBinding(_Model):
 
 
 def _guard_text(v: str) -> str:
-    from compiler_core.symexpr import Rel, SymExprError, parse
+    from fxcc.compiler_core.symexpr import Rel, SymExprError, parse
 
     try:
         expr = parse(v)

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from compiler_core.artifact import Artifact, KernelInfo, KernelStep, Plan, TuningRecord, add_blob
-from compiler_core.codegen.attention import is_template_kernel
-from compiler_core.codegen.triton import RBLOCK_MAX, XBLOCK_MAX, launch_grid, next_pow2, render_kernel
-from compiler_core.errors import AutotuneError
-from compiler_core.scheduler import Kernel, node_coords
-from compiler_core.wire import CompileRequest, IntArg, NodeRef
+from fxcc.compiler_core.artifact import Artifact, KernelInfo, KernelStep, Plan, TuningRecord, add_blob
+from fxcc.compiler_core.codegen.attention import is_template_kernel
+from fxcc.compiler_core.codegen.triton import RBLOCK_MAX, XBLOCK_MAX, launch_grid, next_pow2, render_kernel
+from fxcc.compiler_core.errors import AutotuneError
+from fxcc.compiler_core.scheduler import Kernel, node_coords
+from fxcc.compiler_core.wire import CompileRequest, IntArg, NodeRef
 
 log = logging.getLogger("fxcc.autotune")
 
@@ -420,7 +420,7 @@ def autotune_artifact(artifact: Artifact, request: CompileRequest, device: str =
 def _regrid(step: KernelStep, info: KernelInfo) -> KernelStep:
     """A launch of a tuned kernel with the grid its config needs."""
     if is_template_kernel(info.name):
-        from compiler_core import autotune_attention
+        from fxcc.compiler_core import autotune_attention
 
         return autotune_attention.retile_step(step, info.constexprs["BLOCK_M"])
     return retile_step(step, info.constexprs["XBLOCK"])
@@ -430,7 +430,7 @@ def _tune_template(info: KernelInfo, launches: Sequence[KernelStep], plan: Plan,
                    mode: str, device: str, timer: Timer, tmp: Path) -> KernelInfo:
     """A template kernel tuned over its own candidates (compiler_core.autotune_attention), or
     `info` unchanged when that fails."""
-    from compiler_core import autotune_attention
+    from fxcc.compiler_core import autotune_attention
 
     try:
         return autotune_attention.tune_template(info, launches, plan, blobs[info.source.digest].decode(), mode,
@@ -488,10 +488,10 @@ def can_loop(kernel: Kernel) -> bool:
 
 def scheduled_kernels(request: CompileRequest) -> dict[str, _Scheduled]:
     """The request's kernels by name, re-derived by the compiler's own (deterministic) pipeline."""
-    from compiler_core.graph import rebuild_graph
-    from compiler_core.lowering import lower_graph
-    from compiler_core.passes import run_passes
-    from compiler_core.scheduler import schedule
+    from fxcc.compiler_core.graph import rebuild_graph
+    from fxcc.compiler_core.lowering import lower_graph
+    from fxcc.compiler_core.passes import run_passes
+    from fxcc.compiler_core.scheduler import schedule
 
     target = request.options.target.kind
     # Note: through the passes, as the compile went: a kernel reading an attention result reads

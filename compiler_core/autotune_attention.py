@@ -15,11 +15,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from compiler_core.artifact import AllocStep, KernelInfo, KernelStep, Plan, TuningRecord
-from compiler_core.autotune import Timer, device_name, load_jit, mismatch, select_config
-from compiler_core.codegen.attention import HEAD_DIMS, AttentionConfig, int_args, launch_grid, source_facts
-from compiler_core.codegen.triton import next_pow2
-from compiler_core.wire import NodeRef
+from fxcc.compiler_core.artifact import AllocStep, KernelInfo, KernelStep, Plan, TuningRecord
+from fxcc.compiler_core.autotune import Timer, device_name, load_jit, mismatch, select_config
+from fxcc.compiler_core.codegen.attention import (
+    HEAD_DIMS,
+    AttentionConfig,
+    int_args,
+    launch_grid,
+    source_facts,
+)
+from fxcc.compiler_core.codegen.triton import next_pow2
+from fxcc.compiler_core.wire import NodeRef
 
 log = logging.getLogger("fxcc.autotune")
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compiler_core.artifact import (
+from fxcc.compiler_core.artifact import (
     AllocStep,
     Artifact,
     KernelInfo,
@@ -33,9 +33,9 @@ from compiler_core.artifact import (
     Plan,
     add_blob,
 )
-from compiler_core.errors import BuildError
-from compiler_core.triton_lock import TRITON_LOCK
-from compiler_core.wire import CompileRequest, IntArg, NodeRef, SymArg
+from fxcc.compiler_core.errors import BuildError
+from fxcc.compiler_core.triton_lock import TRITON_LOCK
+from fxcc.compiler_core.wire import CompileRequest, IntArg, NodeRef, SymArg
 
 log = logging.getLogger("fxcc.build")
 
@@ -240,8 +240,8 @@ class _BufferDtypes:
 def _node_dtypes(request: CompileRequest) -> dict[str, str]:
     import torch
 
-    from compiler_core.graph import rebuild_graph
-    from compiler_core.passes import run_passes
+    from fxcc.compiler_core.graph import rebuild_graph
+    from fxcc.compiler_core.passes import run_passes
 
     # Note: the same graph the compile lowered (passes included), so extern results the passes
     # made (an SDPA call) have their dtypes too.
@@ -350,8 +350,8 @@ def compile_and_build(request: CompileRequest, tune_device: str | None = None) -
     """compile_request, then (given `tune_device`, a GPU of the target's arch) autotuning, then
     cubins for the request's CUDA target: the entry for workers and the embedded client (a
     CPU-only worker builds too; only autotuning needs a GPU)."""
-    from compiler_core.autotune import autotune_for_target
-    from compiler_core.compile import compile_request
+    from fxcc.compiler_core.autotune import autotune_for_target
+    from fxcc.compiler_core.compile import compile_request
 
     artifact = compile_request(request)
     artifact = autotune_for_target(artifact, request, tune_device)  # before build: cubins of the winners

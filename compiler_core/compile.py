@@ -12,7 +12,7 @@ from typing import Any
 import sympy
 from torch import fx
 
-from compiler_core.artifact import (
+from fxcc.compiler_core.artifact import (
     Artifact,
     ArtifactManifest,
     CompileStats,
@@ -24,18 +24,18 @@ from compiler_core.artifact import (
     Versions,
     add_blob,
 )
-from compiler_core.codegen.attention import render_template
-from compiler_core.codegen.triton import RenderedKernel, render_kernel
-from compiler_core.errors import InvalidGraph, UnsupportedOp
-from compiler_core.graph import rebuild_graph
-from compiler_core.keys import compile_key, compiler_fingerprint
-from compiler_core.lowering import ExternCall, GraphLowering, TemplateKernel, lower_graph
-from compiler_core.passes import run_passes
-from compiler_core.plan import build_plan
-from compiler_core.scheduler import Kernel, schedule
-from compiler_core.symbolic import from_torch, hint, symbol_scope
-from compiler_core.symexpr import dump
-from compiler_core.wire import CompileRequest, GraphSpec, _refs
+from fxcc.compiler_core.codegen.attention import render_template
+from fxcc.compiler_core.codegen.triton import RenderedKernel, render_kernel
+from fxcc.compiler_core.errors import InvalidGraph, UnsupportedOp
+from fxcc.compiler_core.graph import rebuild_graph
+from fxcc.compiler_core.keys import compile_key, compiler_fingerprint
+from fxcc.compiler_core.lowering import ExternCall, GraphLowering, TemplateKernel, lower_graph
+from fxcc.compiler_core.passes import run_passes
+from fxcc.compiler_core.plan import build_plan
+from fxcc.compiler_core.scheduler import Kernel, schedule
+from fxcc.compiler_core.symbolic import from_torch, hint, symbol_scope
+from fxcc.compiler_core.symexpr import dump
+from fxcc.compiler_core.wire import CompileRequest, GraphSpec, _refs
 
 log = logging.getLogger("fxcc.compile")
 

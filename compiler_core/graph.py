@@ -16,9 +16,9 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from compiler_core.errors import InvalidGraph
-from compiler_core.symbolic import size_symbol
-from compiler_core.wire import (
+from fxcc.compiler_core.errors import InvalidGraph
+from fxcc.compiler_core.symbolic import size_symbol
+from fxcc.compiler_core.wire import (
     Arg,
     BoolArg,
     DeviceArg,
@@ -117,8 +117,8 @@ class SymValues:
             self.hints[ours] = h
 
     def value(self, text: str) -> Any:
-        from compiler_core.symbolic import to_torch
-        from compiler_core.symexpr import SymExprError, parse
+        from fxcc.compiler_core.symbolic import to_torch
+        from fxcc.compiler_core.symexpr import SymExprError, parse
 
         try:
             expr = parse(text).to_sympy()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 
-from compiler_core.symexpr import Env, Rel, SymExpr, SymExprError, parse
+from fxcc.compiler_core.symexpr import Env, Rel, SymExpr, SymExprError, parse
 
 
 def parse_guard(text: str) -> Rel:

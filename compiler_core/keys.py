@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-import compiler_core
-from compiler_core.wire import CompileRequest, GraphSpec
+from fxcc import compiler_core
+from fxcc.compiler_core.wire import CompileRequest, GraphSpec
 
 
 def canonical_graph(graph: GraphSpec) -> dict[str, Any]:

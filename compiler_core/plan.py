@@ -8,14 +8,14 @@ import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from compiler_core.artifact import AllocStep, ExternStep, FreeStep, KernelStep, Plan
-from compiler_core.codegen.triton import RenderedKernel
-from compiler_core.ir.nodes import Buffer
-from compiler_core.lowering import ExternCall, GraphLowering, TemplateKernel, size_arg
-from compiler_core.scheduler import Kernel, inplace_reads
-from compiler_core.symbolic import is_symbolic
-from compiler_core.symexpr import dump
-from compiler_core.wire import (
+from fxcc.compiler_core.artifact import AllocStep, ExternStep, FreeStep, KernelStep, Plan
+from fxcc.compiler_core.codegen.triton import RenderedKernel
+from fxcc.compiler_core.ir.nodes import Buffer
+from fxcc.compiler_core.lowering import ExternCall, GraphLowering, TemplateKernel, size_arg
+from fxcc.compiler_core.scheduler import Kernel, inplace_reads
+from fxcc.compiler_core.symbolic import is_symbolic
+from fxcc.compiler_core.symexpr import dump
+from fxcc.compiler_core.wire import (
     IntArg,
     NodeRef,
     SymArg,

@@ -18,12 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from compiler_core.ir.nodes import Buffer, ComputedBuffer, Reduction
-from compiler_core.ir.ops import CountingHandler, use_handler
-from compiler_core.lowering import ExternCall, GraphLowering
-from compiler_core.sizevars import RINDEX, XINDEX, Expr, numel, simplify_index, unflatten
-from compiler_core.symbolic import hint, is_symbolic
-from compiler_core.wire import Arg, _refs
+from fxcc.compiler_core.ir.nodes import Buffer, ComputedBuffer, Reduction
+from fxcc.compiler_core.ir.ops import CountingHandler, use_handler
+from fxcc.compiler_core.lowering import ExternCall, GraphLowering
+from fxcc.compiler_core.sizevars import RINDEX, XINDEX, Expr, numel, simplify_index, unflatten
+from fxcc.compiler_core.symbolic import hint, is_symbolic
+from fxcc.compiler_core.wire import Arg, _refs
 
 # Rows up to this long are reduced in registers in one pass (and may fuse prologue/epilogue).
 PERSISTENT_RNUMEL_MAX = 4096
@@ -297,7 +297,7 @@ def eliminate_dead(g: GraphLowering) -> list[ComputedBuffer | ExternCall]:
 
 
 def _body_loads(node: ComputedBuffer) -> list[tuple[str, Expr]]:
-    from compiler_core.ir.nodes import body_reads
+    from fxcc.compiler_core.ir.nodes import body_reads
     return body_reads(node).loads
 
 

@@ -10,7 +10,7 @@ import hashlib
 import hmac
 from typing import Any
 
-from compiler_core.artifact import ArtifactManifest, canonical_json
+from fxcc.compiler_core.artifact import ArtifactManifest, canonical_json
 
 
 def sign_manifest(manifest: ArtifactManifest, key: bytes) -> str:

@@ -100,7 +100,7 @@ def dense_strides_like(sizes: Sequence[int], strides: Sequence[int]) -> tuple[in
     """`strides` if they describe a dense, non-overlapping layout of `sizes`, else None.
 
     Symbolic strides are ordered by their value in the example; the check itself is exact."""
-    from compiler_core.symbolic import hint
+    from fxcc.compiler_core.symbolic import hint
 
     try:
         dims = sorted(((st, sz) for sz, st in zip(sizes, strides) if sz != 1),

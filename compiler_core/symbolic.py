@@ -19,8 +19,8 @@ from typing import Any
 
 import sympy
 
-from compiler_core.errors import UnsupportedOp
-from compiler_core.sizevars import FloorDiv, ModularIndexing
+from fxcc.compiler_core.errors import UnsupportedOp
+from fxcc.compiler_core.sizevars import FloorDiv, ModularIndexing
 
 SizeExpr = int | sympy.Expr
 

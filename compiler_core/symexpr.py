@@ -38,7 +38,7 @@ from functools import cached_property
 
 import sympy
 
-from compiler_core.sizevars import FloorDiv, ModularIndexing
+from fxcc.compiler_core.sizevars import FloorDiv, ModularIndexing
 
 MAX_CHARS = 4096
 MAX_TOKENS = 1024

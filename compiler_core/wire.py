@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from compiler_core.errors import InvalidGraph
+from fxcc.compiler_core.errors import InvalidGraph
 
 SCHEMA_VERSION = 1
 
@@ -258,7 +258,7 @@ class GraphSpec(_Model):
 
 def check_size_expr(text: str) -> str:
     """`text` if it is a size expression in fxcc's grammar (no relation), else ValueError."""
-    from compiler_core.symexpr import Rel, SymExprError, parse
+    from fxcc.compiler_core.symexpr import Rel, SymExprError, parse
 
     try:
         expr = parse(text)
@@ -270,7 +270,7 @@ def check_size_expr(text: str) -> str:
 
 
 def size_symbols(text: str) -> frozenset[str]:
-    from compiler_core.symexpr import parse
+    from fxcc.compiler_core.symexpr import parse
 
     return parse(text).symbols
 
@@ -394,7 +394,7 @@ def resolve_target(target: str, node: str | None = None) -> Any:
     if target == "getitem":
         return operator.getitem
     if target.startswith("fxcc."):
-        from compiler_core import fxcc_ops
+        from fxcc.compiler_core import fxcc_ops
 
         if target not in fxcc_ops.OPS:
             raise InvalidGraph(f"unknown fxcc op {target!r}", op=target, node=node)

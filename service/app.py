@@ -9,9 +9,9 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from service.auth import Authenticator
-from service.handlers import BodySizeLimit, install_handlers
-from service.routes import (
+from fxcc.service.auth import Authenticator
+from fxcc.service.handlers import BodySizeLimit, install_handlers
+from fxcc.service.routes import (
     admin,
     artifacts,
     cache,
@@ -24,8 +24,8 @@ from service.routes import (
     pre_aot,
     status,
 )
-from service.settings import ServiceSettings
-from service.store import Store
+from fxcc.service.settings import ServiceSettings
+from fxcc.service.store import Store
 
 log = logging.getLogger("fxcc.service")
 
@@ -33,10 +33,10 @@ log = logging.getLogger("fxcc.service")
 def build_store(settings: ServiceSettings) -> Store:
     """A RedisStore when FXCC_REDIS_URL is set, else an EmbeddedStore under data_dir."""
     if settings.redis_url:
-        from service.redis_store import RedisStore
+        from fxcc.service.redis_store import RedisStore
 
         return RedisStore(settings)
-    from service.embedded_store import EmbeddedStore
+    from fxcc.service.embedded_store import EmbeddedStore
 
     return EmbeddedStore(settings.data_dir, job_ttl_s=settings.job_ttl_s,
                          max_artifact_bytes=settings.max_artifact_bytes)
@@ -90,14 +90,14 @@ def start_embedded_workers(store: Store, settings: ServiceSettings, stop: thread
     (FXCC_EMBEDDED_DEVICE, `auto` by default) they tune as a GPU worker does: compiles for its arch,
     and the tune jobs of its arch."""
     # Imported here: only embedded mode runs the compiler inside the service process.
-    from worker.loop import Consumer, JobPolicy
-    from worker.main import resolve_device
-    from worker.process import on_device
+    from fxcc.worker.loop import Consumer, JobPolicy
+    from fxcc.worker.main import resolve_device
+    from fxcc.worker.process import on_device
 
     policy = on_device(JobPolicy.from_settings(settings), resolve_device(settings.embedded_device))
     if policy.tune_device is not None:
         log.info("embedded worker tunes on %s (sm_%d)", policy.tune_device, policy.tune_arch)
-    from service.embedded_store import EmbeddedStore
+    from fxcc.service.embedded_store import EmbeddedStore
 
     if isinstance(store, EmbeddedStore):
         store.worker_device = policy.tune_device or "cpu"  # what /v1/stats says the workers run on

@@ -13,8 +13,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from service.settings import Role, ServiceSettings
-from service.store import Store, TokenRecord
+from fxcc.service.settings import Role, ServiceSettings
+from fxcc.service.store import Store, TokenRecord
 
 ROLE_RANK: dict[str, int] = {"client": 1, "admin": 2}
 

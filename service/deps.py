@@ -9,9 +9,9 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
-from service.auth import Authenticator, Principal
-from service.settings import Role, ServiceSettings
-from service.store import Store
+from fxcc.service.auth import Authenticator, Principal
+from fxcc.service.settings import Role, ServiceSettings
+from fxcc.service.store import Store
 
 
 # Note: dependencies that do no I/O are `async def`: FastAPI runs a sync dependency in its

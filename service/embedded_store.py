@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from compiler_core.artifact import (
+from fxcc.compiler_core.artifact import (
     Artifact,
     ArtifactManifest,
     atomic_write,
@@ -25,7 +25,7 @@ from compiler_core.artifact import (
     save_artifact,
     supersedes,
 )
-from service.store import (
+from fxcc.service.store import (
     PRIORITIES,
     ArtifactTooLarge,
     CancelOutcome,

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from compiler_core.errors import FxccError
+from fxcc.compiler_core.errors import FxccError
 
 log = logging.getLogger("fxcc.service")
 

@@ -9,11 +9,11 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from compiler_core.artifact import Artifact, ArtifactManifest, manifest_from_json, supersedes
-from compiler_core.errors import ArtifactError
-from service import redis_scripts as lua
-from service.keys import RedisKeys
-from service.store import ArtifactTooLarge, StoredArtifact
+from fxcc.compiler_core.artifact import Artifact, ArtifactManifest, manifest_from_json, supersedes
+from fxcc.compiler_core.errors import ArtifactError
+from fxcc.service import redis_scripts as lua
+from fxcc.service.keys import RedisKeys
+from fxcc.service.store import ArtifactTooLarge, StoredArtifact
 
 log = logging.getLogger("fxcc.service.redis")
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import redis
 
-from service import redis_scripts as lua
-from service.keys import STREAM_FIELD, RedisKeys
-from service.redis_cache import RedisCache
-from service.settings import ServiceSettings
-from service.store import (
+from fxcc.service import redis_scripts as lua
+from fxcc.service.keys import STREAM_FIELD, RedisKeys
+from fxcc.service.redis_cache import RedisCache
+from fxcc.service.settings import ServiceSettings
+from fxcc.service.store import (
     PRIORITIES,
     CancelOutcome,
     Claim,

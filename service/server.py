@@ -6,7 +6,7 @@ import logging
 import signal
 import threading
 
-from service.settings import ServiceSettings, redacted_url
+from fxcc.service.settings import ServiceSettings, redacted_url
 
 log = logging.getLogger("fxcc.service")
 
@@ -15,7 +15,7 @@ def serve_main(host: str | None = None, port: int | None = None) -> None:
     """Serve create_app(ServiceSettings()) on host:port (the arguments override the settings)."""
     import uvicorn
 
-    from service.app import create_app
+    from fxcc.service.app import create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = {k: v for k, v in (("host", host), ("port", port)) if v is not None}

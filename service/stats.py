@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from service.store import Store
+from fxcc.service.store import Store
 
 
 def gather_stats(store: Store) -> dict[str, Any]:

@@ -9,8 +9,8 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel
 
-from compiler_core.artifact import Artifact, ArtifactManifest
-from compiler_core.errors import FxccError
+from fxcc.compiler_core.artifact import Artifact, ArtifactManifest
+from fxcc.compiler_core.errors import FxccError
 
 Priority = Literal["interactive", "precompile"]
 PRIORITIES: tuple[Priority, ...] = ("interactive", "precompile")

@@ -5,7 +5,7 @@
 COUNT_AOT = """
 import json, torch
 import torch._dynamo.backends.common as common
-from client import backend
+from fxcc.client import backend
 calls = []
 real = common.aot_module_simplified
 def counting(*a, **k):

@@ -77,7 +77,7 @@ def fresh_compiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     compile events from before (a test sets what it needs after this)."""
     import torch
 
-    from client import backend
+    from fxcc.client import backend
 
     for k in ("FXCC_URL", "FXCC_TOKEN", "FXCC_MODE", "FXCC_FALLBACK", "FXCC_BLOCKING", "FXCC_PRECOMPILE",
               "FXCC_CUDA_GRAPHS", "FXCC_PRE_AOT_CACHE"):

@@ -1,14 +1,19 @@
-"""`python -m worker [--concurrency N] [--device auto|cpu|cuda]`."""
+"""`python -m fxcc.worker [--concurrency N] [--device auto|cpu|cuda]`."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from worker.main import worker_main
+from fxcc import extras
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m worker", description="fxcc compile worker")
+    if (status := extras.require("worker", "worker")) is not None:
+        sys.exit(status)
+    from fxcc.worker.main import worker_main
+
+    parser = argparse.ArgumentParser(prog="python -m fxcc.worker", description="fxcc compile worker")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     args = parser.parse_args()

@@ -8,8 +8,8 @@ from typing import Any
 
 import redis
 
-from service.store import Claim, Store
-from worker.process import DEFAULT_POLICY, JobPolicy, process_claim
+from fxcc.service.store import Claim, Store
+from fxcc.worker.process import DEFAULT_POLICY, JobPolicy, process_claim
 
 log = logging.getLogger("fxcc.worker")
 

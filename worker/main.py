@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 import redis
 from pydantic import ValidationError
 
-from service.settings import ServiceSettings, redacted_url
+from fxcc.service.settings import ServiceSettings, redacted_url
 
 if TYPE_CHECKING:
-    from service.redis_store import RedisStore
-    from worker.loop import Consumer
+    from fxcc.service.redis_store import RedisStore
+    from fxcc.worker.loop import Consumer
 
 log = logging.getLogger("fxcc.worker")
 
@@ -44,9 +44,9 @@ def worker_main(concurrency: int = 1, device: str = "auto") -> None:
                   DEVICES, device, concurrency)
         sys.exit(2)
 
-    from service.redis_store import RedisStore
-    from worker.loop import Consumer, JobPolicy, heartbeat_loop
-    from worker.process import on_device
+    from fxcc.service.redis_store import RedisStore
+    from fxcc.worker.loop import Consumer, JobPolicy, heartbeat_loop
+    from fxcc.worker.process import on_device
 
     store = RedisStore(settings)
     try:

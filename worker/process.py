@@ -9,15 +9,15 @@ from dataclasses import dataclass, replace
 
 from pydantic import ValidationError
 
-from compiler_core.autotune import autotune_for_target, device_arch, tuning_device
-from compiler_core.build import build_artifact, cuda_build_unavailable
-from compiler_core.compile import compile_request
-from compiler_core.errors import FxccError, InvalidGraph
-from compiler_core.signing import sign_manifest
-from compiler_core.wire import CompileRequest
-from service.settings import ServiceSettings
-from service.store import ArtifactTooLarge, Claim, JobError, JobRecord, JobStage, Store
-from worker.tune import queue_tuning, tune_and_store
+from fxcc.compiler_core.autotune import autotune_for_target, device_arch, tuning_device
+from fxcc.compiler_core.build import build_artifact, cuda_build_unavailable
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.errors import FxccError, InvalidGraph
+from fxcc.compiler_core.signing import sign_manifest
+from fxcc.compiler_core.wire import CompileRequest
+from fxcc.service.settings import ServiceSettings
+from fxcc.service.store import ArtifactTooLarge, Claim, JobError, JobRecord, JobStage, Store
+from fxcc.worker.tune import queue_tuning, tune_and_store
 
 log = logging.getLogger("fxcc.worker")
 

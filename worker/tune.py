@@ -14,17 +14,17 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from compiler_core.artifact import Artifact, ArtifactManifest
-from compiler_core.autotune import autotune_for_target, tuning_device
-from compiler_core.build import build_artifact, cuda_build_unavailable
-from compiler_core.errors import AutotuneError, FxccError, InvalidGraph
-from compiler_core.keys import compile_key
-from compiler_core.signing import sign_manifest, verify_manifest
-from compiler_core.wire import CompileRequest
-from service.store import JobRecord, JobStage, QueueFull, Store
+from fxcc.compiler_core.artifact import Artifact, ArtifactManifest
+from fxcc.compiler_core.autotune import autotune_for_target, tuning_device
+from fxcc.compiler_core.build import build_artifact, cuda_build_unavailable
+from fxcc.compiler_core.errors import AutotuneError, FxccError, InvalidGraph
+from fxcc.compiler_core.keys import compile_key
+from fxcc.compiler_core.signing import sign_manifest, verify_manifest
+from fxcc.compiler_core.wire import CompileRequest
+from fxcc.service.store import JobRecord, JobStage, QueueFull, Store
 
 if TYPE_CHECKING:
-    from worker.process import JobPolicy
+    from fxcc.worker.process import JobPolicy
 
 log = logging.getLogger("fxcc.worker")
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from compiler_core.codegen.triton import TL_DTYPES, RenderedKernel, next_pow2
-from compiler_core.symbolic import hint, is_symbolic
+from fxcc.compiler_core.codegen.triton import TL_DTYPES, RenderedKernel, next_pow2
+from fxcc.compiler_core.symbolic import hint, is_symbolic
 
 # The head dims the template renders: powers of two that tl.dot takes (K >= 16) and whose tiles
 # fit registers. Others keep aten's kernel.
@@ -91,7 +91,7 @@ def heuristic_config(params: AttentionParams, q_len: Any, kv_len: Any, target: s
 def launch_grid(q_len: Any, batch_heads: Any, block_m: int) -> list[Any]:
     """One program per BLOCK_M query rows of each (batch, head): a size expression when symbolic."""
     if is_symbolic(q_len) or is_symbolic(batch_heads):
-        from compiler_core.sizevars import FloorDiv
+        from fxcc.compiler_core.sizevars import FloorDiv
 
         return [FloorDiv(q_len + block_m - 1, block_m) * batch_heads]
     return [-(-int(q_len) // block_m) * int(batch_heads)]

@@ -14,12 +14,12 @@ from typing import Any
 import sympy
 import torch
 
-from compiler_core.errors import CodegenError
-from compiler_core.ir.nodes import ComputedBuffer, Reduction, body_reads
-from compiler_core.ir.ops import OpsHandler, compute_dtype, result_dtype, use_handler
-from compiler_core.scheduler import Coords, Kernel, kernel_index, node_coords, run_body, store_index
-from compiler_core.sizevars import RINDEX, XINDEX, Expr, FloorDiv, render_index
-from compiler_core.symbolic import hint, is_symbolic, size_symbols_of
+from fxcc.compiler_core.errors import CodegenError
+from fxcc.compiler_core.ir.nodes import ComputedBuffer, Reduction, body_reads
+from fxcc.compiler_core.ir.ops import OpsHandler, compute_dtype, result_dtype, use_handler
+from fxcc.compiler_core.scheduler import Coords, Kernel, kernel_index, node_coords, run_body, store_index
+from fxcc.compiler_core.sizevars import RINDEX, XINDEX, Expr, FloorDiv, render_index
+from fxcc.compiler_core.symbolic import hint, is_symbolic, size_symbols_of
 
 TL_DTYPES = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",

@@ -14,8 +14,8 @@ from typing import Any, Literal
 import sympy
 import torch
 
-from compiler_core.ir.ops import CountingHandler, ops, use_handler
-from compiler_core.sizevars import Expr, linear_index, numel
+from fxcc.compiler_core.ir.ops import CountingHandler, ops, use_handler
+from fxcc.compiler_core.sizevars import Expr, linear_index, numel
 
 Loader = Callable[[Sequence[Expr]], Any]
 

@@ -18,8 +18,8 @@ import sympy
 import torch
 from torch import fx
 
-from compiler_core.errors import LoweringError, UnsupportedOp
-from compiler_core.ir.nodes import (
+from fxcc.compiler_core.errors import LoweringError, UnsupportedOp
+from fxcc.compiler_core.ir.nodes import (
     Buffer,
     ComputedBuffer,
     Lazy,
@@ -30,11 +30,11 @@ from compiler_core.ir.nodes import (
     count_ops,
     make_loader,
 )
-from compiler_core.ir.ops import ops
-from compiler_core.sizevars import contiguous_strides, dense_strides_like, numel
-from compiler_core.symbolic import offset_of, sizes_of, strides_of
-from compiler_core.symexpr import dump
-from compiler_core.wire import (
+from fxcc.compiler_core.ir.ops import ops
+from fxcc.compiler_core.sizevars import contiguous_strides, dense_strides_like, numel
+from fxcc.compiler_core.symbolic import offset_of, sizes_of, strides_of
+from fxcc.compiler_core.symexpr import dump
+from fxcc.compiler_core.wire import (
     Arg,
     DeviceArg,
     DtypeArg,
@@ -568,7 +568,7 @@ def _same_layout(value: StridedView, val: torch.Tensor) -> bool:
 
 
 def _load_lowerings() -> None:
-    from compiler_core.lowering import (  # noqa: F401 - they register
+    from fxcc.compiler_core.lowering import (  # noqa: F401 - they register
         attention,
         indexing,
         normalization,

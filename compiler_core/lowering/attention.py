@@ -6,17 +6,17 @@ from typing import Any
 
 import torch
 
-from compiler_core.codegen.attention import HEAD_DIMS, AttentionParams
-from compiler_core.errors import UnsupportedOp
-from compiler_core.ir.nodes import Buffer, Lazy, StridedView, TensorValue, make_loader
-from compiler_core.lowering import TemplateKernel, current_graph, node_val, register_lowering
-from compiler_core.sizevars import contiguous_strides
-from compiler_core.symbolic import is_symbolic, sizes_of, strides_of
-from compiler_core.wire import NodeRef, target_name
+from fxcc.compiler_core.codegen.attention import HEAD_DIMS, AttentionParams
+from fxcc.compiler_core.errors import UnsupportedOp
+from fxcc.compiler_core.ir.nodes import Buffer, Lazy, StridedView, TensorValue, make_loader
+from fxcc.compiler_core.lowering import TemplateKernel, current_graph, node_val, register_lowering
+from fxcc.compiler_core.sizevars import contiguous_strides
+from fxcc.compiler_core.symbolic import is_symbolic, sizes_of, strides_of
+from fxcc.compiler_core.wire import NodeRef, target_name
 
 
 def _flash_attention_op() -> Any:
-    from compiler_core import fxcc_ops
+    from fxcc.compiler_core import fxcc_ops
 
     return fxcc_ops.flash_attention._opoverload
 

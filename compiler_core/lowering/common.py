@@ -9,12 +9,12 @@ import sympy
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-from compiler_core.errors import UnsupportedOp
-from compiler_core.ir.nodes import Lazy, Loader, StridedView, TensorValue, index_vars, make_loader
-from compiler_core.ir.ops import compute_dtype, ops
-from compiler_core.lowering import node_val
-from compiler_core.sizevars import Expr, FloorDiv, ModularIndexing, linear_index, simplify_index
-from compiler_core.symbolic import hints_of, is_symbolic, sizes_of
+from fxcc.compiler_core.errors import UnsupportedOp
+from fxcc.compiler_core.ir.nodes import Lazy, Loader, StridedView, TensorValue, index_vars, make_loader
+from fxcc.compiler_core.ir.ops import compute_dtype, ops
+from fxcc.compiler_core.lowering import node_val
+from fxcc.compiler_core.sizevars import Expr, FloorDiv, ModularIndexing, linear_index, simplify_index
+from fxcc.compiler_core.symbolic import hints_of, is_symbolic, sizes_of
 
 Kind = ELEMENTWISE_TYPE_PROMOTION_KIND
 SUPPORTED_DTYPES = frozenset({
@@ -148,8 +148,8 @@ def _size(e: Expr) -> Any:
 
 def require(*ops_needed: str) -> None:
     """Raise UnsupportedOp unless the target's renderer spells every op exactly."""
-    from compiler_core.codegen.triton import supports
-    from compiler_core.lowering import current_graph
+    from fxcc.compiler_core.codegen.triton import supports
+    from fxcc.compiler_core.lowering import current_graph
 
     target = current_graph().target
     for op in ops_needed:

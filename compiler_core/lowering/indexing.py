@@ -17,13 +17,13 @@ from typing import Any
 import sympy
 import torch
 
-from compiler_core.errors import UnsupportedOp
-from compiler_core.ir.nodes import Lazy, TensorValue, count_ops, make_loader
-from compiler_core.ir.ops import compute_dtype, ops
-from compiler_core.lowering import aten, current_graph, node_val, register_lowering
-from compiler_core.lowering.common import broadcast_loader, check_dtypes, is_tensor, remap_view
-from compiler_core.sizevars import Expr
-from compiler_core.symbolic import sizes_of
+from fxcc.compiler_core.errors import UnsupportedOp
+from fxcc.compiler_core.ir.nodes import Lazy, TensorValue, count_ops, make_loader
+from fxcc.compiler_core.ir.ops import compute_dtype, ops
+from fxcc.compiler_core.lowering import aten, current_graph, node_val, register_lowering
+from fxcc.compiler_core.lowering.common import broadcast_loader, check_dtypes, is_tensor, remap_view
+from fxcc.compiler_core.sizevars import Expr
+from fxcc.compiler_core.symbolic import sizes_of
 
 # A cat of more inputs than this stays one extern call (each input is a masked load per element).
 MAX_CAT_INPUTS = 32

@@ -7,12 +7,12 @@ from typing import Any
 
 import torch
 
-from compiler_core.errors import UnsupportedOp
-from compiler_core.ir.nodes import Lazy, TensorValue
-from compiler_core.ir.ops import compute_dtype, ops
-from compiler_core.lowering import aten, node_val, prims, register_lowering
-from compiler_core.lowering.common import Kind, check_dtypes, is_tensor, operand, pointwise, require
-from compiler_core.symbolic import sizes_of
+from fxcc.compiler_core.errors import UnsupportedOp
+from fxcc.compiler_core.ir.nodes import Lazy, TensorValue
+from fxcc.compiler_core.ir.ops import compute_dtype, ops
+from fxcc.compiler_core.lowering import aten, node_val, prims, register_lowering
+from fxcc.compiler_core.lowering.common import Kind, check_dtypes, is_tensor, operand, pointwise, require
+from fxcc.compiler_core.symbolic import sizes_of
 
 _FLOAT_UNARY = {
     aten.sin: "sin", aten.cos: "cos", aten.tan: "tan", aten.exp: "exp", aten.exp2: "exp2",
@@ -120,8 +120,8 @@ _VIA_FLOAT64 = {
 
 
 def has_spelling(op: str) -> bool:
-    from compiler_core.codegen.triton import supports
-    from compiler_core.lowering import current_graph
+    from fxcc.compiler_core.codegen.triton import supports
+    from fxcc.compiler_core.lowering import current_graph
     return supports(op, current_graph().target)
 
 
@@ -228,7 +228,7 @@ def _rsub(a: Any, b: Any, alpha: Any = 1) -> Lazy:
 
 
 def _comp(*args: Any) -> torch.dtype:
-    from compiler_core.lowering.common import promote
+    from fxcc.compiler_core.lowering.common import promote
     return promote(args, Kind.DEFAULT)[0]
 
 

@@ -12,13 +12,13 @@ from typing import Any
 
 import torch
 
-from compiler_core.errors import UnsupportedOp
-from compiler_core.ir.nodes import Lazy, Pointwise, Reduction, StridedView, TensorValue, make_loader
-from compiler_core.ir.ops import compute_dtype, ops
-from compiler_core.lowering import aten, current_graph, node_val, register_lowering
-from compiler_core.lowering.common import broadcast_loader, check_dtypes, require
-from compiler_core.sizevars import Expr, flatten, numel, unflatten
-from compiler_core.symbolic import is_symbolic, sizes_of, strides_of
+from fxcc.compiler_core.errors import UnsupportedOp
+from fxcc.compiler_core.ir.nodes import Lazy, Pointwise, Reduction, StridedView, TensorValue, make_loader
+from fxcc.compiler_core.ir.ops import compute_dtype, ops
+from fxcc.compiler_core.lowering import aten, current_graph, node_val, register_lowering
+from fxcc.compiler_core.lowering.common import broadcast_loader, check_dtypes, require
+from fxcc.compiler_core.sizevars import Expr, flatten, numel, unflatten
+from fxcc.compiler_core.symbolic import is_symbolic, sizes_of, strides_of
 
 Prologue = Callable[[Any, Sequence[Expr]], Any]
 
@@ -325,7 +325,7 @@ def _vector_norm(x: TensorValue, ord: Any = 2, dim: Any = None, keepdim: bool = 
     prologue = special.get(ord)
     finish: Callable[[Any], Any] = ops.sqrt if ord == 2.0 else (lambda v: v)
     if prologue is None:  # (sum |x|^p)^(1/p)
-        from compiler_core.lowering.pointwise import _pow_op
+        from fxcc.compiler_core.lowering.pointwise import _pow_op
         power = _pow_op()
         prologue = lambda v, full: power(ops.abs(v), ops.constant(ord, acc))
         finish = lambda v: power(v, ops.constant(1.0 / ord, acc))

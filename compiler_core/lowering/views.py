@@ -12,13 +12,13 @@ from typing import Any
 
 import sympy
 
-from compiler_core.errors import UnsupportedOp
-from compiler_core.ir.nodes import Lazy, TensorValue
-from compiler_core.ir.ops import compute_dtype, ops
-from compiler_core.lowering import aten, node_val, prims, register_lowering
-from compiler_core.lowering.common import remap_view
-from compiler_core.sizevars import Expr, ModularIndexing, flatten, numel, unflatten
-from compiler_core.symbolic import sizes_of
+from fxcc.compiler_core.errors import UnsupportedOp
+from fxcc.compiler_core.ir.nodes import Lazy, TensorValue
+from fxcc.compiler_core.ir.ops import compute_dtype, ops
+from fxcc.compiler_core.lowering import aten, node_val, prims, register_lowering
+from fxcc.compiler_core.lowering.common import remap_view
+from fxcc.compiler_core.sizevars import Expr, ModularIndexing, flatten, numel, unflatten
+from fxcc.compiler_core.symbolic import sizes_of
 
 
 def _dim(d: int, rank: int) -> int:

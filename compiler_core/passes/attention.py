@@ -36,9 +36,9 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from compiler_core.codegen import attention as template
-from compiler_core.graph import rebuild_graph
-from compiler_core.wire import BoolArg, FloatArg, GraphSpec, IntArg, Node, NodeRef, NoneArg
+from fxcc.compiler_core.codegen import attention as template
+from fxcc.compiler_core.graph import rebuild_graph
+from fxcc.compiler_core.wire import BoolArg, FloatArg, GraphSpec, IntArg, Node, NodeRef, NoneArg
 
 log = logging.getLogger("fxcc.passes.attention")
 
@@ -421,7 +421,7 @@ _VIEW_OPS = frozenset({"aten.permute.default", "aten.transpose.int", "aten.view.
 
 def _drop_dead_views(nodes: list[Node], outputs: list) -> list[Node]:
     """`nodes` without the view ops nothing reads any more (the transposed k the scores bmm read)."""
-    from compiler_core.wire import _refs
+    from fxcc.compiler_core.wire import _refs
 
     while True:
         used = set(_refs(list(outputs)))

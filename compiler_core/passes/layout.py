@@ -42,7 +42,7 @@ import torch
 from torch import fx
 from torch._prims_common import suggest_memory_format
 
-from compiler_core.wire import Arg, GraphSpec, MemoryFormatArg, Node, NodeRef
+from fxcc.compiler_core.wire import Arg, GraphSpec, MemoryFormatArg, Node, NodeRef
 
 log = logging.getLogger("fxcc.passes.layout")
 aten = torch.ops.aten

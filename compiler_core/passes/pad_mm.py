@@ -23,8 +23,8 @@ import logging
 import torch
 from torch import fx
 
-from compiler_core.graph import rebuild_graph
-from compiler_core.wire import FloatArg, GraphSpec, IntArg, ListArg, Node, NodeRef
+from fxcc.compiler_core.graph import rebuild_graph
+from fxcc.compiler_core.wire import FloatArg, GraphSpec, IntArg, ListArg, Node, NodeRef
 
 log = logging.getLogger("fxcc.passes.pad_mm")
 aten = torch.ops.aten

@@ -7,10 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Path
 from pydantic import BaseModel, Field
 
-from service.auth import hash_token, new_token, settings_tokens
-from service.deps import AuthDep, SettingsDep, StoreDep, require
-from service.settings import Role
-from service.store import TokenRecord, now_s
+from fxcc.service.auth import hash_token, new_token, settings_tokens
+from fxcc.service.deps import AuthDep, SettingsDep, StoreDep, require
+from fxcc.service.settings import Role
+from fxcc.service.store import TokenRecord, now_s
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require("admin"))])
 

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from fastapi.responses import Response
 
-from service.deps import StoreDep, require
+from fxcc.service.deps import StoreDep, require
 
 router = APIRouter(prefix="/v1", tags=["artifacts"], dependencies=[Depends(require("client"))])
 

@@ -6,8 +6,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 
-from service.deps import StoreDep, require
-from service.routes.artifacts import KeyPath
+from fxcc.service.deps import StoreDep, require
+from fxcc.service.routes.artifacts import KeyPath
 
 router = APIRouter(prefix="/v1", tags=["cache"], dependencies=[Depends(require("admin"))])
 

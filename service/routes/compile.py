@@ -8,12 +8,12 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from compiler_core.artifact import ArtifactManifest
-from compiler_core.errors import FxccError, InvalidGraph
-from compiler_core.graph import rebuild_graph
-from compiler_core.keys import compile_key
-from compiler_core.wire import CompileRequest, GraphSpec, resolve_target
-from service.deps import SettingsDep, StoreDep, require
+from fxcc.compiler_core.artifact import ArtifactManifest
+from fxcc.compiler_core.errors import FxccError, InvalidGraph
+from fxcc.compiler_core.graph import rebuild_graph
+from fxcc.compiler_core.keys import compile_key
+from fxcc.compiler_core.wire import CompileRequest, GraphSpec, resolve_target
+from fxcc.service.deps import SettingsDep, StoreDep, require
 
 router = APIRouter(prefix="/v1", tags=["compile"], dependencies=[Depends(require("client"))])
 

@@ -13,7 +13,7 @@ router = APIRouter(tags=["dashboard"])
 
 @cache
 def _page() -> str:
-    return resources.files("service").joinpath("static/dashboard.html").read_text(encoding="utf-8")
+    return resources.files("fxcc.service").joinpath("static/dashboard.html").read_text(encoding="utf-8")
 
 
 # The page itself holds no data: the API calls it makes carry the user's token.

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
-from service.deps import StoreDep, require
+from fxcc.service.deps import StoreDep, require
 
 router = APIRouter(prefix="/v1", tags=["dead-letters"], dependencies=[Depends(require("admin"))])
 

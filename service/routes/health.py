@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from service.deps import StoreDep
+from fxcc.service.deps import StoreDep
 
 router = APIRouter(tags=["health"])
 

@@ -12,8 +12,8 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from service.deps import SettingsDep, StoreDep, require
-from service.store import JobRecord, JobState, Store
+from fxcc.service.deps import SettingsDep, StoreDep, require
+from fxcc.service.store import JobRecord, JobState, Store
 
 router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[Depends(require("client"))])
 

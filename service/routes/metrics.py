@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from fastapi.responses import PlainTextResponse
 
-from service.deps import StoreDep, require
-from service.stats import gather_stats, render_metrics
+from fxcc.service.deps import StoreDep, require
+from fxcc.service.stats import gather_stats, render_metrics
 
 router = APIRouter(tags=["metrics"], dependencies=[Depends(require("admin"))])
 

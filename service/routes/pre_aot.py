@@ -17,8 +17,8 @@ import logging
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from service.deps import ClientDep, StoreDep, require
-from service.routes.artifacts import KEY_PATTERN, KeyPath
+from fxcc.service.deps import ClientDep, StoreDep, require
+from fxcc.service.routes.artifacts import KEY_PATTERN, KeyPath
 
 log = logging.getLogger("fxcc.service")
 

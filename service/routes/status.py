@@ -6,8 +6,8 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 
-from service.deps import StoreDep, require
-from service.stats import gather_stats
+from fxcc.service.deps import StoreDep, require
+from fxcc.service.stats import gather_stats
 
 router = APIRouter(prefix="/v1", tags=["status"])
 

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import torch
 
-from client import backend
-from client.cache import LocalCache
-from client.examples import GPT2, TransformerBlock
-from client.precision import matmul_allows_tf32
-from client.settings import ClientSettings
-from compiler_core.artifact import Artifact
-from compiler_core.codegen.attention import is_template_kernel
+from fxcc.client import backend
+from fxcc.client.cache import LocalCache
+from fxcc.client.examples import GPT2, TransformerBlock
+from fxcc.client.precision import matmul_allows_tf32
+from fxcc.client.settings import ClientSettings
+from fxcc.compiler_core.artifact import Artifact
+from fxcc.compiler_core.codegen.attention import is_template_kernel
 
 CPU_SDPA = "aten._scaled_dot_product_flash_attention_for_cpu.default"
 
@@ -100,7 +100,7 @@ def test_an_unreadable_flag_means_exact_fp32(monkeypatch: pytest.MonkeyPatch) ->
 def test_dynamic_sequence_lengths_run_the_template_with_a_symbolic_grid(block: str) -> None:
     """Dynamo's dynamic graph (the second length) keeps fxcc's kernel: its sizes and strides are
     kernel arguments, its grid a size expression; every length matches eager."""
-    from client.examples import GPT2Block
+    from fxcc.client.examples import GPT2Block
 
     torch.manual_seed(0)
     model = (TransformerBlock(64, 4) if block == "transformer" else GPT2Block(64, 4)).eval()

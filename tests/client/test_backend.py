@@ -5,8 +5,8 @@ import warnings
 import pytest
 import torch
 
-from client import backend
-from client.examples import seed_workloads
+from fxcc.client import backend
+from fxcc.client.examples import seed_workloads
 
 
 @pytest.fixture(autouse=True)

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch._functorch import partitioners
 
-from client import backend
-from client.remote import RemoteService
+from fxcc.client import backend
+from fxcc.client.remote import RemoteService
 
 
 @pytest.fixture(autouse=True)

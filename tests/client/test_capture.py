@@ -4,13 +4,13 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from client.capture import capture_graph
-from client.runtime import load_plan
-from compiler_core.artifact import Artifact
-from compiler_core.compile import compile_request
-from compiler_core.errors import ArtifactError, UnsupportedOp
-from compiler_core.graph import rebuild_graph
-from compiler_core.wire import CompileRequest
+from fxcc.client.capture import capture_graph
+from fxcc.client.runtime import load_plan
+from fxcc.compiler_core.artifact import Artifact
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.errors import ArtifactError, UnsupportedOp
+from fxcc.compiler_core.graph import rebuild_graph
+from fxcc.compiler_core.wire import CompileRequest
 
 
 def f(x, y):
@@ -83,7 +83,7 @@ def test_what_cannot_travel_is_unsupported_not_an_error():
 def test_dotted_string_arguments_travel():
     from pydantic import ValidationError
 
-    from compiler_core.wire import StrArg
+    from fxcc.compiler_core.wire import StrArg
 
     assert StrArg(value="linalg.solve").value == "linalg.solve"
     with pytest.raises(ValidationError):

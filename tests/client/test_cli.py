@@ -7,7 +7,7 @@ import sys
 
 
 def fxcc(*args, env=None, cwd=None):
-    return subprocess.run([sys.executable, "-m", "client.cli", *args], check=False, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "fxcc.client.cli", *args], check=False, capture_output=True,
                           text=True, env=env, cwd=cwd, timeout=300)
 
 
@@ -46,7 +46,7 @@ def test_doctor_json_and_bad_usage():
 
 
 def test_jobs_table_names_tune_jobs_by_their_arch():
-    from client.cli_service import _job_kind
+    from fxcc.client.cli_service import _job_kind
 
     assert _job_kind({"kind": "tune", "arch": 90, "priority": "precompile"}) == "tune sm_90"
     assert _job_kind({"kind": "compile", "priority": "interactive"}) == "interactive"

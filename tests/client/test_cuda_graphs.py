@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from client import cuda_graphs
-from client.cuda_graphs import GraphedPlan, allocated_bytes, why_not_graphed
-from client.settings import ClientSettings
-from compiler_core.artifact import ExternStep
-from compiler_core.compile import compile_request
-from compiler_core.wire import CompileOptions, CompileRequest, Target
+from fxcc.client import cuda_graphs
+from fxcc.client.cuda_graphs import GraphedPlan, allocated_bytes, why_not_graphed
+from fxcc.client.settings import ClientSettings
+from fxcc.compiler_core.artifact import ExternStep
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 from tests.compiler_core.test_passes_layout import cuda_spec, small_resnet
 
 
@@ -45,7 +45,7 @@ def test_few_launches_or_symbolic_sizes_are_not_graphed(resnet_manifest):
     small = resnet_manifest.model_copy(update={"plan": plan.model_copy(update={"steps": plan.steps[:3]})})
     assert why_not_graphed(small, inference=True).endswith("launches")
 
-    from compiler_core.artifact import SymbolBinding
+    from fxcc.compiler_core.artifact import SymbolBinding
 
     symbolic = plan.model_copy(update={"symbols": [SymbolBinding(name="s0", input=0, dim=0)]})
     assert why_not_graphed(resnet_manifest.model_copy(update={"plan": symbolic}), inference=True) \
@@ -53,7 +53,7 @@ def test_few_launches_or_symbolic_sizes_are_not_graphed(resnet_manifest):
 
 
 def test_allocated_bytes_counts_the_plans_own_buffers(resnet_manifest):
-    from compiler_core.artifact import AllocStep
+    from fxcc.compiler_core.artifact import AllocStep
 
     allocs = [s for s in resnet_manifest.plan.steps if isinstance(s, AllocStep) and s.reuse is None]
     assert allocs
@@ -139,7 +139,7 @@ def _fake_outputs(manifest, sizes):
 
 
 def test_large_outputs_move_behind_a_cut_at_the_step_that_allocates_them(lm_manifest):
-    from client.cuda_graphs import graph_cut, launches, live_across
+    from fxcc.client.cuda_graphs import graph_cut, launches, live_across
 
     plan = lm_manifest.plan
     (logits,) = [o.name for o in plan.outputs]
@@ -170,7 +170,7 @@ def test_a_cut_needs_a_prefix_worth_graphing_and_a_runner_that_runs_ranges(lm_ma
     assert plain.cut is None
 
     plan = lm_manifest.plan
-    from client.cuda_graphs import graph_cut
+    from fxcc.client.cuda_graphs import graph_cut
 
     cut = graph_cut(plan, [plan.outputs[0].name])
     # the same plan with the large output's storage coming from its first step: nothing to graph
@@ -182,9 +182,9 @@ def test_a_cut_needs_a_prefix_worth_graphing_and_a_runner_that_runs_ranges(lm_ma
 
 
 def test_an_output_reusing_or_viewing_earlier_storage_cuts_at_that_storages_origin():
-    from client.cuda_graphs import graph_cut, live_across
-    from compiler_core.artifact import AllocStep, FreeStep, KernelStep, Plan
-    from compiler_core.wire import IntArg, ListArg, NodeRef, TensorSpec
+    from fxcc.client.cuda_graphs import graph_cut, live_across
+    from fxcc.compiler_core.artifact import AllocStep, FreeStep, KernelStep, Plan
+    from fxcc.compiler_core.wire import IntArg, ListArg, NodeRef, TensorSpec
 
     spec = TensorSpec(dtype="float32", sizes=[4], strides=[1], device="cuda")
     k = [KernelStep(kernel="k", args=[NodeRef(name="x")], grid=[1]) for _ in range(3)]
@@ -213,8 +213,8 @@ def test_an_output_reusing_or_viewing_earlier_storage_cuts_at_that_storages_orig
 def test_the_steps_after_a_cut_need_only_the_live_values_and_give_the_whole_plans_outputs():
     """A replay's tail starts from a fresh call's inputs plus what the graph left (live_across):
     run that way on the CPU, the plan gives what it gives in one piece."""
-    from client.cuda_graphs import graph_cut, live_across
-    from client.runtime import load_plan
+    from fxcc.client.cuda_graphs import graph_cut, live_across
+    from fxcc.client.runtime import load_plan
 
     torch.manual_seed(0)
     blocks = [torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.LayerNorm(64))

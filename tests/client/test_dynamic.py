@@ -11,11 +11,11 @@ import pytest
 import torch
 from torch import nn
 
-from client.backend import events
-from client.examples import GPT2Block, TransformerBlock
-from client.runtime import GuardFailed, load_plan
-from compiler_core.compile import compile_request
-from compiler_core.wire import CompileRequest
+from fxcc.client.backend import events
+from fxcc.client.examples import GPT2Block, TransformerBlock
+from fxcc.client.runtime import GuardFailed, load_plan
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.wire import CompileRequest
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +82,7 @@ def test_reduction_over_a_dynamic_row_is_tiled_by_its_hint_and_matches_eager(mon
     def spy(request):
         arts.append(real(request))
         return arts[-1]
-    monkeypatch.setattr("compiler_core.compile.compile_request", spy)
+    monkeypatch.setattr("fxcc.compiler_core.compile.compile_request", spy)
 
     def fn(x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(x * 0.5, dim=-1)
@@ -96,7 +96,7 @@ def test_reduction_over_a_dynamic_row_is_tiled_by_its_hint_and_matches_eager(mon
     assert dynamic.plan.symbols, "the second graph is dynamic"
     reductions = [k for k in dynamic.kernels if "RBLOCK" in k.constexprs]
     assert reductions
-    from compiler_core.codegen.triton import SYMBOLIC_RBLOCK_MIN
+    from fxcc.compiler_core.codegen.triton import SYMBOLIC_RBLOCK_MIN
 
     for k in reductions:  # the hint's row is 9 long: the narrowest tile, several rows per program
         assert k.constexprs["RBLOCK"] == max(16, SYMBOLIC_RBLOCK_MIN), (k.name, k.constexprs)
@@ -134,7 +134,7 @@ def _narrow_the_dynamic_artifact(monkeypatch) -> list[str]:
             art.manifest = art.manifest.model_copy(update={"plan": plan.model_copy(
                 update={"guards": [*plan.guards, "s0 <= 8"]})})
         return art
-    monkeypatch.setattr("compiler_core.compile.compile_request", narrowing)
+    monkeypatch.setattr("fxcc.compiler_core.compile.compile_request", narrowing)
     return seen
 
 
@@ -157,8 +157,8 @@ def test_a_variant_that_fails_to_compile_costs_only_its_own_calls(monkeypatch):
     """With the variant's compile failing (a service outage), calls of sizes only a variant would
     serve run eagerly (one warning); calls the plan serves keep running it; after the retry
     delay a working compile adds the variant."""
-    from client import backend
-    from client.runtime import PlanRunner
+    from fxcc.client import backend
+    from fxcc.client.runtime import PlanRunner
 
     seen = _narrow_the_dynamic_artifact(monkeypatch)
     real_fetch = backend.GraphCompiler.fetch
@@ -208,7 +208,7 @@ def _dynamic_request() -> CompileRequest:
     def spy(request):
         captured.append(request)
         return real(request)
-    import compiler_core.compile as cc
+    import fxcc.compiler_core.compile as cc
 
     saved, cc.compile_request = cc.compile_request, spy
     try:
@@ -241,10 +241,10 @@ def _args_for(request: CompileRequest, x: torch.Tensor) -> list:
 KEY_SCRIPT = textwrap.dedent("""
     import json, sys, torch
     from torch import nn
-    from client.capture import capture_graph
-    from client.backend import decomposition_table
-    from compiler_core.keys import compile_key
-    from compiler_core.wire import CompileRequest
+    from fxcc.client.capture import capture_graph
+    from fxcc.client.backend import decomposition_table
+    from fxcc.compiler_core.keys import compile_key
+    from fxcc.compiler_core.wire import CompileRequest
     from torch._dynamo.backends.common import aot_autograd
     keys = []
     def fw(gm, example_inputs):
@@ -274,8 +274,8 @@ def test_dynamic_keys_are_equal_across_processes_whatever_the_sizes():
 
 
 def test_extern_result_in_another_layout_is_copied_into_the_planned_one():
-    from client.runtime import _in_layout
-    from compiler_core.artifact import ExternStep
+    from fxcc.client.runtime import _in_layout
+    from fxcc.compiler_core.artifact import ExternStep
 
     step = ExternStep(op="aten.clone.default", args=[], out="r", expect_strides=[1, 4])
     value = torch.randn(4, 3)  # strides (3, 1); the plan assumes column-major (1, 4)
@@ -321,7 +321,7 @@ def test_symbolic_plan_checks_input_strides():
 def test_symbolic_plan_writes_in_place_for_every_size(monkeypatch):
     """GELU+LayerNorm over fc1's result writes into it (a buffer of the very same size expression),
     and every batch gives what the plan without in-place writes gives."""
-    import compiler_core.plan as plan_mod
+    import fxcc.compiler_core.plan as plan_mod
 
     request = _dynamic_request()
     art = compile_request(request)

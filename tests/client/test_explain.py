@@ -2,8 +2,8 @@
 
 import torch
 
-from client import backend
-from client.explain import explain
+from fxcc.client import backend
+from fxcc.client.explain import explain
 
 
 def test_explain_reports_graphs_and_breaks(tmp_path, monkeypatch):

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from client import backend
-from client.examples import Bottleneck, TransformerBlock
+from fxcc.client import backend
+from fxcc.client.examples import Bottleneck, TransformerBlock
 from tests.child_scripts import COUNT_AOT
 
 
@@ -42,7 +42,7 @@ def _compile_twice(fn, *args, **compile_kwargs):
 # A new process with the cache filled: AOTAutograd is not called at all (counted both by fxcc and
 # through a wrapper around torch's aot_module_simplified), and the result matches eager.
 CHILD = COUNT_AOT + textwrap.dedent("""
-    from client.examples import TransformerBlock, Bottleneck
+    from fxcc.client.examples import TransformerBlock, Bottleneck
     torch.manual_seed(0)
     block, bottleneck = TransformerBlock(64, 4).eval(), Bottleneck(32, 8, 2).eval()
     x, y = torch.randn(2, 16, 64), torch.randn(2, 32, 8, 8)
@@ -233,7 +233,7 @@ def test_the_setting_turns_it_off(monkeypatch):
 
 
 def test_explain_says_the_aot_step_was_skipped():
-    from client.explain import explain
+    from fxcc.client.explain import explain
 
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
     x = torch.randn(2, 8)
@@ -245,7 +245,7 @@ def test_explain_says_the_aot_step_was_skipped():
 
 
 def test_a_plan_failing_on_a_hit_runs_dynamos_graph_eagerly(monkeypatch):
-    from client.runtime import PlanRunner
+    from fxcc.client.runtime import PlanRunner
 
     model = nn.Sequential(nn.Linear(8, 8), nn.GELU()).eval()
     x = torch.randn(2, 8)
@@ -265,7 +265,7 @@ def test_a_plan_failing_on_a_hit_runs_dynamos_graph_eagerly(monkeypatch):
 def test_flipping_tf32_misses():
     """The TF32 flag is part of the compile (fxcc's attention kernel uses it): an entry made with
     it off must not serve a process that turned it on."""
-    from client.examples import TransformerBlock
+    from fxcc.client.examples import TransformerBlock
 
     torch.manual_seed(0)
     model, x = TransformerBlock(64, 4).eval(), torch.randn(2, 16, 64)

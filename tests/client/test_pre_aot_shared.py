@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch import nn
 
-from client import backend, pre_aot
-from client.demo import free_port
-from client.settings import ClientSettings
+from fxcc.client import backend, pre_aot
+from fxcc.client.demo import free_port
+from fxcc.client.settings import ClientSettings
 
 
 @pytest.fixture
@@ -26,8 +26,8 @@ def service(fresh_compiles: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     anonymous on loopback; FXCC_URL points at it. Yields the app (its store is app.state.store)."""
     import uvicorn
 
-    from service.app import create_app
-    from service.settings import ServiceSettings
+    from fxcc.service.app import create_app
+    from fxcc.service.settings import ServiceSettings
 
     app = create_app(ServiceSettings(redis_url=None, data_dir=tmp_path / "service", claim_block_ms=100))
     port = free_port()

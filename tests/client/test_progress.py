@@ -3,7 +3,7 @@
 import io
 import sys
 
-from client.remote import Progress
+from fxcc.client.remote import Progress
 
 
 def test_progress_line_for_long_waits_only():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from client.runtime import PlanRunner
-from compiler_core.artifact import AllocStep
-from compiler_core.wire import TensorSpec
+from fxcc.client.runtime import PlanRunner
+from fxcc.compiler_core.artifact import AllocStep
+from fxcc.compiler_core.wire import TensorSpec
 from tests.compiler_core.helpers import alloc_steps, check
 
 

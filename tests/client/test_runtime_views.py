@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from client.runtime import VIEW_METHODS, load_plan
-from compiler_core.artifact import Artifact, ArtifactManifest, CompileStats, ExternStep, Plan
-from compiler_core.compile import local_versions
-from compiler_core.wire import IntArg, ListArg, NodeRef, Target, resolve_target
+from fxcc.client.runtime import VIEW_METHODS, load_plan
+from fxcc.compiler_core.artifact import Artifact, ArtifactManifest, CompileStats, ExternStep, Plan
+from fxcc.compiler_core.compile import local_versions
+from fxcc.compiler_core.wire import IntArg, ListArg, NodeRef, Target, resolve_target
 
 BASE = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).reshape(2, 3, 4, 5)[:, 1:]  # offset, strided
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from client import backend
-from client.explain import explain
+from fxcc.client import backend
+from fxcc.client.explain import explain
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +48,7 @@ def test_a_failing_plan_still_runs_eagerly_and_restores_grad_mode(monkeypatch):
     x = torch.randn(2, 8)
     compiled = torch.compile(model, backend="fxcc")
     compiled(x)
-    from client.runtime import PlanRunner
+    from fxcc.client.runtime import PlanRunner
 
     def broken(self, args):
         raise RuntimeError("plan broke")

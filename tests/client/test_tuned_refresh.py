@@ -10,14 +10,14 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from client import remote
-from client.backend import GraphCompiler
-from client.cache import LocalCache
-from client.capture import capture_graph
-from client.settings import ClientSettings
-from compiler_core.artifact import Artifact
-from compiler_core.compile import compile_request
-from compiler_core.wire import CompileRequest
+from fxcc.client import remote
+from fxcc.client.backend import GraphCompiler
+from fxcc.client.cache import LocalCache
+from fxcc.client.capture import capture_graph
+from fxcc.client.settings import ClientSettings
+from fxcc.compiler_core.artifact import Artifact
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.wire import CompileRequest
 
 
 def _artifacts() -> tuple[Artifact, Artifact]:

@@ -9,11 +9,11 @@ import torch
 from torch._decomp import core_aten_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from client.capture import capture_graph
-from client.runtime import load_plan
-from compiler_core.artifact import Artifact
-from compiler_core.compile import compile_request
-from compiler_core.wire import CompileRequest
+from fxcc.client.capture import capture_graph
+from fxcc.client.runtime import load_plan
+from fxcc.compiler_core.artifact import Artifact
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.wire import CompileRequest
 
 
 def compile_fn(fn: Callable[..., Any], *inputs: torch.Tensor, decompose: bool = True) -> Artifact:

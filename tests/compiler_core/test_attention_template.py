@@ -11,16 +11,16 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from client.backend import decomposition_table
-from client.capture import capture_graph
-from client.runtime import load_plan
-from compiler_core.artifact import Artifact
-from compiler_core.build import build_artifact, cuda_build_unavailable
-from compiler_core.codegen.attention import is_template_kernel
-from compiler_core.compile import compile_request
-from compiler_core.errors import InvalidGraph
-from compiler_core.passes.attention import CPU_OP, CUDA_OP, TEMPLATE_OP
-from compiler_core.wire import CompileOptions, CompileRequest, GraphSpec, Target, resolve_target
+from fxcc.client.backend import decomposition_table
+from fxcc.client.capture import capture_graph
+from fxcc.client.runtime import load_plan
+from fxcc.compiler_core.artifact import Artifact
+from fxcc.compiler_core.build import build_artifact, cuda_build_unavailable
+from fxcc.compiler_core.codegen.attention import is_template_kernel
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.errors import InvalidGraph
+from fxcc.compiler_core.passes.attention import CPU_OP, CUDA_OP, TEMPLATE_OP
+from fxcc.compiler_core.wire import CompileOptions, CompileRequest, GraphSpec, Target, resolve_target
 
 aten = torch.ops.aten
 
@@ -112,7 +112,7 @@ def test_views_of_a_fused_projection_are_read_in_place() -> None:
 
 def test_a_failing_template_lowering_runs_the_op_as_an_extern_call(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fxcc op's eager kernel (aten SDPA) is the fallback: the plan stays correct."""
-    from compiler_core import lowering
+    from fxcc.compiler_core import lowering
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("template lowering bug")
@@ -135,7 +135,7 @@ def test_only_listed_fxcc_ops_resolve() -> None:
 
 
 def test_tf32_is_part_of_the_key() -> None:
-    from compiler_core.keys import compile_key
+    from fxcc.compiler_core.keys import compile_key
 
     spec = traced(chain, *qkv(2, 3, 8, 16))
     keys = {compile_key(CompileRequest(graph=spec, options=CompileOptions(allow_tf32=tf))) for tf in (False, True)}

@@ -11,11 +11,11 @@ import torch
 from torch._decomp import core_aten_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from client.capture import capture_graph
-from client.runtime import load_plan
-from compiler_core import autotune
-from compiler_core.artifact import ArtifactManifest, KernelStep, TuningRecord
-from compiler_core.autotune import (
+from fxcc.client.capture import capture_graph
+from fxcc.client.runtime import load_plan
+from fxcc.compiler_core import autotune
+from fxcc.compiler_core.artifact import ArtifactManifest, KernelStep, TuningRecord
+from fxcc.compiler_core.autotune import (
     Config,
     KernelShape,
     autotune_artifact,
@@ -25,11 +25,11 @@ from compiler_core.autotune import (
     retile_step,
     select_config,
 )
-from compiler_core.build import compile_and_build
-from compiler_core.codegen.triton import next_pow2
-from compiler_core.compile import compile_request
-from compiler_core.errors import AutotuneError
-from compiler_core.wire import CompileRequest, IntArg, NodeRef, Target
+from fxcc.compiler_core.build import compile_and_build
+from fxcc.compiler_core.codegen.triton import next_pow2
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.errors import AutotuneError
+from fxcc.compiler_core.wire import CompileRequest, IntArg, NodeRef, Target
 
 # ---------------------------------------------------------------- candidates
 

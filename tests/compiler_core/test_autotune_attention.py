@@ -11,14 +11,14 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from client.backend import decomposition_table
-from client.capture import capture_graph
-from client.runtime import load_plan
-from compiler_core.autotune import autotune_artifact
-from compiler_core.autotune_attention import STAGE_SMEM_MAX, candidate_configs, retile_step
-from compiler_core.codegen.attention import AttentionConfig, int_args, is_template_kernel
-from compiler_core.compile import compile_request
-from compiler_core.wire import CompileOptions, CompileRequest
+from fxcc.client.backend import decomposition_table
+from fxcc.client.capture import capture_graph
+from fxcc.client.runtime import load_plan
+from fxcc.compiler_core.autotune import autotune_artifact
+from fxcc.compiler_core.autotune_attention import STAGE_SMEM_MAX, candidate_configs, retile_step
+from fxcc.compiler_core.codegen.attention import AttentionConfig, int_args, is_template_kernel
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.wire import CompileOptions, CompileRequest
 
 HOPPER_64 = AttentionConfig(128, 64, 4, 2)
 
@@ -114,7 +114,7 @@ def test_the_tuned_plan_matches_eager(tuned: Any) -> None:
 
 def test_a_wrong_candidate_never_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     """A candidate whose output differs (here: it writes nothing) loses, whatever its time."""
-    from compiler_core import autotune_attention
+    from fxcc.compiler_core import autotune_attention
 
     request, _ = _request(40)
     art = compile_request(request)

@@ -5,10 +5,16 @@ from __future__ import annotations
 import pytest
 
 from bench.handmade import cos_sin_artifact, cos_sin_request
-from compiler_core.artifact import Artifact, KernelStep, Plan, digest, load_artifact, save_artifact
-from compiler_core.build import arch_key, build_artifact, cuda_build_unavailable, int_type, kernel_signatures
-from compiler_core.compile import compile_request
-from compiler_core.wire import IntArg
+from fxcc.compiler_core.artifact import Artifact, KernelStep, Plan, digest, load_artifact, save_artifact
+from fxcc.compiler_core.build import (
+    arch_key,
+    build_artifact,
+    cuda_build_unavailable,
+    int_type,
+    kernel_signatures,
+)
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.wire import IntArg
 
 _reason = cuda_build_unavailable()
 pytestmark = pytest.mark.skipif(_reason is not None, reason=f"cannot cross-compile for CUDA: {_reason}")

@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from torch._decomp import core_aten_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from client.capture import capture_graph
-from compiler_core.build import build_artifact, cuda_build_unavailable
-from compiler_core.compile import compile_request
-from compiler_core.wire import CompileOptions, CompileRequest, Target
+from fxcc.client.capture import capture_graph
+from fxcc.compiler_core.build import build_artifact, cuda_build_unavailable
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 
 _reason = cuda_build_unavailable()
 pytestmark = pytest.mark.skipif(_reason is not None, reason=f"cannot cross-compile for CUDA: {_reason}")

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from compiler_core.autotune import load_jit
-from compiler_core.codegen.attention import (
+from fxcc.compiler_core.autotune import load_jit
+from fxcc.compiler_core.codegen.attention import (
     AttentionConfig,
     AttentionParams,
     heuristic_config,

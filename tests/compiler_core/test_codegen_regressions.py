@@ -6,7 +6,7 @@ import sympy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler_core.sizevars import FloorDiv, ModularIndexing, render_index
+from fxcc.compiler_core.sizevars import FloorDiv, ModularIndexing, render_index
 
 x, y = sympy.symbols("x y", integer=True, nonnegative=True)
 
@@ -58,10 +58,10 @@ def test_same_body_different_block_sizes_are_different_kernels():
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from client.capture import capture_graph
-    from client.runtime import load_plan
-    from compiler_core.compile import compile_request
-    from compiler_core.wire import CompileRequest
+    from fxcc.client.capture import capture_graph
+    from fxcc.client.runtime import load_plan
+    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.wire import CompileRequest
 
     def f(a, b, c, d):
         return torch.mm(a * b, a.t()), torch.mm(c * d, c.t())
@@ -81,10 +81,10 @@ def test_zero_dim_inputs_load_as_blocks():
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from client.capture import capture_graph
-    from client.runtime import load_plan
-    from compiler_core.compile import compile_request
-    from compiler_core.wire import CompileRequest
+    from fxcc.client.capture import capture_graph
+    from fxcc.client.runtime import load_plan
+    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.wire import CompileRequest
 
     def f(a, b, c):
         return torch.relu(a), torch.logical_and(a, b), a * c
@@ -102,10 +102,10 @@ def test_interpreted_bf16_stores_round_to_nearest_even():
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from client.capture import capture_graph
-    from client.runtime import load_plan
-    from compiler_core.compile import compile_request
-    from compiler_core.wire import CompileRequest
+    from fxcc.client.capture import capture_graph
+    from fxcc.client.runtime import load_plan
+    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.wire import CompileRequest
 
     def f(x):
         return (x * 1.0001).to(torch.bfloat16)
@@ -123,10 +123,10 @@ def test_single_element_float_arange():
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from client.capture import capture_graph
-    from client.runtime import load_plan
-    from compiler_core.compile import compile_request
-    from compiler_core.wire import CompileRequest
+    from fxcc.client.capture import capture_graph
+    from fxcc.client.runtime import load_plan
+    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.wire import CompileRequest
 
     def f(x):
         return torch.arange(1, dtype=torch.float32) + x, torch.arange(0, 3, dtype=torch.float32) * x
@@ -143,10 +143,10 @@ def test_bool_and_int_to_bf16():
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from client.capture import capture_graph
-    from client.runtime import load_plan
-    from compiler_core.compile import compile_request
-    from compiler_core.wire import CompileRequest
+    from fxcc.client.capture import capture_graph
+    from fxcc.client.runtime import load_plan
+    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.wire import CompileRequest
 
     def f(g, mask, i):
         return g * mask * 2.0, i.to(torch.bfloat16) + g
@@ -163,11 +163,11 @@ def test_tensor_constants_are_copied_by_a_kernel():
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from client.backend import decomposition_table
-    from client.capture import capture_graph
-    from client.runtime import load_plan
-    from compiler_core.compile import compile_request
-    from compiler_core.wire import CompileRequest
+    from fxcc.client.backend import decomposition_table
+    from fxcc.client.capture import capture_graph
+    from fxcc.client.runtime import load_plan
+    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.wire import CompileRequest
 
     def f(x):
         return x * torch.tensor([1.5, -2.0, 3.0])

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from client.capture import capture_graph
-from compiler_core.compile import compile_request
-from compiler_core.wire import CompileOptions, CompileRequest, Target
+from fxcc.client.capture import capture_graph
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 from tests.compiler_core.helpers import compile_fn
 
 

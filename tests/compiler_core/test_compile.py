@@ -8,12 +8,12 @@ import torch
 from torch import nn
 from torch._functorch.aot_autograd import aot_module_simplified
 
-from client.backend import decomposition_table
-from client.capture import capture_graph
-from client.runtime import load_plan
-from compiler_core.artifact import Artifact
-from compiler_core.compile import compile_request
-from compiler_core.wire import CompileOptions, CompileRequest, Target
+from fxcc.client.backend import decomposition_table
+from fxcc.client.capture import capture_graph
+from fxcc.client.runtime import load_plan
+from fxcc.compiler_core.artifact import Artifact
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 
 
 class TransformerBlock(nn.Module):
@@ -90,7 +90,7 @@ def test_transformer_block_training_gradients() -> None:
 
 
 def test_a_compiler_bug_degrades_to_an_all_extern_plan(monkeypatch) -> None:
-    import compiler_core.compile as compile_mod
+    import fxcc.compiler_core.compile as compile_mod
     from tests.compiler_core.helpers import check
 
     def broken(*args: Any, **kwargs: Any) -> Any:

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler_core.sizevars import (
+from fxcc.compiler_core.sizevars import (
     XINDEX,
     FloorDiv,
     ModularIndexing,
@@ -115,7 +115,7 @@ def test_random_chains_match_eager(sizes: list[int], ops: list[tuple[str, int]])
 @given(st.integers(1, 6), st.integers(1, 40), st.integers(0, 5), st.integers(1, 48), st.integers(1, 7),
        st.integers(1, 8), st.integers(1, 6))
 def test_simplify_two_symbols(cx: int, cr: int, c0: int, div: int, mod: int, nx: int, nr: int) -> None:
-    from compiler_core.sizevars import RINDEX
+    from fxcc.compiler_core.sizevars import RINDEX
 
     a = cx * XINDEX + cr * RINDEX + c0
     for expr in (FloorDiv(a, div), ModularIndexing(a, div, mod), FloorDiv(a, div) * 3 + ModularIndexing(a, 1, div)):

@@ -16,9 +16,9 @@ pytestmark = [pytest.mark.gpu,
 
 
 def compile_cuda(fn: Callable[..., Any], *inputs: torch.Tensor) -> Any:
-    from client.capture import capture_graph
-    from compiler_core.compile import compile_request
-    from compiler_core.wire import CompileOptions, CompileRequest, Target
+    from fxcc.client.capture import capture_graph
+    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 
     major, minor = torch.cuda.get_device_capability()
     with torch.no_grad():
@@ -29,7 +29,7 @@ def compile_cuda(fn: Callable[..., Any], *inputs: torch.Tensor) -> Any:
 
 
 def check_cuda(fn: Callable[..., Any], *inputs: torch.Tensor, tol: float = 1e-5) -> Any:
-    from client.runtime import load_plan
+    from fxcc.client.runtime import load_plan
 
     art = compile_cuda(fn, *inputs)
     got = load_plan(art)(list(inputs))

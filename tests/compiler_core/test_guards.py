@@ -7,9 +7,9 @@ import sympy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler_core.guards import check_guards, compile_guards, guard_hash, parse_guard
-from compiler_core.sizevars import FloorDiv
-from compiler_core.symexpr import SymExprError, dump, parse
+from fxcc.compiler_core.guards import check_guards, compile_guards, guard_hash, parse_guard
+from fxcc.compiler_core.sizevars import FloorDiv
+from fxcc.compiler_core.symexpr import SymExprError, dump, parse
 
 S0, S1 = (sympy.Symbol(n, integer=True, positive=True) for n in ("s0", "s1"))
 GUARDS = [

@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from compiler_core.codegen.triton import TritonHandler
-from compiler_core.ir.ops import ops, use_handler
-from compiler_core.scheduler import Kernel
+from fxcc.compiler_core.codegen.triton import TritonHandler
+from fxcc.compiler_core.ir.ops import ops, use_handler
+from fxcc.compiler_core.scheduler import Kernel
 from tests.compiler_core.helpers import check, kernel_steps
 
 torch.manual_seed(0)
@@ -76,9 +76,9 @@ def test_index_tensor(dtype):
 
 
 def test_boolean_and_float_indices_are_not_lowered():
-    from compiler_core.errors import UnsupportedOp
-    from compiler_core.ir.nodes import Buffer, StridedView
-    from compiler_core.lowering.indexing import _index_loader
+    from fxcc.compiler_core.errors import UnsupportedOp
+    from fxcc.compiler_core.ir.nodes import Buffer, StridedView
+    from fxcc.compiler_core.lowering.indexing import _index_loader
     for dtype in (torch.bool, torch.uint8, torch.float32):
         mask = StridedView(Buffer("m", dtype, (5,), (1,), "input"), (5,), (1,))
         with pytest.raises(UnsupportedOp):
@@ -98,7 +98,7 @@ def test_out_of_range_indices_are_masked_in_the_generated_load():
                       {"idx": torch.int64, "x": torch.float32})
     import sympy
 
-    from compiler_core.sizevars import XINDEX
+    from fxcc.compiler_core.sizevars import XINDEX
     with use_handler(h):
         sym = ops.indirect_indexing(ops.load("idx", XINDEX), 7)
         ops.load("x", sym * 3 + 1)
@@ -121,7 +121,7 @@ def test_an_out_of_range_index_reads_zero_not_memory():
 def test_masked_loads_carry_the_mask():
     kernel = Kernel(16, 1)
     h = TritonHandler("interpret", kernel, {"x": "in_ptr0"}, {"x": torch.float32})
-    from compiler_core.sizevars import XINDEX
+    from fxcc.compiler_core.sizevars import XINDEX
     with use_handler(h):
         cond = ops.lt(ops.index_expr(XINDEX, torch.int64), ops.constant(4, torch.int64))
         ops.masked(cond, lambda: ops.load("x", XINDEX - 4), 0.0)

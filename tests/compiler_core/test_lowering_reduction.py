@@ -94,9 +94,9 @@ def test_decomposed_layernorm_and_softmax_fuse_too():
     for fn, ins in ((ln, (x, w)), (lambda a: F.softmax(a, -1), (x,))):
         from torch.fx.experimental.proxy_tensor import make_fx
 
-        from client.capture import capture_graph
-        from compiler_core.compile import compile_request
-        from compiler_core.wire import CompileRequest
+        from fxcc.client.capture import capture_graph
+        from fxcc.compiler_core.compile import compile_request
+        from fxcc.compiler_core.wire import CompileRequest
         with torch.no_grad():
             gm = make_fx(fn, decomposition_table=table)(*ins)
         art = compile_request(CompileRequest(graph=capture_graph(gm, list(ins)).spec))

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 import torch
 
-from client.capture import capture_graph
-from client.examples import TransformerBlock
-from compiler_core.artifact import Artifact
-from compiler_core.graph import rebuild_graph
-from compiler_core.passes.attention import CPU_OP, CUDA_OP, find_attention, fuse_attention
-from compiler_core.wire import GraphSpec
+from fxcc.client.capture import capture_graph
+from fxcc.client.examples import TransformerBlock
+from fxcc.compiler_core.artifact import Artifact
+from fxcc.compiler_core.graph import rebuild_graph
+from fxcc.compiler_core.passes.attention import CPU_OP, CUDA_OP, find_attention, fuse_attention
+from fxcc.compiler_core.wire import GraphSpec
 from tests.compiler_core.helpers import check, compile_fn, run
 from tests.compiler_core.test_compile import compiled_one_graph, fxcc_backend
 
@@ -140,7 +140,7 @@ def _on_cuda(spec: GraphSpec) -> GraphSpec:
 def _traced_spec(fn: Any, *inputs: torch.Tensor) -> GraphSpec:
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from client.backend import decomposition_table
+    from fxcc.client.backend import decomposition_table
 
     with torch.no_grad():
         gm = make_fx(fn, decomposition_table=decomposition_table())(*inputs)
@@ -193,7 +193,7 @@ def _symbolic_capture(fn: Any, inputs: tuple[torch.Tensor, ...], dims: dict[int,
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
-    from client.backend import decomposition_table
+    from fxcc.client.backend import decomposition_table
 
     caps: list[Any] = []
 

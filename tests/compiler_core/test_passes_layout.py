@@ -14,24 +14,24 @@ import torch
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from client import runtime
-from client.backend import decomposition_table
-from client.capture import Capture, capture_graph
-from client.examples import Bottleneck, ResNet50
-from client.runtime import load_plan
-from compiler_core.artifact import Artifact
-from compiler_core.build import cuda_build_unavailable
-from compiler_core.compile import compile_request
-from compiler_core.graph import rebuild_graph
-from compiler_core.passes import run_passes
-from compiler_core.passes.layout import (
+from fxcc.client import runtime
+from fxcc.client.backend import decomposition_table
+from fxcc.client.capture import Capture, capture_graph
+from fxcc.client.examples import Bottleneck, ResNet50
+from fxcc.client.runtime import load_plan
+from fxcc.compiler_core.artifact import Artifact
+from fxcc.compiler_core.build import cuda_build_unavailable
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.graph import rebuild_graph
+from fxcc.compiler_core.passes import run_passes
+from fxcc.compiler_core.passes.layout import (
     MAX_RESTORED_OUTPUTS,
     channels_last_convs,
     cudnn_layout,
     cudnn_vals,
     wants_channels_last,
 )
-from compiler_core.wire import CompileOptions, CompileRequest, GraphSpec, Target
+from fxcc.compiler_core.wire import CompileOptions, CompileRequest, GraphSpec, Target
 
 aten = torch.ops.aten
 CUDA = CompileOptions(target=Target(kind="cuda", arch=90))
@@ -270,7 +270,7 @@ def test_cuda_convs_are_laid_out_as_cudnn_lays_them_out():
 
 
 def test_the_builds_dtype_lookup_sees_the_pass():
-    """compiler_core.build looks dtypes up in run_passes' graph: the copies are in it."""
+    """fxcc.compiler_core.build looks dtypes up in run_passes' graph: the copies are in it."""
     spec, _ = cuda_spec(small_resnet(), torch.randn(2, 3, 32, 32))
     gm, new_spec = run_passes(rebuild_graph(spec), spec, "cuda")
     assert any(n.name.endswith("_fxcl") for n in gm.graph.nodes)
@@ -317,7 +317,7 @@ def conversion_kernels(art: Artifact) -> int:
 def compile_cuda(spec: GraphSpec, layout_pass: bool = True) -> Artifact:
     with pytest.MonkeyPatch.context() as mp:
         if not layout_pass:
-            mp.setattr("compiler_core.passes.layout.channels_last_convs", lambda gm, spec, target: (gm, spec))
+            mp.setattr("fxcc.compiler_core.passes.layout.channels_last_convs", lambda gm, spec, target: (gm, spec))
         return compile_request(CompileRequest(graph=spec, options=CUDA))
 
 
@@ -388,9 +388,9 @@ def test_transformed_graph_compiled_for_the_cpu_matches_eager(compiled):
 
 _BUILD = """
 import json, sys
-from compiler_core.build import build_artifact
-from compiler_core.compile import compile_request
-from compiler_core.wire import CompileRequest
+from fxcc.compiler_core.build import build_artifact
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.wire import CompileRequest
 request = CompileRequest.model_validate_json(open(sys.argv[1]).read())
 built = build_artifact(compile_request(request), request, 90)
 print(json.dumps([[k.name, k.metadata.get("sm_90.error"), "sm_90" in k.binaries] for k in built.manifest.kernels]))

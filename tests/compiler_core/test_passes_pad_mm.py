@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from client.capture import capture_graph
-from compiler_core.compile import compile_request
-from compiler_core.graph import rebuild_graph
-from compiler_core.passes.pad_mm import MIN_ELEMENTS, pad_matmuls
-from compiler_core.wire import CompileOptions, CompileRequest, Target
+from fxcc.client.capture import capture_graph
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.graph import rebuild_graph
+from fxcc.compiler_core.passes.pad_mm import MIN_ELEMENTS, pad_matmuls
+from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 
 
 def _spec(fn, *inputs):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import compiler_core.plan as plan_mod
-from compiler_core.artifact import AllocStep, ExternStep, FreeStep, KernelStep
-from compiler_core.plan import _may_alias, live_bytes, peak_alloc_bytes, reuse_buffers, spec_nbytes
-from compiler_core.wire import IntArg, ListArg, NodeRef, TensorSpec
+import fxcc.compiler_core.plan as plan_mod
+from fxcc.compiler_core.artifact import AllocStep, ExternStep, FreeStep, KernelStep
+from fxcc.compiler_core.plan import _may_alias, live_bytes, peak_alloc_bytes, reuse_buffers, spec_nbytes
+from fxcc.compiler_core.wire import IntArg, ListArg, NodeRef, TensorSpec
 from tests.compiler_core.helpers import alloc_steps, check
 
 torch.manual_seed(0)

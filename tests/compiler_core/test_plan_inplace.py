@@ -8,11 +8,11 @@ import torch.nn.functional as F
 from torch._decomp import core_aten_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
 
-import compiler_core.plan as plan_mod
+import fxcc.compiler_core.plan as plan_mod
 from bench.plan_memory import peak_live_bytes
-from client.capture import capture_graph
-from client.runtime import load_plan
-from compiler_core.artifact import (
+from fxcc.client.capture import capture_graph
+from fxcc.client.runtime import load_plan
+from fxcc.compiler_core.artifact import (
     MANIFEST_VERSION,
     AllocStep,
     ArtifactManifest,
@@ -20,8 +20,8 @@ from compiler_core.artifact import (
     FreeStep,
     KernelStep,
 )
-from compiler_core.compile import compile_request
-from compiler_core.wire import CompileRequest, IntArg, ListArg, NodeRef, TensorSpec
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.wire import CompileRequest, IntArg, ListArg, NodeRef, TensorSpec
 from tests.compiler_core.helpers import check
 
 torch.manual_seed(0)

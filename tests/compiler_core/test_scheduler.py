@@ -63,9 +63,9 @@ def test_plan_frees_intermediates():
 def test_graph_with_mutation_runs_as_externs():
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from client.capture import capture_graph
-    from compiler_core.compile import compile_request
-    from compiler_core.wire import CompileRequest
+    from fxcc.client.capture import capture_graph
+    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.wire import CompileRequest
     from tests.compiler_core.helpers import run
 
     def f(x):
@@ -83,7 +83,7 @@ def test_graph_with_mutation_runs_as_externs():
 
 
 def test_column_reductions_loop_over_rows_with_wide_tiles():
-    from compiler_core.scheduler import PERSISTENT_RNUMEL_MAX
+    from fxcc.compiler_core.scheduler import PERSISTENT_RNUMEL_MAX
 
     x = torch.randn(300, 40)
     art = check(lambda a: a.sum(0), x, atol=1e-4, rtol=1e-5)
@@ -99,9 +99,9 @@ def test_column_reductions_loop_over_rows_with_wide_tiles():
 def _transformer_block_graph():
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from client.backend import decomposition_table
-    from client.capture import capture_graph
-    from client.examples import TransformerBlock
+    from fxcc.client.backend import decomposition_table
+    from fxcc.client.capture import capture_graph
+    from fxcc.client.examples import TransformerBlock
 
     torch.manual_seed(0)
     m = TransformerBlock(64, 4).eval()
@@ -119,8 +119,8 @@ def _transformer_block_graph():
 
 
 def test_transformer_block_needs_no_more_kernels_than_inductor():
-    from compiler_core.compile import compile_request
-    from compiler_core.wire import CompileRequest
+    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.wire import CompileRequest
     from tests.compiler_core.helpers import run
 
     spec, inputs, want = _transformer_block_graph()

@@ -2,7 +2,7 @@
 
 import sympy
 
-from compiler_core.sizevars import (
+from fxcc.compiler_core.sizevars import (
     RINDEX,
     XINDEX,
     FloorDiv,

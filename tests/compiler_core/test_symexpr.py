@@ -12,9 +12,9 @@ import sympy
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-import compiler_core.symexpr as symexpr_module
-from compiler_core.sizevars import FloorDiv, ModularIndexing
-from compiler_core.symexpr import (
+import fxcc.compiler_core.symexpr as symexpr_module
+from fxcc.compiler_core.sizevars import FloorDiv, ModularIndexing
+from fxcc.compiler_core.symexpr import (
     MAX_CHARS,
     MAX_DEPTH,
     MAX_TOKENS,
@@ -160,7 +160,7 @@ def test_dump_orders_commutative_arguments_by_text():
 
 
 def test_dump_is_deterministic_across_processes():
-    code = ("import sympy; from compiler_core.symexpr import dump; from compiler_core.sizevars import FloorDiv;"
+    code = ("import sympy; from fxcc.compiler_core.symexpr import dump; from fxcc.compiler_core.sizevars import FloorDiv;"
             "a, b, c = (sympy.Symbol(n, integer=True, positive=True) for n in ('s0', 'zeta', 'b_2'));"
             "print(dump(sympy.Max(c, a*b, FloorDiv(a + c, 3)) - 2*b*c + sympy.Min(a, b, 7)))")
     outputs = set()

@@ -3,10 +3,10 @@
 import pytest
 from pydantic import ValidationError
 
-from compiler_core.errors import InvalidGraph
-from compiler_core.graph import rebuild_graph
-from compiler_core.keys import compile_key
-from compiler_core.wire import (
+from fxcc.compiler_core.errors import InvalidGraph
+from fxcc.compiler_core.graph import rebuild_graph
+from fxcc.compiler_core.keys import compile_key
+from fxcc.compiler_core.wire import (
     CompileRequest,
     FloatArg,
     GraphSpec,
@@ -110,7 +110,7 @@ def test_rebuild_rederives_shapes_and_rejects_mismatch():
 
 
 def test_key_covers_the_compiler_sources(monkeypatch):
-    from compiler_core import keys
+    from fxcc.compiler_core import keys
 
     req = CompileRequest(graph=sin_graph())
     before = compile_key(req)

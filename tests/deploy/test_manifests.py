@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from client.cli import build_parser
-from service import keys
-from service.app import create_app
-from service.settings import ServiceSettings
+from fxcc.client.cli import build_parser
+from fxcc.service import keys
+from fxcc.service.app import create_app
+from fxcc.service.settings import ServiceSettings
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
 SETTINGS_ENV = {f"FXCC_{name.upper()}" for name in ServiceSettings.model_fields}

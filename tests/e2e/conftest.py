@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from client.demo import free_port, wait_healthy
+from fxcc.client.demo import free_port, wait_healthy
 
 TOKEN = "e2e-test-token"
 SIGNING_KEY = "e2e-signing-key"
 
 
 def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "client.cli", *args], env=env,
+    return subprocess.Popen([sys.executable, "-m", "fxcc.client.cli", *args], env=env,
                             stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 

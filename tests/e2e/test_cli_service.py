@@ -10,8 +10,8 @@ import sys
 import httpx
 import pytest
 
-from client.demo import free_port, wait_healthy
-from compiler_core.wire import CompileRequest, GraphSpec, Node, NodeRef, Placeholder, TensorSpec
+from fxcc.client.demo import free_port, wait_healthy
+from fxcc.compiler_core.wire import CompileRequest, GraphSpec, Node, NodeRef, Placeholder, TensorSpec
 
 pytestmark = pytest.mark.e2e
 
@@ -22,7 +22,7 @@ def service(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FXCC_")}
     env.update(TRITON_INTERPRET="1", FXCC_DATA_DIR=str(tmp_path / "data"))
     log = (tmp_path / "serve.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "client.cli", "serve", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "fxcc.client.cli", "serve", "--port", str(port)],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -35,7 +35,7 @@ def service(tmp_path):
 
 
 def fxcc(env, *args):
-    r = subprocess.run([sys.executable, "-m", "client.cli", *args], env=env, capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "fxcc.client.cli", *args], env=env, capture_output=True,
                        text=True, timeout=120, check=False)
     return r.returncode, r.stdout, r.stderr
 

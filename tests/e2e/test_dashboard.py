@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from client.demo import free_port, wait_healthy
-from compiler_core.wire import CompileRequest, GraphSpec, Node, NodeRef, Placeholder, TensorSpec
+from fxcc.client.demo import free_port, wait_healthy
+from fxcc.compiler_core.wire import CompileRequest, GraphSpec, Node, NodeRef, Placeholder, TensorSpec
 
 pytestmark = pytest.mark.e2e
 
@@ -48,7 +48,7 @@ def service(tmp_path):
     env.update(TRITON_INTERPRET="1", FXCC_DATA_DIR=str(tmp_path / "data"),
                FXCC_TEST_ONLY_COMPILE_DELAY_S="3")
     log = (tmp_path / "serve.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "client.cli", "serve", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "fxcc.client.cli", "serve", "--port", str(port)],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -17,9 +17,9 @@ import httpx
 import pytest
 import redis
 
-from client.demo import free_port, wait_healthy
-from compiler_core.wire import CompileRequest, GraphSpec, Node, NodeRef, Placeholder, Target, TensorSpec
-from service.keys import TUNE_GROUP, RedisKeys
+from fxcc.client.demo import free_port, wait_healthy
+from fxcc.compiler_core.wire import CompileRequest, GraphSpec, Node, NodeRef, Placeholder, Target, TensorSpec
+from fxcc.service.keys import TUNE_GROUP, RedisKeys
 
 pytestmark = pytest.mark.e2e
 TOKEN = "e2e-tune-token"
@@ -44,7 +44,7 @@ def cpu_cluster(redis_url: str, redis_prefix: str, tmp_path: Path) -> Iterator[s
                FXCC_DATA_DIR=str(tmp_path / "data"), FXCC_CLAIM_BLOCK_MS="100", FXCC_HEARTBEAT_S="0.2",
                FXCC_TOKEN=TOKEN)
     logs = {name: tmp_path / f"{name}.log" for name in ("serve", "worker-a", "worker-b")}
-    cli = [sys.executable, "-m", "client.cli"]
+    cli = [sys.executable, "-m", "fxcc.client.cli"]
     procs = [subprocess.Popen(cli + ["serve", "--port", str(port)], env=env, stdout=logs["serve"].open("w"),
                               stderr=subprocess.STDOUT)]
     procs += [subprocess.Popen(cli + ["worker", "--device", "cpu"], env=env, stdout=logs[w].open("w"),
@@ -125,7 +125,7 @@ def test_a_killed_embedded_serve_finds_its_tune_job_when_started_again(tmp_path:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FXCC_")}
     env.update(TRITON_INTERPRET="1", FXCC_DATA_DIR=str(tmp_path / "data"), FXCC_EMBEDDED_DEVICE="cpu",
                FXCC_TOKEN=TOKEN)
-    cmd = [sys.executable, "-m", "client.cli", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "fxcc.client.cli", "serve", "--port", str(port)]
     logs = [tmp_path / "serve-1.log", tmp_path / "serve-2.log"]
     first = subprocess.Popen(cmd, env=env, stdout=logs[0].open("w"), stderr=subprocess.STDOUT)
     second = None

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 
 
 def _client_pass(env: dict[str, str], out: Path) -> list[dict]:
-    subprocess.run([sys.executable, "-m", "client.demo", "--client-pass", str(out)], env=env,
+    subprocess.run([sys.executable, "-m", "fxcc.client.demo", "--client-pass", str(out)], env=env,
                    check=True, timeout=600)
     return json.loads(out.read_text())
 
@@ -62,7 +62,7 @@ def test_seed_examples_compile_remotely_then_hit_shared_cache(cluster, redis_url
 DYNAMIC_CLIENT = """
 import json, sys, torch
 from torch import nn
-from client.backend import events
+from fxcc.client.backend import events
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 8)).eval()
 compiled = torch.compile(model, backend="fxcc")

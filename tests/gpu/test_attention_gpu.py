@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from client import cuda_loader
-from client.runtime import cuda_arch_key, load_plan
-from compiler_core.artifact import Artifact
-from compiler_core.build import compile_and_build
-from compiler_core.codegen.attention import int_args, is_template_kernel
-from compiler_core.wire import CompileOptions, CompileRequest, Target
+from fxcc.client import cuda_loader
+from fxcc.client.runtime import cuda_arch_key, load_plan
+from fxcc.compiler_core.artifact import Artifact
+from fxcc.compiler_core.build import compile_and_build
+from fxcc.compiler_core.codegen.attention import int_args, is_template_kernel
+from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 
 pytestmark = [
     pytest.mark.gpu,
@@ -47,8 +47,8 @@ def _target() -> Target:
 
 
 def _compiled(fn: Any, inputs: list[torch.Tensor], allow_tf32: bool, tune: bool = False) -> Artifact:
-    from client.backend import decomposition_table
-    from client.capture import capture_graph
+    from fxcc.client.backend import decomposition_table
+    from fxcc.client.capture import capture_graph
 
     with torch.no_grad():
         gm = make_fx(fn, decomposition_table=decomposition_table())(*inputs)
@@ -159,10 +159,10 @@ def test_tuned_template_runs_from_cubins(name: str) -> None:
 @pytest.mark.usefixtures("fresh_compiles", "tf32")
 @pytest.mark.parametrize("name", ["transformer_block", "gpt2"])
 def test_workloads_through_torch_compile_use_the_template_and_match_eager(name: str) -> None:
-    from client import backend
-    from client.cache import LocalCache
-    from client.examples import GPT2, TransformerBlock
-    from client.settings import ClientSettings
+    from fxcc.client import backend
+    from fxcc.client.cache import LocalCache
+    from fxcc.client.examples import GPT2, TransformerBlock
+    from fxcc.client.settings import ClientSettings
 
     torch.manual_seed(0)
     if name == "transformer_block":

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import torch
 
-from client import cuda_loader
-from client.runtime import cuda_arch_key, load_plan
-from compiler_core.artifact import Artifact, KernelStep
-from compiler_core.autotune import step_sizes
-from compiler_core.build import compile_and_build
-from compiler_core.wire import CompileOptions, CompileRequest, Target
+from fxcc.client import cuda_loader
+from fxcc.client.runtime import cuda_arch_key, load_plan
+from fxcc.compiler_core.artifact import Artifact, KernelStep
+from fxcc.compiler_core.autotune import step_sizes
+from fxcc.compiler_core.build import compile_and_build
+from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 
 pytestmark = [
     pytest.mark.gpu,
@@ -44,8 +44,8 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[], list[torch.Tensor]]]] = 
 def _request(fn: Callable[..., Any], inputs: list[torch.Tensor], mode: str = "default") -> CompileRequest:
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from client.backend import decomposition_table
-    from client.capture import capture_graph
+    from fxcc.client.backend import decomposition_table
+    from fxcc.client.capture import capture_graph
 
     with torch.no_grad():
         gm = make_fx(fn, decomposition_table=decomposition_table())(*inputs)

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from bench.handmade import cos_sin_artifact, cos_sin_request
-from client import cuda_loader
-from client.runtime import cuda_arch_key, load_plan
-from compiler_core.artifact import load_artifact
-from compiler_core.build import build_artifact
+from fxcc.client import cuda_loader
+from fxcc.client.runtime import cuda_arch_key, load_plan
+from fxcc.compiler_core.artifact import load_artifact
+from fxcc.compiler_core.build import build_artifact
 
 pytestmark = [
     pytest.mark.gpu,
@@ -107,9 +107,9 @@ def test_cubins_built_on_another_machine_run_here():
 
 @pytest.mark.parametrize("index", [0, 1, 2], ids=["cos_sin", "bias_gelu_ln", "transformer_block"])
 def test_seed_workloads_through_torch_compile_match_eager(index, tmp_path, monkeypatch, no_tf32):
-    from client import backend
-    from client.backend import fxcc_backend
-    from client.examples import seed_workloads
+    from fxcc.client import backend
+    from fxcc.client.backend import fxcc_backend
+    from fxcc.client.examples import seed_workloads
 
     monkeypatch.setenv("FXCC_CACHE_DIR", str(tmp_path))
     for k in ("FXCC_URL", "FXCC_FALLBACK"):

@@ -16,13 +16,13 @@ pytestmark = [
 
 
 def fxcc_backend(gm, example_inputs, **kwargs):
-    from client.backend import fxcc_backend as backend
+    from fxcc.client.backend import fxcc_backend as backend
 
     return backend(gm, example_inputs, **kwargs)
 
 
 def _counts() -> tuple[int, int]:
-    from client.cuda_graphs import stats
+    from fxcc.client.cuda_graphs import stats
 
     return stats.captures, stats.replays
 
@@ -48,7 +48,7 @@ def test_a_conv_net_replays_a_graph_whose_outputs_stay_the_callers():
         y3 = compiled(x)  # replayed: reads the new values
         assert _counts() == (captures + 1, replays + 2)
         torch.cuda.synchronize()
-    from client.backend import events
+    from fxcc.client.backend import events
 
     assert events()[-1].runs_as.startswith("cuda graph")
     for y in (y1, y2):
@@ -58,7 +58,7 @@ def test_a_conv_net_replays_a_graph_whose_outputs_stay_the_callers():
 
 
 def test_other_input_addresses_run_step_by_step_until_they_repeat():
-    from client.cuda_graphs import MAX_GRAPHS
+    from fxcc.client.cuda_graphs import MAX_GRAPHS
 
     model = _resnet()
     compiled = torch.compile(model, backend=fxcc_backend)
@@ -91,7 +91,7 @@ def test_replays_on_another_stream_wait_for_the_last_one():
 
 
 def test_off_by_setting_for_training_and_for_large_outputs(monkeypatch):
-    from client import cuda_graphs
+    from fxcc.client import cuda_graphs
 
     model = _resnet()
     x = torch.randn(4, 3, 64, 64, device="cuda")
@@ -127,8 +127,8 @@ def test_off_by_setting_for_training_and_for_large_outputs(monkeypatch):
 
 
 def _check_cut_plan(compiled, model, x, cut_before):
-    from client import cuda_graphs
-    from client.backend import events
+    from fxcc.client import cuda_graphs
+    from fxcc.client.backend import events
 
     captures, replays = _counts()
     with torch.no_grad():
@@ -153,7 +153,7 @@ def test_a_language_model_head_replays_all_but_its_logits_step_by_step():
     torch.manual_seed(0)
     blocks = [nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.LayerNorm(256)) for _ in range(6)]
     model = nn.Sequential(*blocks, nn.Linear(256, 16384, bias=False)).cuda().eval()
-    from client import cuda_graphs
+    from fxcc.client import cuda_graphs
 
     compiled = torch.compile(model, backend=fxcc_backend)
     x = torch.randn(4, 64, 256, device="cuda")
@@ -164,7 +164,7 @@ _CAPTURE_PEAK = r"""
 import json, os, sys
 import torch
 from torch import nn
-from client.backend import fxcc_backend
+from fxcc.client.backend import fxcc_backend
 
 def peak(fn):
     torch.cuda.synchronize()
@@ -195,7 +195,7 @@ with torch.no_grad():
     graphed(x)  # step by step, on the capture stream
     res["capture"], out = peak(lambda: graphed(x))
     res["replay"] = peak(lambda: graphed(x))[0]
-    from client.cuda_graphs import stats
+    from fxcc.client.cuda_graphs import stats
     res["captures"], res["replays"] = stats.captures, stats.replays
     res["err"] = float((out - ref).abs().max())
 print(json.dumps(res))

@@ -10,9 +10,9 @@ import ctypes
 import pytest
 import torch
 
-from client import cuda_loader
-from client.cuda_loader import CubinKernel, LaunchMeta, StepLauncher
-from compiler_core.errors import ArtifactError
+from fxcc.client import cuda_loader
+from fxcc.client.cuda_loader import CubinKernel, LaunchMeta, StepLauncher
+from fxcc.compiler_core.errors import ArtifactError
 
 
 def _meta(signature: tuple[str, ...], scratch: int = 2, div16: tuple[int, ...] = ()) -> LaunchMeta:

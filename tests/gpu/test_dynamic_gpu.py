@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from client import cuda_loader
-from client.backend import events, fxcc_backend
-from client.examples import GPT2Block
+from fxcc.client import cuda_loader
+from fxcc.client.backend import events, fxcc_backend
+from fxcc.client.examples import GPT2Block
 
 pytestmark = [
     pytest.mark.gpu,

@@ -21,12 +21,12 @@ def _channels_last(sizes: list[int], strides: list[int]) -> bool:
 def test_small_resnet_runs_its_convs_channels_last_and_matches_eager():
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from client import runtime
-    from client.backend import decomposition_table
-    from client.capture import capture_graph
-    from client.runtime import load_plan
-    from compiler_core.build import compile_and_build
-    from compiler_core.wire import CompileOptions, CompileRequest, Target
+    from fxcc.client import runtime
+    from fxcc.client.backend import decomposition_table
+    from fxcc.client.capture import capture_graph
+    from fxcc.client.runtime import load_plan
+    from fxcc.compiler_core.build import compile_and_build
+    from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
     from tests.compiler_core.test_passes_layout import small_resnet
 
     model = small_resnet().cuda()
@@ -55,9 +55,9 @@ def test_small_resnet_runs_its_convs_channels_last_and_matches_eager():
 @pytest.mark.usefixtures("no_tf32", "fresh_compiles")
 @pytest.mark.parametrize("stride", [1, 2], ids=["identity_shortcut", "downsample"])
 def test_bottleneck_through_torch_compile_matches_eager(stride, monkeypatch):
-    from client import runtime
-    from client.backend import fxcc_backend
-    from client.examples import Bottleneck
+    from fxcc.client import runtime
+    from fxcc.client.backend import fxcc_backend
+    from fxcc.client.examples import Bottleneck
 
     monkeypatch.setenv("FXCC_FALLBACK", "error")
     torch.manual_seed(0)

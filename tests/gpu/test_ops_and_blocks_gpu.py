@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.utils._pytree as pytree
 
-from client import cuda_loader
-from client.runtime import cuda_arch_key
+from fxcc.client import cuda_loader
+from fxcc.client.runtime import cuda_arch_key
 
 pytestmark = [
     pytest.mark.gpu,
@@ -43,11 +43,11 @@ def _ci_ops() -> tuple[list[str], set[str]]:
 def _compile_and_run(fn, tensors: list[torch.Tensor]):  # type: ignore[no-untyped-def]
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from client.backend import decomposition_table
-    from client.capture import capture_graph
-    from client.runtime import load_plan
-    from compiler_core.build import compile_and_build
-    from compiler_core.wire import CompileOptions, CompileRequest, Target
+    from fxcc.client.backend import decomposition_table
+    from fxcc.client.capture import capture_graph
+    from fxcc.client.runtime import load_plan
+    from fxcc.compiler_core.build import compile_and_build
+    from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 
     def flat_fn(*xs):  # type: ignore[no-untyped-def]
         return pytree.tree_leaves(fn(*xs))
@@ -119,14 +119,14 @@ def test_ci_ops_from_cubins_match_eager(dtype):
 
 
 def _blocks():  # type: ignore[no-untyped-def]
-    from client.examples import model_blocks
+    from fxcc.client.examples import model_blocks
 
     return model_blocks()
 
 
 @pytest.fixture
 def _fxcc_on_gpu(tmp_path, monkeypatch, no_tf32):  # type: ignore[no-untyped-def]
-    from client import backend
+    from fxcc.client import backend
 
     for k in ("FXCC_URL", "FXCC_BLOCKING", "FXCC_PRECOMPILE"):
         monkeypatch.delenv(k, raising=False)
@@ -141,7 +141,7 @@ def _fxcc_on_gpu(tmp_path, monkeypatch, no_tf32):  # type: ignore[no-untyped-def
 @pytest.mark.usefixtures("_fxcc_on_gpu")
 @pytest.mark.parametrize("name", ["transformer", "gpt2", "llama", "bottleneck"])
 def test_block_inference_from_cubins_matches_eager(name):
-    from client.backend import fxcc_backend
+    from fxcc.client.backend import fxcc_backend
 
     model, x = _blocks()[name]
     model, x = model.cuda().eval(), x.cuda()
@@ -156,7 +156,7 @@ def test_block_inference_from_cubins_matches_eager(name):
 @pytest.mark.usefixtures("_fxcc_on_gpu")
 @pytest.mark.parametrize("name", ["gpt2", "bottleneck"])
 def test_block_training_step_from_cubins_matches_eager(name):
-    from client.backend import fxcc_backend
+    from fxcc.client.backend import fxcc_backend
 
     (model, x), (ref, _) = _blocks()[name], _blocks()[name]
     model, ref, x = model.cuda().train(), ref.cuda().train(), x.cuda()

@@ -1,7 +1,7 @@
 """On a GPU: an untuned artifact stored by a CPU worker is tuned later by a GPU worker through the tune
 queue, for real (triton.testing.do_bench over the candidates), its cubins rebuilt for the winners, and
 the tuned artifact supersedes the untuned one and runs from its cubins, matching eager. Once with the
-embedded store and a worker thread, once with real `python -m worker` processes (CPU, then GPU) on a
+embedded store and a worker thread, once with real `python -m fxcc.worker` processes (CPU, then GPU) on a
 real Redis (FXCC_TEST_REDIS_URL or redis-server on PATH; skipped without). Skipped without CUDA."""
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ def _inputs() -> list[torch.Tensor]:
 def _request() -> Any:
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from client.backend import decomposition_table
-    from client.capture import capture_graph
-    from compiler_core.wire import CompileOptions, CompileRequest, Target
+    from fxcc.client.backend import decomposition_table
+    from fxcc.client.capture import capture_graph
+    from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 
     inputs = _inputs()
     with torch.no_grad():
@@ -52,8 +52,8 @@ def _request() -> Any:
 
 
 def _check_tuned_and_runs(untuned: Any, tuned: Any) -> None:
-    from client import cuda_loader
-    from client.runtime import cuda_arch_key, load_plan
+    from fxcc.client import cuda_loader
+    from fxcc.client.runtime import cuda_arch_key, load_plan
 
     arch = cuda_arch_key()
     m = tuned.manifest
@@ -75,10 +75,10 @@ def _check_tuned_and_runs(untuned: Any, tuned: Any) -> None:
 def test_a_gpu_worker_thread_tunes_what_a_cpu_worker_stored(tmp_path: Path) -> None:
     pytest.importorskip("redis")  # worker.loop's outage handling names redis-py's errors
     pytest.importorskip("pydantic_settings")  # the worker's settings
-    from compiler_core.keys import compile_key
-    from service.embedded_store import EmbeddedStore
-    from worker.loop import Consumer
-    from worker.process import JobPolicy, on_device, process_claim
+    from fxcc.compiler_core.keys import compile_key
+    from fxcc.service.embedded_store import EmbeddedStore
+    from fxcc.worker.loop import Consumer
+    from fxcc.worker.process import JobPolicy, on_device, process_claim
 
     store = EmbeddedStore(tmp_path / "data")
     req = _request()
@@ -114,7 +114,7 @@ def test_a_gpu_worker_thread_tunes_what_a_cpu_worker_stored(tmp_path: Path) -> N
 
 
 def _worker(env: dict[str, str], device: str, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "worker", "--device", device], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "fxcc.worker", "--device", device], cwd=REPO, env=env,
                             stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
@@ -123,9 +123,9 @@ def test_worker_processes_on_redis_cpu_compiles_gpu_tunes(request: pytest.Fixtur
         pytest.skip("needs a Redis: FXCC_TEST_REDIS_URL or redis-server on PATH")
     pytest.importorskip("redis")
     pytest.importorskip("pydantic_settings")
-    from compiler_core.keys import compile_key
-    from service.redis_store import RedisStore
-    from service.settings import ServiceSettings
+    from fxcc.compiler_core.keys import compile_key
+    from fxcc.service.redis_store import RedisStore
+    from fxcc.service.settings import ServiceSettings
 
     redis_url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("redis_prefix")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FXCC_")}

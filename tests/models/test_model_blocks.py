@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from client import backend
-from client.examples import model_blocks
+from fxcc.client import backend
+from fxcc.client.examples import model_blocks
 
 
 @pytest.fixture(autouse=True)

@@ -64,11 +64,11 @@ def compile_and_run(fn, tensors: list[torch.Tensor]):
     """fxcc's result of `fn(*tensors)`, plus the artifact's (lowered, extern) node counts."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from client.backend import decomposition_table
-    from client.capture import capture_graph
-    from client.runtime import load_plan
-    from compiler_core.compile import compile_request
-    from compiler_core.wire import CompileRequest
+    from fxcc.client.backend import decomposition_table
+    from fxcc.client.capture import capture_graph
+    from fxcc.client.runtime import load_plan
+    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.wire import CompileRequest
 
     def flat_fn(*xs):
         return pytree.tree_leaves(fn(*xs))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from compiler_core.wire import (
+from fxcc.compiler_core.wire import (
     CompileRequest,
     GraphSpec,
     IntArg,
@@ -18,7 +18,7 @@ from compiler_core.wire import (
     Placeholder,
     TensorSpec,
 )
-from service.settings import ServiceSettings
+from fxcc.service.settings import ServiceSettings
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def embedded_settings(tmp_path: Path) -> ServiceSettings:
 
 @pytest.fixture
 def redis_store(redis_settings: ServiceSettings) -> Iterator:
-    from service.redis_store import RedisStore
+    from fxcc.service.redis_store import RedisStore
 
     store = RedisStore(redis_settings)
     yield store
@@ -49,7 +49,7 @@ def store(request: pytest.FixtureRequest, embedded_settings: ServiceSettings) ->
     if request.param == "redis":
         yield request.getfixturevalue("redis_store")
     else:
-        from service.embedded_store import EmbeddedStore
+        from fxcc.service.embedded_store import EmbeddedStore
 
         yield EmbeddedStore(embedded_settings.data_dir)
 

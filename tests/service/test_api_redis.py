@@ -9,12 +9,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from fastapi.testclient import TestClient
 
-from compiler_core.keys import compile_key
-from compiler_core.wire import CompileRequest
-from service.app import create_app
-from service.redis_store import RedisStore
-from service.settings import ServiceSettings
-from worker.process import process_claim
+from fxcc.compiler_core.keys import compile_key
+from fxcc.compiler_core.wire import CompileRequest
+from fxcc.service.app import create_app
+from fxcc.service.redis_store import RedisStore
+from fxcc.service.settings import ServiceSettings
+from fxcc.worker.process import process_claim
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from compiler_core.wire import CompileRequest
-from service.app import create_app
-from service.settings import ServiceSettings
+from fxcc.compiler_core.wire import CompileRequest
+from fxcc.service.app import create_app
+from fxcc.service.settings import ServiceSettings
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from compiler_core.wire import CompileRequest
-from service.app import create_app
-from service.settings import ServiceSettings, TokenEntry
+from fxcc.compiler_core.wire import CompileRequest
+from fxcc.service.app import create_app
+from fxcc.service.settings import ServiceSettings, TokenEntry
 
 CLIENT_TOKEN = "client-secret-1"
 ADMIN_TOKEN = "admin-secret-2"

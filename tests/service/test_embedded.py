@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 from fastapi.testclient import TestClient
 
-from compiler_core.artifact import Artifact, manifest_from_json
-from compiler_core.wire import CompileRequest
-from service.app import create_app
-from service.settings import ServiceSettings
+from fxcc.compiler_core.artifact import Artifact, manifest_from_json
+from fxcc.compiler_core.wire import CompileRequest
+from fxcc.service.app import create_app
+from fxcc.service.settings import ServiceSettings
 
 
 def post(client: TestClient, req: CompileRequest):

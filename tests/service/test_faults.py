@@ -1,4 +1,4 @@
-"""Fault tests with real processes: `fxcc serve` replicas, `python -m worker` processes and redis-server.
+"""Fault tests with real processes: `fxcc serve` replicas, `python -m fxcc.worker` processes and redis-server.
 
 64 concurrent identical requests give one compile; a worker killed with SIGKILL mid-job loses
 nothing; SIGTERM finishes or requeues the job in hand; Redis going away gives 503 + Retry-After
@@ -24,7 +24,7 @@ import httpx
 import pytest
 import redis
 
-from compiler_core.wire import CompileRequest
+from fxcc.compiler_core.wire import CompileRequest
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "fault-test-admin-token"
@@ -70,14 +70,14 @@ class Cluster:
     def server(self, name: str = "api", *, ready: bool = True, **fxcc: str) -> str:
         """Start `fxcc serve`; with ready=False do not wait for it (start several side by side)."""
         port = free_port()
-        self.spawn(name, ["-c", f"from service.server import serve_main; serve_main('127.0.0.1', {port})"], **fxcc)
+        self.spawn(name, ["-c", f"from fxcc.service.server import serve_main; serve_main('127.0.0.1', {port})"], **fxcc)
         url = f"http://127.0.0.1:{port}"
         if ready:
             wait_ready(url)
         return url
 
     def worker(self, name: str, **fxcc: str) -> subprocess.Popen:
-        return self.spawn(name, ["-m", "worker", "--device", "cpu"], **fxcc)
+        return self.spawn(name, ["-m", "fxcc.worker", "--device", "cpu"], **fxcc)
 
     def log(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text(errors="replace")

@@ -12,10 +12,10 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from compiler_core.compile import compile_request
-from compiler_core.wire import CompileRequest
-from service.app import create_app
-from service.settings import ServiceSettings, TokenEntry
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.wire import CompileRequest
+from fxcc.service.app import create_app
+from fxcc.service.settings import ServiceSettings, TokenEntry
 
 TOKENS = {"ci-a": "secret-a", "ci-b": "secret-b"}
 KEY = "0123456789abcdef" * 4
@@ -159,7 +159,7 @@ def test_a_big_body_is_413(client: TestClient, artifact_key: str) -> None:
 
 
 def test_stats_count_hits_misses_puts_and_refusals(client: TestClient, artifact_key: str) -> None:
-    from service.stats import gather_stats, render_metrics
+    from fxcc.service.stats import gather_stats, render_metrics
 
     store = client.app.state.store
     assert gather_stats(store)["pre_aot"] == {"hits": 0, "misses": 0, "puts": 0, "refused": 0}

@@ -9,13 +9,13 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from compiler_core.artifact import Artifact, KernelInfo, add_blob
-from compiler_core.compile import compile_request
-from compiler_core.keys import compile_key
-from compiler_core.wire import CompileRequest
-from service.keys import GROUP
-from service.redis_store import RedisStore
-from service.settings import ServiceSettings
+from fxcc.compiler_core.artifact import Artifact, KernelInfo, add_blob
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.keys import compile_key
+from fxcc.compiler_core.wire import CompileRequest
+from fxcc.service.keys import GROUP
+from fxcc.service.redis_store import RedisStore
+from fxcc.service.settings import ServiceSettings
 
 
 def artifact_with_blobs(req: CompileRequest, n: int = 3) -> Artifact:

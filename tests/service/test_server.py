@@ -22,7 +22,7 @@ def test_serve_main_embedded(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FXCC_")}
     env["FXCC_DATA_DIR"] = str(tmp_path / "data")
     log = tmp_path / "serve.log"
-    code = f"from service.server import serve_main; serve_main('127.0.0.1', {port})"
+    code = f"from fxcc.service.server import serve_main; serve_main('127.0.0.1', {port})"
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdout=out,
                                 stderr=subprocess.STDOUT)

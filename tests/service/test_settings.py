@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from service.keys import RedisKeys
-from service.settings import ServiceSettings, redacted_url
+from fxcc.service.keys import RedisKeys
+from fxcc.service.settings import ServiceSettings, redacted_url
 
 
 def test_env_prefix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

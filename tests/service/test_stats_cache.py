@@ -11,13 +11,13 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from compiler_core.artifact import canonical_json
-from compiler_core.signing import verify_manifest
-from compiler_core.wire import CompileRequest
-from service.app import create_app
-from service.redis_store import RedisStore
-from service.settings import ServiceSettings
-from worker.process import JobPolicy, process_claim
+from fxcc.compiler_core.artifact import canonical_json
+from fxcc.compiler_core.signing import verify_manifest
+from fxcc.compiler_core.wire import CompileRequest
+from fxcc.service.app import create_app
+from fxcc.service.redis_store import RedisStore
+from fxcc.service.settings import ServiceSettings
+from fxcc.worker.process import JobPolicy, process_claim
 
 
 @pytest.fixture

@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 import pytest
 
-from compiler_core.artifact import Artifact, KernelInfo, add_blob
-from compiler_core.compile import compile_request
-from compiler_core.keys import compile_key
-from compiler_core.wire import CompileRequest
-from service.store import JobError, JobStage, JobState, Store, TokenRecord
+from fxcc.compiler_core.artifact import Artifact, KernelInfo, add_blob
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.keys import compile_key
+from fxcc.compiler_core.wire import CompileRequest
+from fxcc.service.store import JobError, JobStage, JobState, Store, TokenRecord
 
 
 def artifact_with_blobs(req: CompileRequest) -> Artifact:
@@ -169,7 +169,7 @@ def test_untuned_put_racing_a_tuned_one_never_lands_last(redis_store: Store, mon
                                                          make_unary: Callable[..., CompileRequest]) -> None:
     """A tuned put lands between an untuned put's check and its write: the WATCH sees it, the
     check runs again, and the tuned manifest stays."""
-    from service import redis_cache
+    from fxcc.service import redis_cache
 
     art = artifact_with_blobs(make_unary())
     tuned = Artifact(art.manifest.model_copy(update={"tuned": True}), art.blobs)

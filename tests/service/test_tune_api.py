@@ -10,13 +10,13 @@ from collections.abc import Callable, Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from compiler_core.artifact import Artifact, TuningRecord
-from compiler_core.wire import CompileRequest, Target
-from service.app import create_app
-from service.settings import ServiceSettings
-from service.store import JobStage
-from worker import process, tune
-from worker.process import JobPolicy, process_claim
+from fxcc.compiler_core.artifact import Artifact, TuningRecord
+from fxcc.compiler_core.wire import CompileRequest, Target
+from fxcc.service.app import create_app
+from fxcc.service.settings import ServiceSettings
+from fxcc.service.store import JobStage
+from fxcc.worker import process, tune
+from fxcc.worker.process import JobPolicy, process_claim
 
 
 def post(client: TestClient, req: CompileRequest):

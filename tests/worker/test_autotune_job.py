@@ -9,13 +9,13 @@ from collections.abc import Callable
 
 import pytest
 
-from compiler_core.artifact import Artifact
-from compiler_core.compile import compile_request
-from compiler_core.keys import compile_key
-from compiler_core.wire import CompileRequest, Target
-from service.store import Claim, JobState, Store
-from worker import process
-from worker.process import JobPolicy, process_claim
+from fxcc.compiler_core.artifact import Artifact
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.keys import compile_key
+from fxcc.compiler_core.wire import CompileRequest, Target
+from fxcc.service.store import Claim, JobState, Store
+from fxcc.worker import process
+from fxcc.worker.process import JobPolicy, process_claim
 
 GPU = JobPolicy(tune_device="cuda:0")
 

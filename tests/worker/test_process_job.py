@@ -8,12 +8,12 @@ from dataclasses import replace
 
 import pytest
 
-from compiler_core.compile import compile_request
-from compiler_core.keys import compile_key
-from compiler_core.signing import verify_manifest
-from compiler_core.wire import CompileRequest
-from service.store import Claim, JobStage, JobState, Store
-from worker.process import JobPolicy, process_claim
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.keys import compile_key
+from fxcc.compiler_core.signing import verify_manifest
+from fxcc.compiler_core.wire import CompileRequest
+from fxcc.service.store import Claim, JobStage, JobState, Store
+from fxcc.worker.process import JobPolicy, process_claim
 
 
 def queue(store: Store, req: CompileRequest, request_json: str | None = None) -> Claim:
@@ -72,7 +72,7 @@ def test_crashing_compile_is_retried_then_dead_lettered(store: Store, monkeypatc
     def crash(request: CompileRequest) -> None:
         raise MemoryError("out of memory while building")
 
-    monkeypatch.setattr("worker.process.compile_request", crash)
+    monkeypatch.setattr("fxcc.worker.process.compile_request", crash)
     claim = queue(store, make_unary())
     policy = JobPolicy(max_attempts=2)
     job = process_claim(store, claim, policy=policy)
@@ -138,8 +138,8 @@ def test_unknown_job(store: Store) -> None:
 
 
 def test_cuda_target_is_built_with_a_building_stage(store: Store, make_unary: Callable[..., CompileRequest]) -> None:
-    from compiler_core.build import arch_key, cuda_build_unavailable
-    from compiler_core.wire import CompileOptions, Target
+    from fxcc.compiler_core.build import arch_key, cuda_build_unavailable
+    from fxcc.compiler_core.wire import CompileOptions, Target
 
     if cuda_build_unavailable() is not None:
         pytest.skip(cuda_build_unavailable())

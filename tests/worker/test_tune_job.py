@@ -12,16 +12,16 @@ from dataclasses import replace
 
 import pytest
 
-from compiler_core.artifact import Artifact, TuningRecord
-from compiler_core.build import arch_key
-from compiler_core.compile import compile_request
-from compiler_core.keys import compile_key
-from compiler_core.signing import verify_manifest
-from compiler_core.wire import CompileRequest, Target
-from service.settings import ServiceSettings
-from service.store import Claim, JobRecord, JobStage, JobState, Store
-from worker import tune
-from worker.process import JobPolicy, process_claim
+from fxcc.compiler_core.artifact import Artifact, TuningRecord
+from fxcc.compiler_core.build import arch_key
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.keys import compile_key
+from fxcc.compiler_core.signing import verify_manifest
+from fxcc.compiler_core.wire import CompileRequest, Target
+from fxcc.service.settings import ServiceSettings
+from fxcc.service.store import Claim, JobRecord, JobStage, JobState, Store
+from fxcc.worker import tune
+from fxcc.worker.process import JobPolicy, process_claim
 
 CPU = JobPolicy()
 GPU = JobPolicy(tune_device="cuda:0", tune_arch=90)
@@ -255,7 +255,7 @@ def test_a_queued_tune_job_can_be_cancelled(store: Store, make_unary: Callable[.
 
 def test_a_dead_gpu_workers_tune_job_is_taken_over_by_another_gpu(
         redis_settings: ServiceSettings, fake_gpu: FakeTuner, make_unary: Callable[..., CompileRequest]) -> None:
-    from service.redis_store import RedisStore
+    from fxcc.service.redis_store import RedisStore
 
     store = RedisStore(redis_settings.model_copy(update={"claim_idle_ms": 100}))
     try:
@@ -283,7 +283,7 @@ def test_a_dead_gpu_workers_tune_job_is_taken_over_by_another_gpu(
 
 def embedded(settings: ServiceSettings) -> Store:
     """An EmbeddedStore on the test's data dir: a new one is what a restarted `fxcc serve` opens."""
-    from service.embedded_store import EmbeddedStore
+    from fxcc.service.embedded_store import EmbeddedStore
 
     return EmbeddedStore(settings.data_dir)
 

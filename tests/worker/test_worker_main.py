@@ -1,4 +1,4 @@
-"""The worker as a process: `python -m worker` against a real Redis, its loop, signals and exit codes."""
+"""The worker as a process: `python -m fxcc.worker` against a real Redis, its loop, signals and exit codes."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from compiler_core.keys import compile_key
-from compiler_core.wire import CompileRequest
-from service.app import create_app
-from service.redis_store import RedisStore
-from service.settings import ServiceSettings
-from service.store import JobState
-from worker.loop import Consumer
+from fxcc.compiler_core.keys import compile_key
+from fxcc.compiler_core.wire import CompileRequest
+from fxcc.service.app import create_app
+from fxcc.service.redis_store import RedisStore
+from fxcc.service.settings import ServiceSettings
+from fxcc.service.store import JobState
+from fxcc.worker.loop import Consumer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,7 @@ def worker_env(**fxcc: str) -> dict[str, str]:
 
 
 def test_without_redis_url_exits_2() -> None:
-    proc = subprocess.run([sys.executable, "-m", "worker"], check=False, cwd=REPO, env=worker_env(),
+    proc = subprocess.run([sys.executable, "-m", "fxcc.worker"], check=False, cwd=REPO, env=worker_env(),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "FXCC_REDIS_URL" in proc.stderr
@@ -40,7 +40,7 @@ def test_without_redis_url_exits_2() -> None:
 def test_bad_configuration_exits_2(redis_url: str) -> None:
     with_password = redis_url.replace("redis://", "redis://:wrong@")  # the test Redis has none
     for env in (worker_env(redis_url=with_password), worker_env(redis_url=redis_url, heartbeat_s="-1")):
-        proc = subprocess.run([sys.executable, "-m", "worker"], check=False, cwd=REPO, env=env,
+        proc = subprocess.run([sys.executable, "-m", "fxcc.worker"], check=False, cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2, proc.stderr
         assert "wrong" not in proc.stderr  # the password never reaches the log
@@ -52,7 +52,7 @@ def test_worker_process_compiles_jobs_posted_over_http(redis_settings: ServiceSe
                      heartbeat_s="0.2", claim_block_ms="200")
     log = tmp_path / "worker.log"
     with log.open("wb") as out, TestClient(create_app(redis_settings)) as client:
-        proc = subprocess.Popen([sys.executable, "-m", "worker", "--device", "cpu"], cwd=REPO, env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "fxcc.worker", "--device", "cpu"], cwd=REPO, env=env,
                                 stdout=out, stderr=subprocess.STDOUT)
         try:
             queued = client.post("/v1/compile", content=make_unary().model_dump_json(),
@@ -94,7 +94,7 @@ def test_consumer_takes_over_a_dead_workers_job(redis_settings: ServiceSettings,
 
 
 def test_device_option_accepts_gpu_indices_and_rejects_others():
-    from worker.main import _DEVICE_RE, resolve_device
+    from fxcc.worker.main import _DEVICE_RE, resolve_device
 
     assert [resolve_device(d) for d in ("0", "3", "cuda:1", "cpu")] == ["cuda:0", "cuda:3", "cuda:1", "cpu"]
     assert not any(_DEVICE_RE.fullmatch(d) for d in ("gpu", "cuda:", "0;rm -rf", "-1"))
