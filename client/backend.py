@@ -161,8 +161,7 @@ class GraphCompiler:
         if self.settings.url:
             from fxcc.client.remote import RemoteService
 
-            remote = RemoteService(self.settings.url, self.settings.token,
-                                   self.settings.request_timeout_s, self.settings.signing_key)
+            remote = RemoteService.for_settings(self.settings)
             try:
                 art, source = remote.compile(request, key, self.settings.compile_timeout_s)
             finally:
@@ -184,8 +183,7 @@ class GraphCompiler:
         from fxcc.client.remote import RemoteService
 
         try:
-            remote = RemoteService(self.settings.url or "", self.settings.token,
-                                   self.settings.request_timeout_s, self.settings.signing_key)
+            remote = RemoteService.for_settings(self.settings)
             try:
                 art = remote.get_artifact(key)
             finally:
@@ -255,8 +253,7 @@ class GraphCompiler:
         if self.settings.url:
             from fxcc.client.remote import RemoteService
 
-            remote = RemoteService(self.settings.url, self.settings.token,
-                                   self.settings.request_timeout_s)
+            remote = RemoteService.for_settings(self.settings)
             try:
                 answer = remote.submit(request)
             finally:

@@ -1,4 +1,4 @@
-"""The `fxcc` command: serve, worker, demo, precompile, status, jobs, stats, cache, doctor."""
+"""The `fxcc` command: serve, worker, demo, precompile, status, jobs, stats, cache, keygen, doctor."""
 
 from __future__ import annotations
 
@@ -58,6 +58,26 @@ def _precompile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keygen(args: argparse.Namespace) -> int:
+    """A new Ed25519 key pair for workers: the private key for FXCC_SIGNING_KEY(_FILE) on workers,
+    the public key for FXCC_TRUSTED_KEYS on clients."""
+    from pathlib import Path
+
+    from fxcc.compiler_core.signing import write_key_pair
+
+    private = Path(args.out)
+    public = private.with_name(private.name + ".pub")
+    try:
+        signer = write_key_pair(private, public)
+    except (FileExistsError, OSError) as e:
+        print(f"fxcc keygen: {e}", file=sys.stderr)
+        return 1
+    print(f"private key (workers: FXCC_SIGNING_KEY_FILE={private}; keep it secret): {private}")
+    print(f"public key  (clients: FXCC_TRUSTED_KEYS={public}): {public}")
+    print(signer.public.text)
+    return 0
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from fxcc.client.doctor import doctor
 
@@ -92,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     from fxcc.client.cli_service import add_parsers
 
     add_parsers(sub)
+
+    kg = sub.add_parser("keygen", help="make an Ed25519 key pair: workers sign artifacts with the private key, "
+                        "clients trust the public one")
+    kg.add_argument("--out", default="fxcc-signing.key",
+                    help="the private key's file (mode 0600; the public key goes to the same name + .pub)")
+    kg.set_defaults(fn=_keygen)
 
     doc = sub.add_parser("doctor", help="versions, GPU, service and cache settings")
     doc.add_argument("--json", action="store_true")

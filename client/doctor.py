@@ -14,6 +14,25 @@ from fxcc import extras
 from fxcc.client.settings import ClientSettings
 
 
+def _signatures(settings: ClientSettings) -> tuple[bool | str, str]:
+    """Whether artifacts from the service can be checked: a warning for the opt-out, a failure
+    when no key is trusted (every artifact would be refused)."""
+    if settings.allow_unsigned:
+        return "warn", ("FXCC_ALLOW_UNSIGNED=1: artifacts from the service load unchecked; whoever "
+                      "can write its cache runs code in this process")
+    from fxcc.client.remote import trusted_keys
+    from fxcc.compiler_core.errors import FxccError
+
+    try:
+        keys = trusted_keys(settings)
+    except FxccError as e:
+        return False, f"FXCC_TRUSTED_KEYS: {e}"
+    if not keys:
+        return False, ("no trusted key: every artifact from the service is refused; set FXCC_TRUSTED_KEYS to "
+                       "the workers' public key (fxcc keygen)")
+    return True, f"artifacts must be signed by one of {len(keys)} trusted key(s): {', '.join(keys.ids())}"
+
+
 def _version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
@@ -22,12 +41,12 @@ def _version(dist: str) -> str | None:
 
 
 def checks(settings: ClientSettings) -> list[dict[str, Any]]:
-    """Each check: name, ok (True/False/None for 'not applicable'), detail."""
+    """Each check: name, ok (True/False/None for 'not applicable', "warn" for a risky setting), detail."""
     from fxcc.compiler_core.keys import compiler_fingerprint
 
     out: list[dict[str, Any]] = []
 
-    def add(name: str, ok: bool | None, detail: str) -> None:
+    def add(name: str, ok: bool | str | None, detail: str) -> None:
         out.append({"name": name, "ok": ok, "detail": detail})
 
     add("python", True, platform.python_version())
@@ -69,6 +88,7 @@ def checks(settings: ClientSettings) -> list[dict[str, Any]]:
                 "token accepted" if auth.status_code == 200 else f"{auth.status_code} {auth.text[:120]}")
         except httpx.HTTPError as e:
             add("service", False, f"{settings.url} unreachable: {e}")
+        add("signatures", *_signatures(settings))
     else:
         add("service", None, "FXCC_URL unset: graphs compile in-process")
     redis_url = os.environ.get("FXCC_REDIS_URL")
@@ -95,7 +115,7 @@ def doctor(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(results, indent=2))
     else:
-        mark = {True: "ok  ", False: "FAIL", None: "--  "}
+        mark = {True: "ok  ", False: "FAIL", None: "--  ", "warn": "WARN"}
         for c in results:
             print(f"{mark[c['ok']]} {c['name']:14} {c['detail']}")
     return 1 if any(c["ok"] is False for c in results) else 0

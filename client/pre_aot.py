@@ -54,8 +54,8 @@ SCHEMA = 1
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # Settings that say how to reach the service or how long to wait: not part of what compiles.
 # Nor where the artifacts are kept locally: entries are shared by machines (through the service).
-_SETTINGS_NOT_KEYED = {"url", "token", "signing_key", "cache_dir", "compile_timeout_s", "request_timeout_s",
-                       "blocking", "precompile", "fallback", "cuda_graphs", "pre_aot_cache"}
+_SETTINGS_NOT_KEYED = {"url", "token", "trusted_keys", "allow_unsigned", "cache_dir", "compile_timeout_s",
+                       "request_timeout_s", "blocking", "precompile", "fallback", "cuda_graphs", "pre_aot_cache"}
 # How long a pre-AOT look-up or PUT at the service may take (capped by request_timeout_s): a slow
 # answer costs more than the AOTAutograd run it would save.
 SERVICE_TIMEOUT_S = 2.0
@@ -314,7 +314,7 @@ class Shared(Store):
     """The local store, backed by the service's entries of this client's principal (FXCC_URL).
 
     `serve` answers a local miss from the service: its entry, and the artifact from the local cache
-    or the service (verified, and signed where FXCC_SIGNING_KEY says so, as every artifact is).
+    or the service (verified, and signed by a trusted key, as every artifact from a service is).
     `put` (after AOTAutograd ran) writes the entry locally, then PUTs it to the service. Both wait
     at most SERVICE_TIMEOUT_S for the service; whatever goes wrong there is a miss, logged once.
     """
@@ -327,8 +327,7 @@ class Shared(Store):
     def _remote(self, timeout_s: float) -> Any:
         from fxcc.client.remote import RemoteService
 
-        s = self.settings
-        return RemoteService(s.url, s.token, timeout_s, s.signing_key)
+        return RemoteService.for_settings(self.settings, timeout_s)
 
     def fetch(self, key: str) -> Entry | None:
         """The service's entry for `key`; None when it has none, or on any error."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 import sys
 import time
 from typing import Any
@@ -12,7 +13,7 @@ import httpx
 
 from fxcc.compiler_core.artifact import Artifact, manifest_from_json
 from fxcc.compiler_core.errors import ArtifactError, FxccError
-from fxcc.compiler_core.signing import verify_manifest
+from fxcc.compiler_core.signing import PublicKey, SigningKeyError, TrustedKeys, read_public_keys
 from fxcc.compiler_core.wire import CompileRequest
 
 log = logging.getLogger("fxcc.remote")
@@ -27,12 +28,21 @@ class CompileFailed(FxccError):
 
 
 class RemoteService:
+    """The service, as a client talks to it. `trusted` is the keys whose signatures make an artifact
+    loadable; None (only with FXCC_ALLOW_UNSIGNED=1) loads unsigned ones."""
+
     def __init__(self, url: str, token: str | None = None, timeout_s: float = 30.0,
-                 signing_key: str | None = None) -> None:
+                 trusted: TrustedKeys | None = None) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url
-        self.signing_key = signing_key.encode() if signing_key else None
+        self.trusted = trusted
         self.http = httpx.Client(base_url=url, headers=headers, timeout=timeout_s)
+
+    @classmethod
+    def for_settings(cls, settings: Any, timeout_s: float | None = None) -> RemoteService:
+        trusted = None if settings.allow_unsigned else trusted_keys(settings)
+        return cls(settings.url or "", settings.token,
+                   settings.request_timeout_s if timeout_s is None else timeout_s, trusted)
 
     def close(self) -> None:
         self.http.close()
@@ -50,9 +60,12 @@ class RemoteService:
             return None
         _check(r)
         body = r.json()
-        if self.signing_key is not None and not verify_manifest(body["manifest"], body.get("signature"),
-                                                                self.signing_key):
-            raise ArtifactError(f"artifact {key[:12]} has no valid signature under FXCC_SIGNING_KEY")
+        if self.trusted is not None:  # before anything of the artifact is decoded, let alone loaded
+            why = self.trusted.check(body.get("manifest"), body.get("signature"))
+            if why is not None:
+                raise ArtifactError(f"artifact {key[:12]} from {self.url} refused: {why}. "
+                                    f"Trusted keys: {', '.join(self.trusted.ids()) or 'none'} "
+                                    f"(FXCC_TRUSTED_KEYS names the workers' public keys; see fxcc keygen)")
         blobs = {d: base64.b64decode(b) for d, b in body.get("blobs", {}).items()}
         art = Artifact(manifest_from_json(_json_bytes(body["manifest"])), blobs)
         if art.manifest.key != key:
@@ -158,6 +171,37 @@ class Progress:
         if self.shown:
             self.stream.write("\n")
             self.stream.flush()
+
+
+def trusted_keys(settings: Any) -> TrustedKeys:
+    """The keys named by `settings.trusted_keys`, plus the local `fxcc serve`'s own public key when
+    this user's data dir holds one (the embedded default needs no setup). A key file that is not
+    this user's, or that others may write, is skipped with a warning."""
+    from fxcc.client.settings import embedded_public_key
+
+    keys: list[PublicKey] = []
+    for entry in settings.trusted_keys:
+        keys += read_public_keys(entry)  # a bad entry raises: a typo must not silently trust nothing
+    own = embedded_public_key()
+    if own.is_file():
+        st = own.stat()
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            _warn_once(f"fxcc: not trusting {own}: it must be owned by this user and writable by no one else")
+        else:
+            try:
+                keys += read_public_keys(str(own))
+            except SigningKeyError as e:
+                _warn_once(f"fxcc: not trusting {own}: {e}")
+    return TrustedKeys(keys)
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(text: str) -> None:
+    if text not in _warned:
+        _warned.add(text)
+        log.warning(text)
 
 
 def _json_bytes(obj: Any) -> bytes:

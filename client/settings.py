@@ -16,8 +16,13 @@ class ClientSettings:
 
     url: the compile service (FXCC_URL); None compiles in-process (the embedded default).
     token: bearer token for the service (FXCC_TOKEN); never logged.
-    signing_key: when set (FXCC_SIGNING_KEY), every artifact from the service must carry a valid
-        HMAC signature by the workers' shared key, or it is refused.
+    trusted_keys: the workers' Ed25519 public keys (FXCC_TRUSTED_KEYS: keys or files of keys,
+        separated by commas; several at once for rotation). Every artifact from a service must carry a
+        valid signature by one of them, or by the local `fxcc serve`'s own key (its data dir's
+        keys/signing.pub), or it is refused before any of it is loaded.
+    allow_unsigned: load artifacts from a service without checking signatures
+        (FXCC_ALLOW_UNSIGNED=1): whoever can write the service's cache then runs code in this
+        process. An explicit opt-out; `fxcc doctor` warns of it.
     cache_dir: local artifact cache (FXCC_CACHE_DIR, default ~/.cache/fxcc).
     mode: compile mode sent to the service (FXCC_MODE: default | max-autotune).
     fallback: what to do when fxcc cannot serve a graph (FXCC_FALLBACK: eager | inductor | error).
@@ -33,7 +38,8 @@ class ClientSettings:
 
     url: str | None = None
     token: str | None = None
-    signing_key: str | None = None
+    trusted_keys: tuple[str, ...] = ()
+    allow_unsigned: bool = False
     cache_dir: Path = Path.home() / ".cache" / "fxcc"
     mode: Literal["default", "max-autotune"] = "default"
     fallback: Fallback = "eager"
@@ -53,15 +59,15 @@ class ClientSettings:
             values["url"] = env["FXCC_URL"].rstrip("/")
         if env.get("FXCC_TOKEN"):
             values["token"] = env["FXCC_TOKEN"]
-        if env.get("FXCC_SIGNING_KEY"):
-            values["signing_key"] = env["FXCC_SIGNING_KEY"]
+        if env.get("FXCC_TRUSTED_KEYS"):
+            values["trusted_keys"] = split_keys(env["FXCC_TRUSTED_KEYS"])
         if env.get("FXCC_CACHE_DIR"):
             values["cache_dir"] = Path(env["FXCC_CACHE_DIR"])
         if env.get("FXCC_MODE"):
             values["mode"] = env["FXCC_MODE"]
         if env.get("FXCC_FALLBACK"):
             values["fallback"] = env["FXCC_FALLBACK"]
-        for name in ("blocking", "precompile", "cuda_graphs", "pre_aot_cache"):
+        for name in ("blocking", "precompile", "cuda_graphs", "pre_aot_cache", "allow_unsigned"):
             raw = env.get(f"FXCC_{name.upper()}")
             if raw:
                 values[name] = _flag(f"FXCC_{name.upper()}", raw)
@@ -80,6 +86,10 @@ class ClientSettings:
         values = dict(options)
         if "cache_dir" in values:
             values["cache_dir"] = Path(values["cache_dir"])
+        if isinstance(values.get("trusted_keys"), str):
+            values["trusted_keys"] = split_keys(values["trusted_keys"])
+        elif "trusted_keys" in values:
+            values["trusted_keys"] = tuple(values["trusted_keys"])
         return replace(self, **values).validated()
 
     def validated(self) -> ClientSettings:
@@ -88,6 +98,20 @@ class ClientSettings:
         if self.fallback not in ("eager", "inductor", "error"):
             raise ValueError(f"FXCC_FALLBACK must be eager, inductor or error, not {self.fallback!r}")
         return self
+
+
+def split_keys(raw: str) -> tuple[str, ...]:
+    """FXCC_TRUSTED_KEYS's entries: public keys or paths of key files, separated by commas."""
+    return tuple(e.strip() for e in raw.split(",") if e.strip())
+
+
+def embedded_public_key(env: dict[str, str] | None = None) -> Path:
+    """Where the local `fxcc serve` (the embedded default) keeps its public key: its data dir's
+    keys/signing.pub (FXCC_DATA_DIR, default ~/.cache/fxcc/service)."""
+    env = dict(os.environ) if env is None else env
+    data_dir = Path(env["FXCC_DATA_DIR"]).expanduser() if env.get("FXCC_DATA_DIR") else \
+        Path.home() / ".cache" / "fxcc" / "service"
+    return data_dir / "keys" / "signing.pub"
 
 
 def _flag(name: str, raw: str) -> bool:

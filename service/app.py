@@ -97,6 +97,9 @@ def start_embedded_workers(store: Store, settings: ServiceSettings, stop: thread
     policy = on_device(JobPolicy.from_settings(settings), resolve_device(settings.embedded_device))
     if policy.tune_device is not None:
         log.info("embedded worker tunes on %s (sm_%d)", policy.tune_device, policy.tune_arch)
+    if policy.signer is not None:
+        log.info("embedded worker signs artifacts with key %s (clients of this machine trust %s)",
+                 policy.signer.public.id, settings.data_dir / "keys" / "signing.pub")
     from fxcc.service.embedded_store import EmbeddedStore
 
     if isinstance(store, EmbeddedStore):

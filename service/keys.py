@@ -5,7 +5,7 @@ from __future__ import annotations
 # ---- cache (FXCC_CACHE_REDIS_URL, which defaults to the queue's Redis)
 BLOB = "blob:{digest}"  # raw bytes of one content-addressed blob
 MANIFEST = "manifest:{key}"  # ArtifactManifest JSON; written last, after every blob it names
-SIGNATURE = "sig:{key}"  # hex HMAC-SHA256 of the manifest; set in one MSET with the manifest
+SIGNATURE = "sig:{key}"  # the Ed25519 signature of the manifest (compiler_core/signing.py), set with it
 MANIFEST_INDEX = "manifests"  # set of the keys that have a manifest (for listing and counting)
 CACHE_COUNTERS = "stats:cache"  # hash of counters: hits, misses, puts, rejected, bytes
 # a pre-AOT entry (a Dynamo graph's pre-AOT key -> the artifact it compiled to) of one principal, as

@@ -51,8 +51,15 @@ class ServiceSettings(BaseSettings):
     # no token configured), as admin. True: allowed everywhere, with `anonymous_role`.
     anonymous: bool | None = None
     anonymous_role: Role = "client"
-    # Signs manifests (HMAC-SHA256) when set; workers and clients share it.
+    # ---- signatures (compiler_core/signing.py). Workers sign every manifest they store with an
+    # Ed25519 private key: FXCC_SIGNING_KEY (the key's text, `fxcc keygen` makes one) or
+    # FXCC_SIGNING_KEY_FILE (a file holding it). Clients hold the public key only. Embedded mode
+    # with neither makes its own pair under data_dir/keys. FXCC_TRUSTED_KEYS: other workers' public
+    # keys (keys or files, comma-separated) whose artifacts a GPU worker may tune and re-sign, for
+    # key rotation; the worker's own key is always trusted.
     signing_key: SecretStr | None = None
+    signing_key_file: Path | None = None
+    trusted_keys: str = ""
 
     host: str = "127.0.0.1"
     port: int = Field(default=8470, ge=0, le=65535)

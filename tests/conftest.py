@@ -80,7 +80,7 @@ def fresh_compiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     from fxcc.client import backend
 
     for k in ("FXCC_URL", "FXCC_TOKEN", "FXCC_MODE", "FXCC_FALLBACK", "FXCC_BLOCKING", "FXCC_PRECOMPILE",
-              "FXCC_CUDA_GRAPHS", "FXCC_PRE_AOT_CACHE"):
+              "FXCC_CUDA_GRAPHS", "FXCC_PRE_AOT_CACHE", "FXCC_TRUSTED_KEYS", "FXCC_ALLOW_UNSIGNED", "FXCC_DATA_DIR"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("FXCC_CACHE_DIR", str(tmp_path / "cache"))
     torch._dynamo.reset()

@@ -169,7 +169,7 @@ def test_wheel_installs_alone_beside_a_user_project_and_compiles(tmp_path: Path)
                          timeout=600, check=False)
     assert run.returncode == 0, run.stderr[-4000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
-    assert got["max_err"] < 1e-5 and got["events"] == ["compiled-in-process"], got
+    assert got["max_err"] < 1e-4 and got["events"] == ["compiled-in-process"], got
     assert got["who"] == ["user client", "user client.backend", "user service", "user worker"]
     assert all(Path(f).is_relative_to(project) for f in got["files"]), got["files"]
     assert Path(got["fxcc_file"]).is_relative_to(venv), got["fxcc_file"]

@@ -44,6 +44,7 @@ def worker_main(concurrency: int = 1, device: str = "auto") -> None:
                   DEVICES, device, concurrency)
         sys.exit(2)
 
+    from fxcc.compiler_core.signing import SigningKeyError
     from fxcc.service.redis_store import RedisStore
     from fxcc.worker.loop import Consumer, JobPolicy, heartbeat_loop
     from fxcc.worker.process import on_device
@@ -64,14 +65,22 @@ def worker_main(concurrency: int = 1, device: str = "auto") -> None:
     resolved = resolve_device(device)
     # Note: a GPU worker tunes the CUDA targets of its GPU's arch (and takes that arch's tune jobs);
     # a CPU worker stores heuristic configs and never reads a tune queue.
-    policy = on_device(JobPolicy.from_settings(settings), resolved)
+    try:
+        policy = on_device(JobPolicy.from_settings(settings), resolved)
+    except SigningKeyError as e:
+        log.error("fxcc worker: %s", e)
+        sys.exit(2)
+    if policy.signer is None:
+        log.warning("fxcc worker has no signing key (FXCC_SIGNING_KEY or FXCC_SIGNING_KEY_FILE; fxcc keygen "
+                    "makes one): it stores unsigned artifacts, which clients refuse unless they set "
+                    "FXCC_ALLOW_UNSIGNED=1")
     consumers = [Consumer(store, n, stop, block_ms=settings.claim_block_ms, policy=policy) for n in names]
     info = {"id": worker_id, "device": resolved, "concurrency": concurrency,
             "tune_arch": policy.tune_arch, "started_at": time.time()}
     log.info("worker %s: %d consumer(s), device %s%s, redis %s, prefix %r%s", worker_id, concurrency,
              info["device"], f" (tunes sm_{policy.tune_arch})" if policy.tune_arch else "",
              redacted_url(settings.redis_url), settings.redis_prefix,
-             ", signing manifests" if policy.signing_key else "")
+             f", signing with key {policy.signer.public.id}" if policy.signer else ", NOT signing")
     beats_stop = threading.Event()
     beats = threading.Thread(target=heartbeat_loop, name="fxcc-heartbeat", daemon=True,
                              args=(store, worker_id, consumers, beats_stop, settings.heartbeat_s, info))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from pydantic import ValidationError
 
@@ -13,7 +13,7 @@ from fxcc.compiler_core.autotune import autotune_for_target, device_arch, tuning
 from fxcc.compiler_core.build import build_artifact, cuda_build_unavailable
 from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.errors import FxccError, InvalidGraph
-from fxcc.compiler_core.signing import sign_manifest
+from fxcc.compiler_core.signing import Signer, SigningKeyError, TrustedKeys, load_or_create, read_public_keys
 from fxcc.compiler_core.wire import CompileRequest
 from fxcc.service.settings import ServiceSettings
 from fxcc.service.store import ArtifactTooLarge, Claim, JobError, JobRecord, JobStage, Store
@@ -28,16 +28,37 @@ class JobPolicy:
     test-only delay."""
 
     max_attempts: int = 3
-    signing_key: bytes | None = None
+    signer: Signer | None = None  # None: manifests are stored unsigned (clients refuse them by default)
+    trusted: TrustedKeys = field(default_factory=TrustedKeys)  # whose artifacts a tune job may re-sign
     compile_delay_s: float = 0.0  # test hook (FXCC_TEST_ONLY_COMPILE_DELAY_S); 0 in production
     tune_device: str | None = None  # "cuda:0": autotune CUDA targets of this GPU's arch there
     tune_arch: int | None = None  # that GPU's SM arch: the worker also takes its tune queue's jobs
 
     @classmethod
     def from_settings(cls, settings: ServiceSettings) -> JobPolicy:
-        key = settings.signing_key.get_secret_value().encode() if settings.signing_key else None
-        return cls(max_attempts=settings.job_max_attempts, signing_key=key,
+        signer = signer_for(settings)
+        trusted = [signer.public] if signer else []
+        for entry in (e for e in settings.trusted_keys.split(",") if e.strip()):
+            trusted += read_public_keys(entry)
+        return cls(max_attempts=settings.job_max_attempts, signer=signer, trusted=TrustedKeys(trusted),
                    compile_delay_s=settings.test_only_compile_delay_s)
+
+
+def signer_for(settings: ServiceSettings) -> Signer | None:
+    """The workers' signing key: FXCC_SIGNING_KEY, else FXCC_SIGNING_KEY_FILE, else (embedded mode
+    only) the service's own pair under data_dir/keys, made on first use. None: a Redis worker
+    without a key, whose manifests go unsigned."""
+    if settings.signing_key is not None:
+        return Signer(settings.signing_key.get_secret_value())
+    if settings.signing_key_file is not None:
+        try:
+            return Signer(settings.signing_key_file.expanduser().read_text())
+        except OSError as e:
+            raise SigningKeyError(f"FXCC_SIGNING_KEY_FILE {settings.signing_key_file}: {e.strerror or e}") from None
+    if settings.redis_url is None:
+        keys = settings.data_dir / "keys"
+        return load_or_create(keys / "signing.key", keys / "signing.pub")
+    return None
 
 
 DEFAULT_POLICY = JobPolicy()
@@ -138,7 +159,7 @@ def compile_and_store(store: Store, job: JobRecord, policy: JobPolicy) -> None:
         raise RuntimeError(f"compiler produced key {artifact.manifest.key[:12]} for job key {job.key[:12]}: "
                            "service and worker run different compiler_core, torch or triton versions")
     store.mark_stage(job.id, JobStage.STORING)
-    signature = sign_manifest(artifact.manifest, policy.signing_key) if policy.signing_key else None
+    signature = policy.signer.sign(artifact.manifest) if policy.signer else None
     store.put_artifact(artifact, signature)  # blobs, then manifest
     if not tune_now:  # a worker that tuned has tried (tuning failures are logged)
         queue_tuning(store, artifact.manifest, request)

@@ -19,7 +19,6 @@ from fxcc.compiler_core.autotune import autotune_for_target, tuning_device
 from fxcc.compiler_core.build import build_artifact, cuda_build_unavailable
 from fxcc.compiler_core.errors import AutotuneError, FxccError, InvalidGraph
 from fxcc.compiler_core.keys import compile_key
-from fxcc.compiler_core.signing import sign_manifest, verify_manifest
 from fxcc.compiler_core.wire import CompileRequest
 from fxcc.service.store import JobRecord, JobStage, QueueFull, Store
 
@@ -79,10 +78,11 @@ def tune_and_store(store: Store, job: JobRecord, request: CompileRequest, policy
     if found.manifest.tuned:  # tuned meanwhile (a GPU worker compiled it, or a duplicate tune job)
         store.mark_done(job.id, found.manifest.stats.model_dump())
         return
-    if policy.signing_key and not verify_manifest(json.loads(found.manifest_json), found.signature,
-                                                  policy.signing_key):
-        # Note: a tuned artifact gets this worker's signature, so tuning a forged one would launder it.
-        raise NothingToTune(f"the stored artifact {job.key[:12]} has no valid signature; not tuning it")
+    why = policy.trusted.check(json.loads(found.manifest_json), found.signature) if policy.signer else None
+    if why is not None:
+        # Note: a tuned artifact gets this worker's signature, so tuning a forged one would launder it
+        # (and tuning runs its kernels here).
+        raise NothingToTune(f"the stored artifact {job.key[:12]} is not tuned: {why}")
     tuned = autotune_for_target(Artifact(found.manifest, found.blobs), request, device)
     if not tuned.manifest.tuned:
         raise AutotuneError(f"no kernel of {job.key[:12]} could be tuned on {device} (see the worker's log)")
@@ -90,7 +90,7 @@ def tune_and_store(store: Store, job: JobRecord, request: CompileRequest, policy
         store.mark_stage(job.id, JobStage.BUILDING)
         tuned = build_artifact(tuned, request, target.arch)  # cubins for the winners; others kept
     store.mark_stage(job.id, JobStage.STORING)
-    signature = sign_manifest(tuned.manifest, policy.signing_key) if policy.signing_key else None
+    signature = policy.signer.sign(tuned.manifest) if policy.signer else None
     store.put_artifact(tuned, signature)  # supersedes the untuned one
     stats = tuned.manifest.stats.model_dump()
     store.mark_done(job.id, stats)

@@ -23,9 +23,9 @@ async def get_artifact(
     store: StoreDep,
     blobs: Annotated[bool, Query(description="include the blobs (base64); blobs=0 for the manifest only")] = True,
 ) -> Response:
-    """`{"manifest": ..., "blobs": {digest: base64}, "signature": hex | null}`. The signature is
-    HMAC-SHA256 under FXCC_SIGNING_KEY over the manifest's canonical JSON (sorted keys, no spaces),
-    or null when the worker that stored it signs nothing."""
+    """`{"manifest": ..., "blobs": {digest: base64}, "signature": str | null}`. The signature is
+    `ed25519:<key id>:<base64>`, the storing worker's Ed25519 signature over the manifest's canonical
+    JSON (sorted keys, no spaces), or null when that worker signs nothing (clients refuse it then)."""
     found = await store.fetch_artifact_async(key, blobs=blobs)
     if found is None:
         raise HTTPException(status_code=404, detail=f"no artifact {key}")

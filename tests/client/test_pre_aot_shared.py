@@ -23,7 +23,8 @@ from fxcc.client.settings import ClientSettings
 @pytest.fixture
 def service(fresh_compiles: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """A real `fxcc serve` app (embedded store and worker) under uvicorn in a thread of this process,
-    anonymous on loopback; FXCC_URL points at it. Yields the app (its store is app.state.store)."""
+    anonymous on loopback; FXCC_URL points at it, and FXCC_DATA_DIR at its data dir, so the client
+    trusts the key its worker signs with, as on one machine. Yields the app (its store is app.state.store)."""
     import uvicorn
 
     from fxcc.service.app import create_app
@@ -39,6 +40,7 @@ def service(fresh_compiles: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert thread.is_alive() and time.monotonic() < deadline, "the service did not start"
         time.sleep(0.05)
     monkeypatch.setenv("FXCC_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("FXCC_DATA_DIR", str(tmp_path / "service"))
     yield app
     server.should_exit = True
     thread.join(60)
@@ -110,7 +112,7 @@ def test_the_key_holds_nothing_machine_local() -> None:
     """The same graph on two machines (another service URL, token, cache dir) has one key; another
     compile mode, which changes what compiles, has another."""
     model, x = _model()
-    machines = [ClientSettings(), ClientSettings(url="http://fxcc.other:8470", token="t", signing_key="k",
+    machines = [ClientSettings(), ClientSettings(url="http://fxcc.other:8470", token="t", trusted_keys=("k.pub",),
                                                  cache_dir=Path("/elsewhere"), request_timeout_s=1.0)]
     keys: list[str] = []
 

@@ -49,6 +49,10 @@ class FakeService:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
 
+    @classmethod
+    def for_settings(cls, *args: Any, **kwargs: Any) -> FakeService:
+        return cls()
+
     def get_artifact(self, key: str) -> Artifact | None:
         FakeService.asked.append(key)
         if FakeService.error is not None:

@@ -134,3 +134,21 @@ def test_images_run_real_subcommands(dockerfile):
     (cmd,) = re.findall(r'^CMD \["fxcc", "(\w+)"', text, re.MULTILINE)
     subcommands = build_parser()._subparsers._group_actions[0].choices
     assert cmd in subcommands
+
+
+def test_only_workers_hold_the_signing_key():
+    """The workers' private key reaches worker containers only: an API or a client that held it could
+    sign what it likes, and every client would run it."""
+    holders = set()
+    for name, d in docs():
+        for node in walk(d):
+            if isinstance(node, dict) and ("FXCC_SIGNING_KEY" in node or "FXCC_SIGNING_KEY_FILE" in node
+                                           or node.get("secretRef", {}).get("name") == "fxcc-signing-key"):
+                holders.add(name)
+            if isinstance(node, dict) and isinstance(node.get("environment"), dict) and \
+                    "FXCC_SIGNING_KEY" in node["environment"]:
+                assert "worker" in str(node.get("command")), (name, node.get("command"))
+    assert holders == {"worker.yaml", "secret.yaml", "docker-compose.yml"}, holders
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    assert "FXCC_SIGNING_KEY" not in compose["x-fxcc-env"] and "FXCC_SIGNING_KEY" not in compose["services"]["api"].get(
+        "environment", {})

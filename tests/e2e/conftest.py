@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from fxcc.client.demo import free_port, wait_healthy
+from fxcc.compiler_core.signing import write_key_pair
 
 TOKEN = "e2e-test-token"
-SIGNING_KEY = "e2e-signing-key"
 
 
 def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
@@ -25,14 +25,16 @@ def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
 @pytest.fixture
 def cluster(redis_url: str, redis_prefix: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     """A real service and a real worker process on the test's Redis prefix: (url, their environment).
-    Clients authenticate with env["FXCC_TOKEN"] (the principal `FXCC_TOKEN`) and verify signatures
-    with env["FXCC_SIGNING_KEY"]."""
+    Clients authenticate with env["FXCC_TOKEN"] (the principal `FXCC_TOKEN`); the worker signs with a
+    key pair made for the test, whose public key clients trust (client_env)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FXCC_")}
+    signing = tmp_path / "keys" / "worker.key"
+    write_key_pair(signing, signing.with_name("worker.key.pub"))
     # A cluster service: Redis, and a token its clients must present.
     env.update(TRITON_INTERPRET="1", FXCC_REDIS_URL=redis_url, FXCC_REDIS_PREFIX=redis_prefix,
                FXCC_DATA_DIR=str(tmp_path / "data"), FXCC_CLAIM_BLOCK_MS="200", FXCC_TOKEN=TOKEN,
-               FXCC_SIGNING_KEY=SIGNING_KEY)
+               FXCC_SIGNING_KEY_FILE=str(signing))
     server = _spawn(["serve", "--port", str(port)], env, tmp_path / "serve.log")
     worker = _spawn(["worker"], env, tmp_path / "worker.log")
     url = f"http://127.0.0.1:{port}"
@@ -53,8 +55,11 @@ def cluster(redis_url: str, redis_prefix: str, tmp_path: Path) -> Iterator[tuple
 
 @pytest.fixture
 def client_env(cluster: tuple[str, dict[str, str]]) -> dict[str, str]:
-    """The environment of a client process of `cluster` (FXCC_URL, token and signing key; no Redis)."""
+    """The environment of a client process of `cluster`: FXCC_URL, the token, and the workers' public
+    key as FXCC_TRUSTED_KEYS; no Redis, no private key."""
     url, env = cluster
-    out = {k: v for k, v in env.items() if k not in ("FXCC_REDIS_URL", "FXCC_REDIS_PREFIX")}
+    out = {k: v for k, v in env.items()
+           if k not in ("FXCC_REDIS_URL", "FXCC_REDIS_PREFIX", "FXCC_SIGNING_KEY_FILE")}
     out["FXCC_URL"] = url
+    out["FXCC_TRUSTED_KEYS"] = env["FXCC_SIGNING_KEY_FILE"] + ".pub"
     return out

@@ -12,6 +12,8 @@ import httpx
 import pytest
 import redis
 
+from fxcc.compiler_core.signing import write_key_pair
+
 pytestmark = pytest.mark.e2e
 
 
@@ -25,11 +27,10 @@ def _job_count(r: redis.Redis, prefix: str) -> int:
     return sum(1 for _ in r.scan_iter(match=f"{prefix}job:*", count=1000))
 
 
-def test_seed_examples_compile_remotely_then_hit_shared_cache(cluster, redis_url, redis_prefix, tmp_path):
+def test_seed_examples_compile_remotely_then_hit_shared_cache(cluster, client_env, redis_url, redis_prefix,
+                                                              tmp_path):
     url, env = cluster
     r = redis.Redis.from_url(redis_url)
-    client_env = {k: v for k, v in env.items() if k not in ("FXCC_REDIS_URL", "FXCC_REDIS_PREFIX")}
-    client_env["FXCC_URL"] = url
 
     first = _client_pass(dict(client_env, FXCC_CACHE_DIR=str(tmp_path / "client-a")), tmp_path / "a.json")
     assert {row["workload"] for row in first} == {"cos(sin(x))", "bias+GELU+LayerNorm", "TransformerBlock"}
@@ -45,10 +46,12 @@ def test_seed_examples_compile_remotely_then_hit_shared_cache(cluster, redis_url
     assert all(row["max_abs_err"] < 1e-4 for row in second), second
     assert _job_count(r, redis_prefix) == jobs_after_first, "the second client caused a new compile job"
 
-    # A client holding another signing key refuses every artifact and runs eagerly, correctly.
-    forged = _client_pass(dict(client_env, FXCC_CACHE_DIR=str(tmp_path / "client-c"), FXCC_SIGNING_KEY="other"),
-                          tmp_path / "c.json")
-    assert all(row["source"] == "fallback" and "signature" in row["error"] for row in forged), forged
+    # A client trusting another key refuses every artifact and runs eagerly, correctly.
+    other = tmp_path / "other.key"
+    write_key_pair(other, tmp_path / "other.key.pub")
+    forged = _client_pass(dict(client_env, FXCC_CACHE_DIR=str(tmp_path / "client-c"),
+                               FXCC_TRUSTED_KEYS=str(tmp_path / "other.key.pub")), tmp_path / "c.json")
+    assert all(row["source"] == "fallback" and "not trusted" in row["error"] for row in forged), forged
     assert all(row["max_abs_err"] == 0 for row in forged)
 
     # The job records say what happened, through the HTTP API.
@@ -83,13 +86,11 @@ def _dynamic_pass(env: dict[str, str]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_dynamic_shapes_compile_once_on_the_cluster_then_hit(cluster, redis_url, redis_prefix, tmp_path):
+def test_dynamic_shapes_compile_once_on_the_cluster_then_hit(cluster, client_env, redis_url, redis_prefix,
+                                                              tmp_path):
     """A graph with a symbolic batch travels to a real worker (size symbols, guards and size
     expressions in JSON), runs for every batch size, and a second machine gets it from the cache."""
-    url, env = cluster
     r = redis.Redis.from_url(redis_url)
-    client_env = {k: v for k, v in env.items() if k not in ("FXCC_REDIS_URL", "FXCC_REDIS_PREFIX")}
-    client_env["FXCC_URL"] = url
 
     first = _dynamic_pass(dict(client_env, FXCC_CACHE_DIR=str(tmp_path / "dyn-a")))
     assert first["max_abs_err"] < 1e-4, first

@@ -12,7 +12,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from fxcc.compiler_core.artifact import canonical_json
-from fxcc.compiler_core.signing import verify_manifest
+from fxcc.compiler_core.signing import PublicKey, Signer, TrustedKeys, generate
 from fxcc.compiler_core.wire import CompileRequest
 from fxcc.service.app import create_app
 from fxcc.service.redis_store import RedisStore
@@ -90,16 +90,17 @@ def test_cache_admin(client: TestClient, make_unary: Callable[..., CompileReques
 
 
 def test_signature_travels_with_the_artifact(client: TestClient, make_unary: Callable[..., CompileRequest]) -> None:
-    key = b"cluster signing key"
-    done = compile_one(client, make_unary(), JobPolicy(signing_key=key))
+    private, public = generate()
+    done = compile_one(client, make_unary(), JobPolicy(signer=Signer(private)))
     body = client.get(f"/v1/artifacts/{done['key']}").json()
-    assert verify_manifest(body["manifest"], body["signature"], key)
+    assert TrustedKeys([PublicKey(public)]).verify(body["manifest"], body["signature"])
     assert client.get(f"/v1/artifacts/{done['key']}", params={"blobs": 0}).json()["signature"] == body["signature"]
-    # What a client does without our code: HMAC over the canonical JSON of what it received.
-    import hashlib
-    import hmac
+    # What a client does without our code: Ed25519 over the canonical JSON of what it received.
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    assert hmac.new(key, canonical_json(body["manifest"]), hashlib.sha256).hexdigest() == body["signature"]
+    _, _, sig = body["signature"].split(":")
+    Ed25519PublicKey.from_public_bytes(base64.b64decode(public.split(":", 1)[1])).verify(
+        base64.b64decode(sig), canonical_json(body["manifest"]))  # raises if it does not match
     assert all(base64.b64decode(b) for b in body["blobs"].values())
     assert client.get("/v1/cache").json()["entries"][0]["signed"]
 

@@ -10,7 +10,7 @@ import pytest
 
 from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.keys import compile_key
-from fxcc.compiler_core.signing import verify_manifest
+from fxcc.compiler_core.signing import Signer, TrustedKeys, generate
 from fxcc.compiler_core.wire import CompileRequest
 from fxcc.service.store import Claim, JobStage, JobState, Store
 from fxcc.worker.process import JobPolicy, process_claim
@@ -39,13 +39,15 @@ def test_success_stores_artifact_stats_and_stages(store: Store, make_unary: Call
 
 
 def test_signed_manifest(store: Store, make_unary: Callable[..., CompileRequest]) -> None:
-    key = b"shared-secret"
-    job = process_claim(store, queue(store, make_unary()), policy=JobPolicy(signing_key=key))
+    signer, other = Signer(generate()[0]), Signer(generate()[0])
+    job = process_claim(store, queue(store, make_unary()), policy=JobPolicy(signer=signer))
     sig = store.get_signature(job.key)
     manifest = store.get_manifest(job.key).model_dump(mode="json")
-    assert verify_manifest(manifest, sig, key)
-    assert not verify_manifest(manifest, sig, b"another key")
-    assert not verify_manifest({**manifest, "tuned": True}, sig, key)
+    assert sig.startswith(f"ed25519:{signer.public.id}:")
+    assert TrustedKeys([signer.public]).verify(manifest, sig)
+    assert TrustedKeys([other.public, signer.public]).verify(manifest, sig)  # rotation: either key
+    assert "not trusted" in TrustedKeys([other.public]).check(manifest, sig)
+    assert "does not match" in TrustedKeys([signer.public]).check({**manifest, "tuned": True}, sig)
 
 
 def test_compile_error_fails_at_once_with_op_and_node(store: Store,

@@ -16,7 +16,7 @@ from fxcc.compiler_core.artifact import Artifact, TuningRecord
 from fxcc.compiler_core.build import arch_key
 from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.keys import compile_key
-from fxcc.compiler_core.signing import verify_manifest
+from fxcc.compiler_core.signing import Signer, TrustedKeys, generate
 from fxcc.compiler_core.wire import CompileRequest, Target
 from fxcc.service.settings import ServiceSettings
 from fxcc.service.store import Claim, JobRecord, JobStage, JobState, Store
@@ -206,21 +206,25 @@ def test_signed_artifacts_are_verified_before_tuning_and_re_signed(
         store: Store, fake_gpu: FakeTuner, make_unary: Callable[..., CompileRequest]) -> None:
     import json
 
-    secret = b"workers-signing-key"
-    signed = replace(CPU, signing_key=secret)
-    key = compile_on(store, cuda_request(make_unary), signed).key
-    job = run_tune_job(store, replace(GPU, signing_key=secret))
+    cpu_key, gpu_key = Signer(generate()[0]), Signer(generate()[0])
+    trusted = TrustedKeys([cpu_key.public, gpu_key.public])  # both workers' keys: a rotation in progress
+    key = compile_on(store, cuda_request(make_unary), replace(CPU, signer=cpu_key, trusted=trusted)).key
+    gpu = replace(GPU, signer=gpu_key, trusted=trusted)
+    job = run_tune_job(store, gpu)
     assert job.state is JobState.DONE
     found = store.fetch_artifact(key)
     assert found is not None and found.manifest.tuned
-    assert verify_manifest(json.loads(found.manifest_json), found.signature, secret)
+    assert found.signature.startswith(f"ed25519:{gpu_key.public.id}:")  # re-signed by the tuner
+    assert TrustedKeys([gpu_key.public]).verify(json.loads(found.manifest_json), found.signature)
 
-    # A forged (unsigned) untuned artifact is not tuned: a tuned copy would carry a valid signature.
-    other = cuda_request(make_unary, sizes=(8, 8))
-    compile_on(store, other)
-    job = run_tune_job(store, replace(GPU, signing_key=secret))
-    assert job.state is JobState.FAILED and job.error is not None and job.error.error == "NothingToTune"
-    assert not store.get_manifest(compile_key(other)).tuned  # type: ignore[union-attr]
+    # A forged (unsigned, or signed by an untrusted key) untuned artifact is not tuned: a tuned copy
+    # would carry a valid signature, and tuning runs its kernels.
+    for forger in (None, Signer(generate()[0])):
+        other = cuda_request(make_unary, sizes=(8, 8) if forger is None else (4, 4))
+        compile_on(store, other, replace(CPU, signer=forger))
+        job = run_tune_job(store, gpu)
+        assert job.state is JobState.FAILED and job.error is not None and job.error.error == "NothingToTune"
+        assert not store.get_manifest(compile_key(other)).tuned  # type: ignore[union-attr]
 
 
 def test_a_crashing_tune_job_is_retried_then_dead_lettered(
