@@ -45,7 +45,6 @@ from fxcc.service.store import (
     TokenRecord,
     aborted_by,
     now_s,
-    quota_message,
     state_of,
 )
 
@@ -276,12 +275,12 @@ class EmbeddedStore:
     def _check_quotas(self, principal: str, size: int) -> None:
         held = [j for j in self._jobs.values() if not j.finished and principal in j.principals]
         if len(held) + 1 > self.quota_queued_jobs:
-            raise QuotaExceeded(quota_message(principal, "jobs", len(held) + 1, self.quota_queued_jobs,
-                                              "FXCC_QUOTA_QUEUED_JOBS"))
+            raise QuotaExceeded(principal, "jobs", len(held) + 1, self.quota_queued_jobs,
+                                "FXCC_QUOTA_QUEUED_JOBS")
         held_bytes = sum(j.request_bytes for j in held) + size
         if held_bytes > self.quota_queued_bytes:
-            raise QuotaExceeded(quota_message(principal, "request bytes", held_bytes, self.quota_queued_bytes,
-                                              "FXCC_QUOTA_QUEUED_BYTES"))
+            raise QuotaExceeded(principal, "request bytes", held_bytes, self.quota_queued_bytes,
+                                "FXCC_QUOTA_QUEUED_BYTES")
 
     def _check_cap(self, queue: str) -> None:
         """The queue cap (FXCC_STREAM_MAX_LEN) as a Redis stream has it: jobs waiting and running."""

@@ -69,6 +69,8 @@ async def _fxcc_error(request: Request, exc: Exception) -> JSONResponse:
         headers = {"Retry-After": str(RETRY_AFTER_S)}
     elif exc.http_status == 429:
         headers = {"Retry-After": str(request.app.state.quota_retry_after_s)}
+        if getattr(exc, "quota", None):
+            headers["X-Fxcc-Quota"] = exc.quota
     elif exc.http_status >= 500:
         log.error("%s %s failed: %s", request.method, request.url.path, exc)
     return JSONResponse(status_code=exc.http_status, content=exc.to_dict(), headers=headers)

@@ -33,7 +33,6 @@ from fxcc.service.store import (
     TokenRecord,
     aborted_by,
     now_s,
-    quota_message,
     state_of,
 )
 
@@ -115,11 +114,11 @@ class RedisStore(RedisCache):
             raise QueueFull(f"the {priority} queue holds {s.stream_max_len} jobs (FXCC_STREAM_MAX_LEN); "
                             "retry later")
         if outcome == b"quota_jobs":
-            raise QuotaExceeded(quota_message(principal, "jobs", int(got) + 1, s.quota_queued_jobs,
-                                              "FXCC_QUOTA_QUEUED_JOBS"))
+            raise QuotaExceeded(principal, "jobs", int(got) + 1, s.quota_queued_jobs,
+                                "FXCC_QUOTA_QUEUED_JOBS")
         if outcome == b"quota_bytes":
-            raise QuotaExceeded(quota_message(principal, "request bytes", int(got) + size, s.quota_queued_bytes,
-                                              "FXCC_QUOTA_QUEUED_BYTES"))
+            raise QuotaExceeded(principal, "request bytes", int(got) + size, s.quota_queued_bytes,
+                                "FXCC_QUOTA_QUEUED_BYTES")
         return Submitted(job_id=got.decode(), created=outcome == b"created")
 
     def submit_tune(self, key: str, arch: int, request_json: str) -> Submitted:
@@ -186,8 +185,7 @@ class RedisStore(RedisCache):
         self._finished(job_id, JobStage.DONE, stats=json.dumps(stats), error="")
 
     def mark_failed(self, job_id: str, error: JobError, *, dead_letter: bool = False) -> None:
-        self._finished(job_id, JobStage.FAILED, error=error.model_dump_json(), stats="")
-        if dead_letter:
+        if self._finished(job_id, JobStage.FAILED, error=error.model_dump_json(), stats="") and dead_letter:
             job = self.get_job(job_id)
             entry = {"job_id": job_id, "key": job.key if job else "", "kind": job.kind if job else "",
                      "attempts": job.attempt if job else 0,
@@ -196,10 +194,11 @@ class RedisStore(RedisCache):
             log.error("job %s failed %d times; moved to the dead-letter stream: %s: %s", job_id,
                       entry["attempts"], error.error, error.message)
 
-    def _finished(self, job_id: str, stage: JobStage, **fields: str) -> None:
+    def _finished(self, job_id: str, stage: JobStage, **fields: str) -> bool:
+        """False when the job is gone or finished already (an admin aborted it): it stays as it is."""
         args = [job_id, self.settings.job_ttl_s, self.k.inflight(""), stage.value, repr(now_s()), self.k.quota("")]
-        self._finish(keys=[self.k.job(job_id), self.k.request(job_id)],
-                     args=args + [x for kv in fields.items() for x in kv])
+        return bool(self._finish(keys=[self.k.job(job_id), self.k.request(job_id)],
+                                 args=args + [x for kv in fields.items() for x in kv]))
 
     def retry(self, claim: Claim, error: JobError) -> None:
         self._requeue(claim, error.model_dump_json(), "0")

@@ -158,10 +158,10 @@ class QuotaExceeded(FxccError):
 
     http_status = 429
 
-
-def quota_message(principal: str, what: str, held: int, limit: int, setting: str) -> str:
-    return (f"principal {principal!r} has {held} {what} queued or running, over its quota of {limit} "
-            f"({setting}); retry when some of its jobs finish")
+    def __init__(self, principal: str, what: str, would_hold: int, limit: int, setting: str) -> None:
+        super().__init__(f"principal {principal!r} would have {would_hold} {what} queued or running with this "
+                         f"job, over its quota of {limit} ({setting}); retry when some of its jobs finish")
+        self.quota = setting  # the setting that names the quota: the 429's X-Fxcc-Quota header
 
 
 class ArtifactTooLarge(FxccError):

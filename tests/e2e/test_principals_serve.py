@@ -21,6 +21,7 @@ from tests.service.redis_server import RedisServer
 pytestmark = pytest.mark.e2e
 
 JSON = {"Content-Type": "application/json"}
+HTTP = httpx.Client(timeout=120)  # a first compile request imports torch and propagates shapes: slow on a busy machine
 
 
 def unary_request(target: str = "aten.sin.default", sizes: tuple[int, int] = (4, 8)) -> CompileRequest:
@@ -53,7 +54,7 @@ def base_env(**extra: str) -> dict[str, str]:
 def wait_for(url: str, job_id: str, want: str, timeout_s: float = 120, **kw) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
-        job = httpx.get(f"{url}/v1/jobs/{job_id}", params={"wait": 5}, timeout=30, **kw).json()
+        job = HTTP.get(f"{url}/v1/jobs/{job_id}", params={"wait": 5}, timeout=30, **kw).json()
         if job["state"] == want or time.monotonic() > deadline:
             return job
         time.sleep(0.1)
@@ -69,18 +70,18 @@ def test_embedded_serve_guards_and_runs_its_queue_after_a_crash(tmp_path: Path) 
     second = None
     try:
         wait_healthy(url, first)
-        assert httpx.get(f"{url}/v1/status", headers={"Host": "evil.example"}).status_code == 421
-        r = httpx.post(f"{url}/v1/admin/tokens", json={"name": "pwned", "role": "admin"},
+        assert HTTP.get(f"{url}/v1/status", headers={"Host": "evil.example"}).status_code == 421
+        r = HTTP.post(f"{url}/v1/admin/tokens", json={"name": "pwned", "role": "admin"},
                        headers={"Host": "evil.example"})
         assert r.status_code == 421
-        r = httpx.post(f"{url}/v1/admin/tokens", json={"name": "pwned", "role": "admin"})
+        r = HTTP.post(f"{url}/v1/admin/tokens", json={"name": "pwned", "role": "admin"})
         assert r.status_code == 403
-        r = httpx.post(f"{url}/v1/compile", content=unary_request().model_dump_json(),
+        r = HTTP.post(f"{url}/v1/compile", content=unary_request().model_dump_json(),
                        headers={**JSON, "Origin": "http://evil.example"})
         assert r.status_code == 403
         assert not (data / "tokens.json").exists()
 
-        ids = [httpx.post(f"{url}/v1/compile", content=unary_request(op).model_dump_json(),
+        ids = [HTTP.post(f"{url}/v1/compile", content=unary_request(op).model_dump_json(),
                           headers=JSON).json()["job_id"] for op in ("aten.sin.default", "aten.cos.default")]
         assert wait_for(url, ids[0], "running", timeout_s=60)["state"] == "running"
         first.send_signal(signal.SIGKILL)
@@ -104,19 +105,19 @@ def test_principals_are_kept_apart_on_a_redis_cluster(cluster: tuple[str, dict[s
     admin = {"Authorization": f"Bearer {env['FXCC_TOKEN']}"}
     tokens = {}
     for name in ("alice", "bob"):
-        r = httpx.post(f"{url}/v1/admin/tokens", json={"name": name}, headers=admin)
+        r = HTTP.post(f"{url}/v1/admin/tokens", json={"name": name}, headers=admin)
         assert r.status_code == 201
         tokens[name] = {"Authorization": f"Bearer {r.json()['token']}", **JSON}
-    a = httpx.post(f"{url}/v1/compile", content=unary_request("aten.sin.default", sizes=(3, 5)).model_dump_json(),
+    a = HTTP.post(f"{url}/v1/compile", content=unary_request("aten.sin.default", sizes=(3, 5)).model_dump_json(),
                    headers=tokens["alice"]).json()
     job = wait_for(url, a["job_id"], "done", headers=tokens["alice"])
     assert job["state"] == "done" and job["principals"] == ["alice"]
-    assert httpx.get(f"{url}/v1/jobs/{a['job_id']}", headers=tokens["bob"]).status_code == 404
-    assert httpx.get(f"{url}/v1/jobs", headers=tokens["bob"]).json() == []
-    assert [j["id"] for j in httpx.get(f"{url}/v1/jobs", headers=tokens["alice"]).json()] == [a["job_id"]]
-    assert a["job_id"] in [j["id"] for j in httpx.get(f"{url}/v1/jobs", headers=admin).json()]
+    assert HTTP.get(f"{url}/v1/jobs/{a['job_id']}", headers=tokens["bob"]).status_code == 404
+    assert HTTP.get(f"{url}/v1/jobs", headers=tokens["bob"]).json() == []
+    assert [j["id"] for j in HTTP.get(f"{url}/v1/jobs", headers=tokens["alice"]).json()] == [a["job_id"]]
+    assert a["job_id"] in [j["id"] for j in HTTP.get(f"{url}/v1/jobs", headers=admin).json()]
     # Artifacts are shared by key (compile once for the cluster): bob, who knows the key, may read it.
-    assert httpx.get(f"{url}/v1/artifacts/{a['key']}", headers=tokens["bob"]).status_code == 200
+    assert HTTP.get(f"{url}/v1/artifacts/{a['key']}", headers=tokens["bob"]).status_code == 200
 
 
 def test_a_service_rides_out_a_restart_of_its_redis(tmp_path: Path) -> None:
@@ -131,17 +132,17 @@ def test_a_service_rides_out_a_restart_of_its_redis(tmp_path: Path) -> None:
     paths = ("/v1/status", "/v1/stats", "/metrics")
     try:
         wait_healthy(url, proc)
-        assert httpx.post(f"{url}/v1/compile", content=unary_request().model_dump_json(),
+        assert HTTP.post(f"{url}/v1/compile", content=unary_request().model_dump_json(),
                           headers={**admin, **JSON}).status_code == 202
-        assert [httpx.get(url + p, headers=admin).status_code for p in paths] == [200, 200, 200]
+        assert [HTTP.get(url + p, headers=admin).status_code for p in paths] == [200, 200, 200]
         redis_server.stop()
         for p in paths:
-            r = httpx.get(url + p, headers=admin, timeout=30)
+            r = HTTP.get(url + p, headers=admin, timeout=30)
             assert r.status_code == 503 and r.headers["Retry-After"], (p, r.text)
         redis_server.start()
         codes: list[int] = []
         for _ in range(10):
-            codes = [httpx.get(url + p, headers=admin, timeout=30).status_code for p in paths]
+            codes = [HTTP.get(url + p, headers=admin, timeout=30).status_code for p in paths]
             assert set(codes) <= {200, 503}, codes
             if codes == [200, 200, 200]:
                 break

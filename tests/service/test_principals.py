@@ -106,6 +106,7 @@ def test_quotas_refuse_one_principal_with_429_and_not_the_others(make_client, ma
     ids = [post(client, make_unary(op), "alice").json()["job_id"] for op in ops[:2]]
     r = post(client, make_unary(ops[2]), "alice")
     assert r.status_code == 429 and r.headers["Retry-After"] == "7"
+    assert r.headers["X-Fxcc-Quota"] == "FXCC_QUOTA_QUEUED_JOBS"
     assert r.json()["error"] == "QuotaExceeded" and "FXCC_QUOTA_QUEUED_JOBS" in r.json()["message"]
     assert "'alice'" in r.json()["message"]
     assert post(client, make_unary(ops[2]), "bob").status_code == 202  # bob keeps working
@@ -123,6 +124,7 @@ def test_the_byte_quota_counts_request_bodies(make_client, make_unary) -> None:
     assert post(client, make_unary("aten.sin.default"), "alice").status_code == 202
     r = post(client, make_unary("aten.cos.default"), "alice")
     assert r.status_code == 429 and "FXCC_QUOTA_QUEUED_BYTES" in r.json()["message"]
+    assert r.headers["X-Fxcc-Quota"] == "FXCC_QUOTA_QUEUED_BYTES"
     assert post(client, make_unary("aten.cos.default"), "bob").status_code == 202
 
 
@@ -146,7 +148,7 @@ def test_an_admin_aborts_a_running_job_and_the_worker_cannot_revive_it(make_clie
     store.retry(claim, JobError(error="X", message="late"))
     job = store.get_job(job_id)
     assert job.stage is JobStage.CANCELLED and job.error.message == "aborted by root" and job.stats is None
-    assert store.get_request(job_id) is None
+    assert store.get_request(job_id) is None and store.dead_letters(10) == []
     assert client.delete(f"/v1/jobs/{job_id}", headers=as_("root")).status_code == 409
     # The abort gave alice's quota back.
     assert post(client, make_unary("aten.cos.default"), "alice").status_code == 202
@@ -178,3 +180,12 @@ def test_the_request_body_lives_apart_and_goes_when_the_job_ends(redis_settings:
             assert store.r.exists(store.k.request(job_id)) == 0
             assert store.get_job(job_id).state.value == end
         assert store.r.exists(store.k.quota("alice")) == 0
+
+
+def test_a_client_is_not_shown_the_jobs_workers_hold(redis_settings: ServiceSettings) -> None:
+    with TestClient(create_app(with_tokens(redis_settings))) as client:
+        client.app.state.store.heartbeat("w1", {"id": "w1", "device": "cpu", "jobs": ["0" * 32]}, [])
+        [worker] = client.get("/v1/status", headers=as_("alice")).json()["workers"]
+        assert worker["id"] == "w1" and "jobs" not in worker
+        [worker] = client.get("/v1/status", headers=as_("root")).json()["workers"]
+        assert worker["jobs"] == ["0" * 32]
