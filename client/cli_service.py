@@ -65,9 +65,10 @@ def jobs(args: argparse.Namespace) -> int:
         params["state"] = args.state
     body = _call(args, "GET", "/v1/jobs", params=params)
     rows = body.get("jobs", body) if isinstance(body, dict) else body
-    lines = [f"{'id':34} {'state':10} {'kind':12} {'key':14} worker"]
-    lines += [f"{j['id']:34} {j['state']:10} {_job_kind(j):12} {j['key'][:12]:14} {j.get('worker') or '-'}"
-              for j in rows]
+    # `by`: the principals attached to the job (a client's listing holds only its own jobs; an admin's all)
+    lines = [f"{'id':34} {'state':10} {'kind':12} {'key':14} {'worker':20} by"]
+    lines += [f"{j['id']:34} {j['state']:10} {_job_kind(j):12} {j['key'][:12]:14} {j.get('worker') or '-':20} "
+              f"{','.join(j.get('principals') or []) or '-'}" for j in rows]
     _emit(args, rows, "\n".join(lines))
     return 0
 

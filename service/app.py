@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from fxcc.service.auth import Authenticator
-from fxcc.service.handlers import BodySizeLimit, install_handlers
+from fxcc.service.handlers import BodySizeLimit, LoopbackGuard, install_handlers
 from fxcc.service.routes import (
     admin,
     artifacts,
@@ -39,7 +39,9 @@ def build_store(settings: ServiceSettings) -> Store:
     from fxcc.service.embedded_store import EmbeddedStore
 
     return EmbeddedStore(settings.data_dir, job_ttl_s=settings.job_ttl_s,
-                         max_artifact_bytes=settings.max_artifact_bytes)
+                         max_artifact_bytes=settings.max_artifact_bytes, stream_max_len=settings.stream_max_len,
+                         quota_queued_jobs=settings.quota_queued_jobs,
+                         quota_queued_bytes=settings.quota_queued_bytes)
 
 
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
@@ -67,7 +69,9 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app = FastAPI(title="fxcc", version="1", lifespan=lifespan,
                   description="Compiler-as-a-service for PyTorch 2. Bearer tokens with roles client and admin.")
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
-    install_handlers(app)
+    if settings.loopback_guard:  # added last, so it runs first: a refused request costs nothing more
+        app.add_middleware(LoopbackGuard, allowed_hosts=settings.allowed_hosts)
+    install_handlers(app, quota_retry_after_s=settings.quota_retry_after_s)
     for router in (compile.router, jobs.router, artifacts.router, pre_aot.router, status.router, cache.router,
                    dead_letters.router, admin.router, metrics.router, health.router, dashboard.router):
         app.include_router(router)  # each router declares the role it needs
@@ -77,7 +81,10 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
 def log_auth_mode(settings: ServiceSettings, auth: Authenticator) -> None:
     """Say at start-up who may call the API, and warn when nobody can."""
     if settings.anonymous_allowed:
-        log.warning("anonymous requests are allowed (role %s)", settings.effective_anonymous_role)
+        log.warning("anonymous requests are allowed (role %s, but never the token routes)%s",
+                    settings.effective_anonymous_role,
+                    "; only loopback Host names and same-origin browser writes are served"
+                    if settings.loopback_guard else "")
     elif not auth.configured:
         log.warning("no API token is configured (FXCC_TOKEN, FXCC_TOKENS) and anonymous access is off "
                     "(FXCC_ANONYMOUS): /v1 answers 401 to everyone but tokens made earlier over the API")

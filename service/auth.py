@@ -1,7 +1,8 @@
 """API tokens and roles: who may call what. Tokens are kept and compared only as sha256 digests.
 
-Roles: `client` compiles and reads jobs, artifacts and status; `admin` may also read stats and
-metrics, manage the cache and manage tokens.
+Roles: `client` compiles and reads its own jobs, artifacts and status; `admin` may also see and
+abort every job, read stats and metrics, manage the cache and manage tokens (only with a token:
+an anonymous admin, the embedded default's, never reaches the token routes).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from fxcc.service.settings import Role, ServiceSettings
-from fxcc.service.store import Store, TokenRecord
+from fxcc.service.store import ANONYMOUS, Store, TokenRecord
 
 ROLE_RANK: dict[str, int] = {"client": 1, "admin": 2}
 
@@ -27,6 +28,7 @@ class Principal:
 
     name: str
     role: Role
+    anonymous: bool = False  # no token: never allowed to make or revoke tokens, whatever its role
 
     def may(self, role: Role) -> bool:
         return ROLE_RANK[self.role] >= ROLE_RANK[role]
@@ -58,7 +60,7 @@ class Authenticator:
     def __init__(self, settings: ServiceSettings, store: Store) -> None:
         self.store = store
         self.configured = settings_tokens(settings)
-        self.anonymous = (Principal("anonymous", settings.effective_anonymous_role)
+        self.anonymous = (Principal(ANONYMOUS, settings.effective_anonymous_role, anonymous=True)
                           if settings.anonymous_allowed else None)
         self._cache: dict[str, tuple[float, TokenRecord | None]] = {}
         self._lock = threading.Lock()

@@ -66,5 +66,14 @@ def require(role: Role):
     return check
 
 
+async def require_token_admin(principal: Annotated[Principal, Depends(require("admin"))]) -> Principal:
+    """An admin that presented a token: anonymous access (even as admin) never mints or revokes tokens,
+    so that whoever reaches a loopback port cannot leave a lasting credential behind."""
+    if principal.anonymous:
+        raise HTTPException(status_code=403, detail="the token routes need an admin token; anonymous "
+                            "access never makes or revokes tokens (set FXCC_TOKEN to make the first)")
+    return principal
+
+
 ClientDep = Annotated[Principal, Depends(require("client"))]
 AdminDep = Annotated[Principal, Depends(require("admin"))]

@@ -1,5 +1,6 @@
 """EmbeddedStore: artifacts on local disk, jobs and the queues (compile, and tune per GPU arch) in memory,
-for `fxcc serve` without Redis; the tune jobs in flight are also kept on disk, for the next process."""
+for `fxcc serve` without Redis; the jobs in flight (compile and tune) are also kept on disk, for the
+next process."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ from fxcc.compiler_core.artifact import (
     supersedes,
 )
 from fxcc.service.store import (
+    ANONYMOUS,
     PRIORITIES,
+    RUNNING_STAGES,
     ArtifactTooLarge,
     CancelOutcome,
     Claim,
@@ -35,9 +38,12 @@ from fxcc.service.store import (
     JobStage,
     JobState,
     Priority,
+    QueueFull,
+    QuotaExceeded,
     StoredArtifact,
     Submitted,
     TokenRecord,
+    aborted_by,
     now_s,
     state_of,
 )
@@ -45,6 +51,9 @@ from fxcc.service.store import (
 log = logging.getLogger("fxcc.service.embedded")
 
 RECENT_WINDOW = 1000  # jobs counted per state for /v1/stats, as RedisStore counts them
+
+
+JOB_FOLDERS = {"tune": "tune", "compile": "queue"}  # where a job kind's jobs in flight are kept on disk
 
 
 def tune_queue(arch: int) -> str:
@@ -57,7 +66,8 @@ def queue_of(job: JobRecord) -> str:
 
 
 class TuneRecord(BaseModel):
-    """A tune job in flight as kept in data_dir/tune/<key>.json: the job as it stands, and its request."""
+    """A job in flight as kept in data_dir/tune/<key>.json (tune jobs) or data_dir/queue/<key>.json
+    (compile jobs): the job as it stands, and its request."""
 
     job: JobRecord
     request: str
@@ -69,7 +79,8 @@ class EmbeddedStore:
     mode = "embedded"
 
     def __init__(self, data_dir: Path, job_ttl_s: float = 7 * 86_400,
-                 max_artifact_bytes: int = 256 * 1024 * 1024) -> None:
+                 max_artifact_bytes: int = 256 * 1024 * 1024, stream_max_len: int = 100_000,
+                 quota_queued_jobs: int = 1_000, quota_queued_bytes: int = 1024 * 1024 * 1024) -> None:
         self.root = Path(data_dir)
         self.root.mkdir(parents=True, exist_ok=True)
         self._cond = threading.Condition()
@@ -86,10 +97,13 @@ class EmbeddedStore:
         self._running: Counter[str] = Counter({p: 0 for p in PRIORITIES})
         self._jobs_done = 0  # by the in-process workers, since the service started
         self.max_artifact_bytes = max_artifact_bytes
+        self.stream_max_len = stream_max_len  # the queue cap, per queue, as the Redis streams have it
+        self.quota_queued_jobs = quota_queued_jobs
+        self.quota_queued_bytes = quota_queued_bytes
         # What the in-process workers run on, and the arch of the tune jobs they take (set at start).
         self.worker_device = "cpu"
         self.worker_tune_arch: int | None = None
-        self._restore_tune_jobs()
+        self._restore_jobs()
 
     def ping(self) -> None:
         if not self.root.is_dir():
@@ -218,7 +232,7 @@ class EmbeddedStore:
 
     # ------------------------------------------------------------ jobs
 
-    def submit(self, key: str, request_json: str, priority: Priority) -> Submitted:
+    def submit(self, key: str, request_json: str, priority: Priority, principal: str = ANONYMOUS) -> Submitted:
         found = self.fetch_artifact(key, blobs=False, count=False)
         if found is not None:
             return Submitted(manifest=found.manifest)
@@ -232,32 +246,63 @@ class EmbeddedStore:
                     self._queues["interactive"].append(existing.id)
                     self._jobs[existing.id] = existing.model_copy(update={"priority": "interactive"})
                     self._cond.notify_all()
+                self._attach(existing.id, principal)
                 return Submitted(job_id=existing.id)
+            size = len(request_json.encode())
+            self._check_quotas(principal, size)
+            self._check_cap(priority)
             job_id = uuid.uuid4().hex
             if len(self._jobs) % 1024 == 1023:
                 self._forget_old_jobs()
             created = now_s()
             self._jobs[job_id] = JobRecord(id=job_id, key=key, state=JobState.QUEUED, stage=JobStage.QUEUED,
-                                           stages={"queued": created}, priority=priority, created_at=created)
+                                           stages={"queued": created}, priority=priority, created_at=created,
+                                           principals=[principal], request_bytes=size)
             self._requests[job_id] = request_json
             self._inflight[key] = job_id
+            self._save_job(self._jobs[job_id])
             self._queues[priority].append(job_id)
             self._cond.notify_all()
             return Submitted(job_id=job_id, created=True)
+
+    def _attach(self, job_id: str, principal: str) -> None:
+        """A request that joins a live job: its principal is attached (and charged; never refused)."""
+        job = self._jobs[job_id]
+        if principal not in job.principals:
+            job = self._jobs[job_id] = job.model_copy(update={"principals": [*job.principals, principal]})
+            self._save_job(job)
+
+    def _check_quotas(self, principal: str, size: int) -> None:
+        held = [j for j in self._jobs.values() if not j.finished and principal in j.principals]
+        if len(held) + 1 > self.quota_queued_jobs:
+            raise QuotaExceeded(principal, "jobs", len(held) + 1, self.quota_queued_jobs,
+                                "FXCC_QUOTA_QUEUED_JOBS")
+        held_bytes = sum(j.request_bytes for j in held) + size
+        if held_bytes > self.quota_queued_bytes:
+            raise QuotaExceeded(principal, "request bytes", held_bytes, self.quota_queued_bytes,
+                                "FXCC_QUOTA_QUEUED_BYTES")
+
+    def _check_cap(self, queue: str) -> None:
+        """The queue cap (FXCC_STREAM_MAX_LEN) as a Redis stream has it: jobs waiting and running."""
+        if len(self._queues[queue]) + self._running[queue] >= self.stream_max_len:
+            raise QueueFull(f"the {queue} queue holds {self.stream_max_len} jobs (FXCC_STREAM_MAX_LEN); "
+                            "retry later")
 
     def submit_tune(self, key: str, arch: int, request_json: str) -> Submitted:
         with self._cond:
             existing = self._jobs.get(self._tune_inflight.get(key, ""))
             if existing is not None and not existing.finished:
                 return Submitted(job_id=existing.id)
+            self._check_cap(tune_queue(arch))
             job_id = uuid.uuid4().hex
             created = now_s()
             self._jobs[job_id] = JobRecord(id=job_id, key=key, kind="tune", arch=arch, state=JobState.QUEUED,
                                            stage=JobStage.QUEUED, stages={"queued": created},
-                                           priority="precompile", created_at=created)
+                                           priority="precompile", created_at=created,
+                                           request_bytes=len(request_json.encode()))
             self._requests[job_id] = request_json
             self._tune_inflight[key] = job_id
-            self._save_tune_job(self._jobs[job_id])
+            self._save_job(self._jobs[job_id])
             self._queues[tune_queue(arch)].append(job_id)
             self._cond.notify_all()
             return Submitted(job_id=job_id, created=True)
@@ -270,10 +315,11 @@ class EmbeddedStore:
         with self._cond:
             return self._requests.get(job_id)
 
-    def list_jobs(self, state: JobState | None, limit: int) -> list[JobRecord]:
+    def list_jobs(self, state: JobState | None, limit: int, principal: str | None = None) -> list[JobRecord]:
         with self._cond:
             jobs = sorted(self._jobs.values(), key=lambda j: j.created_at, reverse=True)
-        return [j for j in jobs if state is None or j.state is state][:limit]
+        return [j for j in jobs if (state is None or j.state is state)
+                and (principal is None or principal in j.principals)][:limit]
 
     def job_counts(self) -> dict[str, int]:
         with self._cond:
@@ -299,16 +345,16 @@ class EmbeddedStore:
     def mark_stage(self, job_id: str, stage: JobStage) -> None:
         with self._cond:
             job = self._jobs.get(job_id)
-            if job is not None and job.state is JobState.RUNNING:
+            if job is not None and job.state is JobState.RUNNING and stage in RUNNING_STAGES:
                 self._move(job_id, stage)
 
     def mark_done(self, job_id: str, stats: dict[str, Any]) -> None:
-        if self._move(job_id, JobStage.DONE, finished_at=now_s(), stats=stats, error=None) is not None:
-            with self._cond:
+        with self._cond:
+            if self._move_unfinished(job_id, JobStage.DONE, finished_at=now_s(), stats=stats, error=None):
                 self._jobs_done += 1
 
     def mark_failed(self, job_id: str, error: JobError, *, dead_letter: bool = False) -> None:
-        job = self._move(job_id, JobStage.FAILED, finished_at=now_s(), error=error, stats=None)
+        job = self._move_unfinished(job_id, JobStage.FAILED, finished_at=now_s(), error=error, stats=None)
         if dead_letter and job is not None:
             self._dead.appendleft({"job_id": job_id, "key": job.key, "kind": job.kind, "attempts": str(job.attempt),
                                    "error": error.model_dump_json(), "at": repr(now_s())})
@@ -328,34 +374,65 @@ class EmbeddedStore:
                 self._queues[queue_of(job)].append(job.id)
             self.ack(claim)
 
-    def cancel(self, job_id: str) -> CancelOutcome:
+    def cancel(self, job_id: str, principal: str | None = None) -> CancelOutcome:
+        with self._cond:
+            job = self._jobs.get(job_id)
+            if job is None or (principal is not None and principal not in job.principals):
+                return "missing"
+            if principal is not None and job.principals != [principal]:
+                if job.finished:
+                    return "conflict"
+                kept = [p for p in job.principals if p != principal]
+                self._jobs[job_id] = job.model_copy(update={"principals": kept})
+                self._save_job(self._jobs[job_id])
+                return "detached"
+            if job.stage is not JobStage.QUEUED:
+                return "conflict"
+            self._unqueue(job_id)
+            self._move(job_id, JobStage.CANCELLED, finished_at=now_s())
+            return "cancelled"
+
+    def abort(self, job_id: str, admin: str) -> CancelOutcome:
         with self._cond:
             job = self._jobs.get(job_id)
             if job is None:
                 return "missing"
-            if job.stage is not JobStage.QUEUED:
+            if job.finished:
                 return "conflict"
-            for q in self._queues.values():
-                if job_id in q:
-                    q.remove(job_id)
-            self._move(job_id, JobStage.CANCELLED, finished_at=now_s())
+            self._unqueue(job_id)  # a running job is its worker's: the worker sees cancelled and stops
+            self._move(job_id, JobStage.CANCELLED, finished_at=now_s(), error=aborted_by(admin))
             return "cancelled"
+
+    def _unqueue(self, job_id: str) -> None:
+        for q in self._queues.values():
+            if job_id in q:
+                q.remove(job_id)
 
     def dead_letters(self, limit: int) -> list[dict[str, str]]:
         with self._cond:
             return list(self._dead)[:limit]
 
+    def _move_unfinished(self, job_id: str, stage: JobStage, **fields: Any) -> JobRecord | None:
+        """_move, unless the job is finished (an admin aborted it while its worker ran it)."""
+        with self._cond:
+            job = self._jobs.get(job_id)
+            if job is None or job.finished:
+                return None
+            return self._move(job_id, stage, **fields)
+
     def _move(self, job_id: str, stage: JobStage, **fields: Any) -> JobRecord | None:
         """Put a job in `stage`, stamping the time it entered it."""
         with self._cond:  # re-entrant: a Condition wraps an RLock
-            job = self._jobs.get(job_id)
-            if job is None:
+            before = self._jobs.get(job_id)
+            if before is None:
                 return None
-            stages = {**{k: v for k, v in job.stages.items() if k != stage.value}, stage.value: now_s()}
-            job = self._jobs[job_id] = job.model_copy(update={
+            stages = {**{k: v for k, v in before.stages.items() if k != stage.value}, stage.value: now_s()}
+            job = self._jobs[job_id] = before.model_copy(update={
                 "stage": stage, "state": state_of(stage), "stages": stages, **fields})
-            if job.kind == "tune":
-                self._save_tune_job(job)
+            # Only what a restart needs is written: queued or running, and the attempts (a move
+            # between running stages changes neither, and a request may be megabytes).
+            if (job.state, job.attempt) != (before.state, before.attempt):
+                self._save_job(job)
             if job.finished:
                 self._requests.pop(job_id, None)
                 inflight = self._tune_inflight if job.kind == "tune" else self._inflight
@@ -364,69 +441,75 @@ class EmbeddedStore:
             self._cond.notify_all()
             return job
 
-    # ------------------------------------------------------------ the tune queue on disk
+    # ------------------------------------------------------------ the jobs in flight on disk
 
-    # Note: a tune job is the only record of an untuned artifact's request (manifests do not hold
-    # it), so the tune jobs in flight are kept on disk while they are queued or running, one file
-    # per artifact key (one tune job per key in flight), rewritten at each move, removed when the
-    # job finishes. A later process on the data dir queues them again (_restore_tune_jobs).
+    # Note: the jobs in flight (queued or running) are kept on disk, one file per key (single flight
+    # keeps one compile job and one tune job per key in flight): tune jobs in data_dir/tune, compile
+    # jobs in data_dir/queue. A file is rewritten when its job goes between queued and running or
+    # its attempts or principals change, and removed when the job finishes. A later process on the
+    # data dir queues them again (_restore_jobs). A tune job is also the only record of an untuned
+    # artifact's request (manifests do not hold it).
 
-    def _tune_path(self, key: str) -> Path:
-        return self.root / "tune" / f"{key}.json"
+    def _job_path(self, kind: str, key: str) -> Path:
+        return self.root / JOB_FOLDERS[kind] / f"{key}.json"
 
-    def _save_tune_job(self, job: JobRecord) -> None:
-        """Write the key's tune job in flight to disk, or remove it once the job is finished."""
-        if self._tune_inflight.get(job.key) != job.id:
-            return  # not the key's tune job in flight: the file is another job's
-        path = self._tune_path(job.key)
+    def _save_job(self, job: JobRecord) -> None:
+        """Write the key's job in flight to disk, or remove it once the job is finished."""
+        inflight = self._tune_inflight if job.kind == "tune" else self._inflight
+        if inflight.get(job.key) != job.id:
+            return  # not the key's job in flight: the file is another job's
+        path = self._job_path(job.kind, job.key)
         try:
             if job.finished:
                 path.unlink(missing_ok=True)
             else:
                 atomic_write(path, TuneRecord(job=job, request=self._requests[job.id]).model_dump_json().encode())
         except OSError as e:  # the job goes on in memory; only a restart would lose it
-            log.warning("tune job %s could not be %s on disk: %s", job.id,
+            log.warning("%s job %s could not be %s on disk: %s", job.kind, job.id,
                         "removed" if job.finished else "kept", e)
 
-    def _restore_tune_jobs(self) -> None:
-        """Queue again the tune jobs that an earlier process left in flight under data_dir/tune, oldest
-        first; a running one goes back to queued with its attempts counted (its worker died with
-        that process)."""
-        paths = sorted((self.root / "tune").glob("*.json"))
-        records = [r for r in map(self._read_tune_record, paths) if r is not None]
+    def _restore_jobs(self) -> None:
+        """Queue again the jobs that an earlier process left in flight under data_dir/queue and
+        data_dir/tune, oldest first; a running one goes back to queued with its attempts counted
+        (its worker died with that process)."""
+        records = []
+        for kind, folder in JOB_FOLDERS.items():
+            paths = sorted((self.root / folder).glob("*.json"))
+            records += [r for r in (self._read_record(kind, p) for p in paths) if r is not None]
         for record in sorted(records, key=lambda r: r.job.created_at):
             job = record.job
             self._jobs[job.id] = job
             self._requests[job.id] = record.request
-            self._tune_inflight[job.key] = job.id
+            (self._tune_inflight if job.kind == "tune" else self._inflight)[job.key] = job.id
             if job.state is JobState.RUNNING:
                 self._move(job.id, JobStage.QUEUED, worker=None)
             self._queues[queue_of(job)].append(job.id)
         if records:
-            log.info("tune queue: %d tune job(s) restored from %s", len(records), self.root / "tune")
+            log.info("queue: %d job(s) restored from %s", len(records), self.root)
 
-    def _read_tune_record(self, path: Path) -> TuneRecord | None:
-        """The tune job in flight that `path` holds, when its artifact still waits for tuning. None
-        for a file that holds no such job (logged, and left there), and for a job whose artifact is
-        gone or tuned meanwhile (its file removed)."""
+    def _read_record(self, kind: str, path: Path) -> TuneRecord | None:
+        """The job in flight of `kind` that `path` holds, when its artifact still waits for it (a
+        compile: none stored; a tune: stored untuned). None for a file that holds no such job
+        (logged, and left there), and for a job whose work is done meanwhile (its file removed)."""
         try:
             record = TuneRecord.model_validate_json(path.read_bytes())
         except (OSError, ValueError) as e:
-            log.warning("tune queue: skipping %s, which is not a tune job: %s", path, str(e)[:500])
+            log.warning("queue: skipping %s, which is not a %s job: %s", path, kind, str(e)[:500])
             return None
         job = record.job
-        if job.kind != "tune" or job.arch is None or job.key != path.stem or job.finished:
-            log.warning("tune queue: skipping %s, which holds no tune job in flight for its key", path)
+        if (job.kind != kind or (kind == "tune" and job.arch is None) or job.key != path.stem or job.finished
+                or job.id in self._jobs):
+            log.warning("queue: skipping %s, which holds no %s job in flight for its key", path, kind)
             return None
         try:
             manifest = self.get_manifest(job.key)
-            if manifest is not None and not manifest.tuned:
+            if kind == "compile" and manifest is None or kind == "tune" and manifest is not None and not manifest.tuned:
                 return record
-            log.info("tune queue: dropping tune job %s: artifact %s is %s", job.id, job.key[:12],
-                     "gone" if manifest is None else "tuned")
+            log.info("queue: dropping %s job %s: artifact %s is %s", kind, job.id, job.key[:12],
+                     "stored" if kind == "compile" else "gone" if manifest is None else "tuned")
             path.unlink(missing_ok=True)
         except OSError as e:
-            log.warning("tune queue: skipping %s: %s", path, e)
+            log.warning("queue: skipping %s: %s", path, e)
         return None
 
     # ------------------------------------------------------------ queue

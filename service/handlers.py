@@ -24,17 +24,25 @@ def error_body(error: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"error": error, "message": message, "op": None, "node": None, **extra}
 
 
-def install_handlers(app: FastAPI) -> None:
+# Replies of a Redis that restarted, is loading, or failed over (a replica now, or no master yet):
+# the store will answer again, so these are a 503 with Retry-After, never a 500.
+_TRANSIENT_REPLIES = ("NOGROUP", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
+
+
+def install_handlers(app: FastAPI, quota_retry_after_s: int = 10) -> None:
+    app.state.quota_retry_after_s = quota_retry_after_s
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(FxccError, _fxcc_error)
     app.add_exception_handler(redis.ConnectionError, _store_unavailable)
     app.add_exception_handler(redis.TimeoutError, _store_unavailable)
     app.add_exception_handler(redis.BusyLoadingError, _store_unavailable)
+    app.add_exception_handler(redis.ResponseError, _store_reply)
 
 
 _STATUS_NAMES = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound",
-                 405: "MethodNotAllowed", 409: "Conflict", 413: "RequestTooLarge", 415: "UnsupportedMediaType"}
+                 405: "MethodNotAllowed", 409: "Conflict", 413: "RequestTooLarge", 415: "UnsupportedMediaType",
+                 421: "MisdirectedRequest", 429: "QuotaExceeded"}
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -59,6 +67,10 @@ async def _fxcc_error(request: Request, exc: Exception) -> JSONResponse:
     headers = None
     if exc.http_status == 503:
         headers = {"Retry-After": str(RETRY_AFTER_S)}
+    elif exc.http_status == 429:
+        headers = {"Retry-After": str(request.app.state.quota_retry_after_s)}
+        if getattr(exc, "quota", None):
+            headers["X-Fxcc-Quota"] = exc.quota
     elif exc.http_status >= 500:
         log.error("%s %s failed: %s", request.method, request.url.path, exc)
     return JSONResponse(status_code=exc.http_status, content=exc.to_dict(), headers=headers)
@@ -68,6 +80,76 @@ async def _store_unavailable(request: Request, exc: Exception) -> JSONResponse:
     log.warning("store unavailable during %s %s: %s", request.method, request.url.path, exc)
     return JSONResponse(status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)},
                         content=error_body("StoreUnavailable", f"Redis is unreachable: {type(exc).__name__}"))
+
+
+async def _store_reply(request: Request, exc: Exception) -> JSONResponse:
+    code = str(exc).split(" ", 1)[0]
+    if code not in _TRANSIENT_REPLIES:
+        log.error("%s %s failed: Redis answered %s", request.method, request.url.path, exc)
+        return JSONResponse(status_code=500, content=error_body("StoreError", f"Redis answered {code}"))
+    store = getattr(request.app.state, "store", None)
+    if code == "NOGROUP" and hasattr(store, "forget_groups"):
+        store.forget_groups()  # made again on next use
+    log.warning("store not ready during %s %s: %s", request.method, request.url.path, exc)
+    return JSONResponse(status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)},
+                        content=error_body("StoreUnavailable", f"Redis is not ready ({code}); retry later"))
+
+
+def _host_name(host: str) -> str:
+    """The name of a Host header without its port: `[::1]:8470` -> `[::1]`, `localhost:1` -> `localhost`."""
+    if host.startswith("["):
+        return host[: host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+_SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+
+
+class LoopbackGuard:
+    """ASGI middleware for a service where reaching the port is the only credential (anonymous
+    access, bound to loopback): a Host that is no loopback name (nor in allowed_hosts) gets 421, and
+    a browser's cross-origin write (an Origin other than the request's own loopback origin, or
+    Sec-Fetch-Site cross-site or same-site) gets 403.
+
+    Note: the Host check defeats DNS rebinding (a page at evil.example whose name now resolves to
+    127.0.0.1 sends Host: evil.example) and same-host proxies for other names; the Origin check
+    defeats a page on another origin POSTing a form or a fetch without preflight.
+    """
+
+    def __init__(self, app: ASGIApp, allowed_hosts: list[str] | None = None) -> None:
+        self.app = app
+        self.allowed = {*LOOPBACK_NAMES, *(h.lower() for h in allowed_hosts or ())}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        host = headers.get("host", "").strip().lower()
+        if _host_name(host) not in self.allowed:
+            await self._refuse(scope, receive, send, 421, "MisdirectedRequest",
+                               f"Host {host[:100]!r} is not served here: with anonymous access on, only "
+                               f"{', '.join(LOOPBACK_NAMES)} (any port) and FXCC_ALLOWED_HOSTS are")
+            return
+        if scope.get("method", "GET") not in _SAFE_METHODS:
+            origin = headers.get("origin")
+            scheme = scope.get("scheme", "http")
+            if origin is not None and origin.lower() != f"{scheme}://{host}":
+                await self._refuse(scope, receive, send, 403, "Forbidden",
+                                   f"cross-origin write refused: Origin {origin[:100]!r} is not {scheme}://{host}")
+                return
+            if headers.get("sec-fetch-site", "").lower() in ("cross-site", "same-site"):
+                await self._refuse(scope, receive, send, 403, "Forbidden",
+                                   "cross-site write refused (Sec-Fetch-Site)")
+                return
+        await self.app(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int, name: str, message: str) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        await JSONResponse(status_code=status, content=error_body(name, message))(scope, receive, send)
 
 
 class BodySizeLimit:

@@ -13,7 +13,15 @@ CACHE_COUNTERS = "stats:cache"  # hash of counters: hits, misses, puts, rejected
 PRE_AOT = "preaot:{principal}:{key}"
 
 # ---- queue and jobs (FXCC_REDIS_URL)
-JOB = "job:{job_id}"  # hash: stage, stage times, worker, attempt, request JSON, error, stats
+# hash: stage, stage times, worker, attempt, principals (comma-separated), request bytes, error, stats
+JOB = "job:{job_id}"
+# the request JSON of a queued or running job, apart from its record so that polls never read it;
+# deleted when the job ends (done, failed, cancelled)
+REQUEST = "request:{job_id}"
+# hash per principal: `jobs` and `bytes` of its unfinished jobs (the quotas); a job charges every
+# principal attached to it, and releases them when it ends or they detach
+QUOTA = "quota:{principal}"
+PRINCIPAL_JOBS = "jobs:of:{principal}"  # sorted set: the principal's job ids by creation time
 INFLIGHT = "inflight:{key}"  # single flight: compile key -> id of the job compiling it (SET NX)
 STREAM_INTERACTIVE = "jobs:interactive"  # read before precompile: a user is waiting on these
 STREAM_PRECOMPILE = "jobs:precompile"
@@ -28,7 +36,7 @@ TOKENS = "tokens"  # hash: sha256 of a token made over the API -> JSON TokenReco
 
 GROUP = "workers"  # the one consumer group every worker reads the compile streams through
 TUNE_GROUP = "tuners"  # the consumer group of each tune stream (GPU workers of its arch)
-STREAM_FIELD = "job_id"  # a stream entry carries only the job id; the request lives in the hash
+STREAM_FIELD = "job_id"  # a stream entry carries only the job id; the request lives in REQUEST
 
 
 class RedisKeys:
@@ -60,6 +68,15 @@ class RedisKeys:
 
     def job(self, job_id: str) -> str:
         return self.prefix + JOB.format(job_id=job_id)
+
+    def request(self, job_id: str) -> str:
+        return self.prefix + REQUEST.format(job_id=job_id)
+
+    def quota(self, principal: str) -> str:
+        return self.prefix + QUOTA.format(principal=principal)
+
+    def principal_jobs(self, principal: str) -> str:
+        return self.prefix + PRINCIPAL_JOBS.format(principal=principal)
 
     def inflight(self, key: str) -> str:
         return self.prefix + INFLIGHT.format(key=key)

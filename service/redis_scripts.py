@@ -3,13 +3,54 @@
 from __future__ import annotations
 
 _RUNNING = ("(s == 'lowering' or s == 'building' or s == 'autotuning' or s == 'storing')")
+_FINISHED = "(s == 'done' or s == 'failed' or s == 'cancelled')"
+
+# Principals: a job's field 'principals' lists (comma-separated; token names have no commas) who is
+# attached to it; each is charged one job and the request's bytes in its quota hash while the job is
+# unfinished. _RELEASE gives those charges back; every script that ends a job calls it.
+_HAS_PRINCIPAL = "string.find(',' .. ps .. ',', ',' .. p .. ',', 1, true)"
+
+# ARGs: job key, quota key prefix.
+_RELEASE = """
+local function release(job, qprefix)
+  local bytes = tonumber(redis.call('HGET', job, 'bytes') or '0')
+  for p in string.gmatch(redis.call('HGET', job, 'principals') or '', '[^,]+') do
+    local q = qprefix .. p
+    redis.call('HINCRBY', q, 'bytes', -bytes)
+    if redis.call('HINCRBY', q, 'jobs', -1) <= 0 then redis.call('DEL', q) end
+  end
+end
+"""
 
 # Note: submit is one script so that "a live job for this key?" and "queue a new job" happen
 # atomically; two identical requests can never both create a job, on any number of API replicas.
-# KEYS: inflight, job, stream, interactive stream, recent-jobs zset.
-# ARGV: job id, job key prefix, inflight ttl ms, job ttl s, priority, stream max len,
-#       recent max, created_at, then the job's fields.
+# A request that joins a live job attaches its principal to it (charged, but never refused: the
+# job costs the cluster nothing more); a new job is refused over the principal's quotas first,
+# then over the stream's cap.
+# KEYS: inflight, job, stream, interactive stream, recent-jobs zset, request, principal's quota hash,
+#       principal's jobs zset.
+# ARGV: job id, job key prefix, inflight ttl ms, job ttl s, priority, stream max len, recent max,
+#       created_at, principal, request bytes, quota jobs, quota bytes, request JSON, then the job's fields.
 SUBMIT = f"""
+local p = ARGV[9]
+local function trimmed(zset)
+  local extra = redis.call('ZCARD', zset) - tonumber(ARGV[7])
+  if extra > 0 then redis.call('ZREMRANGEBYRANK', zset, 0, extra - 1) end
+  redis.call('EXPIRE', zset, ARGV[4])
+end
+local function charge(bytes)
+  redis.call('HINCRBY', KEYS[7], 'jobs', 1)
+  redis.call('HINCRBY', KEYS[7], 'bytes', bytes)
+  redis.call('EXPIRE', KEYS[7], ARGV[4])
+end
+local function attach(job, id)
+  local ps = redis.call('HGET', job, 'principals') or ''
+  if {_HAS_PRINCIPAL} then return end
+  redis.call('HSET', job, 'principals', ps == '' and p or (ps .. ',' .. p))
+  charge(redis.call('HGET', job, 'bytes') or '0')
+  redis.call('ZADD', KEYS[8], redis.call('HGET', job, 'created_at'), id)
+  trimmed(KEYS[8])
+end
 local existing = redis.call('GET', KEYS[1])
 if existing then
   local job = ARGV[2] .. existing
@@ -19,31 +60,41 @@ if existing then
     local entry = redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'job_id', existing)
     redis.call('HSET', job, 'priority', 'interactive', 'stream', KEYS[4], 'entry_id', entry)
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    attach(job, existing)
     return {{'promoted', existing}}
   end
   if s == 'queued' or {_RUNNING} then
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    attach(job, existing)
     return {{'joined', existing}}
   end
 end
+local held = redis.call('HMGET', KEYS[7], 'jobs', 'bytes')
+local jobs, bytes = tonumber(held[1] or '0'), tonumber(held[2] or '0')
+if jobs + 1 > tonumber(ARGV[11]) then return {{'quota_jobs', tostring(jobs)}} end
+if bytes + tonumber(ARGV[10]) > tonumber(ARGV[12]) then return {{'quota_bytes', tostring(bytes)}} end
 if redis.call('XLEN', KEYS[3]) >= tonumber(ARGV[6]) then return {{'full', ''}} end
-redis.call('HSET', KEYS[2], unpack(ARGV, 9))
+redis.call('HSET', KEYS[2], unpack(ARGV, 14))
+redis.call('SET', KEYS[6], ARGV[13], 'EX', ARGV[4])
 local entry = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'job_id', ARGV[1])
 redis.call('HSET', KEYS[2], 'stream', KEYS[3], 'entry_id', entry)
 redis.call('EXPIRE', KEYS[2], ARGV[4])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
 redis.call('ZADD', KEYS[5], ARGV[8], ARGV[1])
-local extra = redis.call('ZCARD', KEYS[5]) - tonumber(ARGV[7])
-if extra > 0 then redis.call('ZREMRANGEBYRANK', KEYS[5], 0, extra - 1) end
+trimmed(KEYS[5])
+charge(ARGV[10])
+redis.call('ZADD', KEYS[8], ARGV[8], ARGV[1])
+trimmed(KEYS[8])
 return {{'created', ARGV[1]}}
 """
 
 # Note: one tune job per artifact key in flight, as SUBMIT keeps one compile job per key. The tune
 # job copies the compile request (the tuner re-derives the schedule from it); the stored artifact
 # itself is read by the worker that takes the job.
-# KEYS: tune inflight, job, tune stream, recent-jobs zset, tune archs set.
+# A tune job has no principal (a worker queues it): only admins see it, and it counts against no quota.
+# KEYS: tune inflight, job, tune stream, recent-jobs zset, tune archs set, request.
 # ARGV: job id, job key prefix, inflight ttl ms, job ttl s, stream max len, recent max, created_at,
-#       arch, then the job's fields.
+#       arch, request JSON, then the job's fields.
 SUBMIT_TUNE = f"""
 local existing = redis.call('GET', KEYS[1])
 if existing then
@@ -51,7 +102,8 @@ if existing then
   if s == 'queued' or {_RUNNING} then return {{'joined', existing}} end
 end
 if redis.call('XLEN', KEYS[3]) >= tonumber(ARGV[5]) then return {{'full', ''}} end
-redis.call('HSET', KEYS[2], unpack(ARGV, 9))
+redis.call('HSET', KEYS[2], unpack(ARGV, 10))
+redis.call('SET', KEYS[6], ARGV[9], 'EX', ARGV[4])
 local entry = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'job_id', ARGV[1])
 redis.call('HSET', KEYS[2], 'stream', KEYS[3], 'entry_id', entry, 'inflight', KEYS[1])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
@@ -84,11 +136,17 @@ return 1
 
 # Finishing also drops the single-flight entry, but only if it still points at this job. A compile
 # job's entry is the inflight key of its artifact key; a tune job names its own in field 'inflight'.
-# KEYS: job. ARGV: job id, job ttl s, inflight key prefix, final stage, now, then fields.
-FINISH = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'stage', ARGV[4], 't:' .. ARGV[4], ARGV[5], 'finished_at', ARGV[5], unpack(ARGV, 6))
+# A finished job (an admin aborted it meanwhile) stays as it is: no finished stage is ever left.
+# The request body goes, and the principals' quotas are released.
+# KEYS: job, request. ARGV: job id, job ttl s, inflight key prefix, final stage, now, quota key prefix,
+# then fields.
+FINISH = _RELEASE + f"""
+local s = redis.call('HGET', KEYS[1], 'stage')
+if not s or {_FINISHED} then return 0 end
+release(KEYS[1], ARGV[6])
+redis.call('HSET', KEYS[1], 'stage', ARGV[4], 't:' .. ARGV[4], ARGV[5], 'finished_at', ARGV[5], unpack(ARGV, 7))
 redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('DEL', KEYS[2])
 local inflight = redis.call('HGET', KEYS[1], 'inflight') or (ARGV[3] .. redis.call('HGET', KEYS[1], 'key'))
 if redis.call('GET', inflight) == ARGV[1] then redis.call('DEL', inflight) end
 return 1
@@ -111,17 +169,42 @@ redis.call('HSET', KEYS[1], 'stream', stream, 'entry_id', entry)
 return 1
 """
 
-# Only a queued job can be cancelled; its stream entry goes with it.
-# KEYS: job. ARGV: job id, job ttl s, inflight key prefix, now.
-CANCEL = """
+# A principal's DELETE detaches it while other principals remain attached (its quota charge goes
+# back); the last one's DELETE cancels a queued job. An admin's abort (ARGV[7], the error JSON)
+# cancels a queued or running job: the worker running it sees the stage and stops.
+# KEYS: job, request. ARGV: job id, job ttl s, inflight key prefix, now, quota key prefix,
+#       principal ('' for an admin), abort error JSON ('' for none), principal jobs key prefix.
+CANCEL = _RELEASE + f"""
 local s = redis.call('HGET', KEYS[1], 'stage')
 if not s then return 'missing' end
-if s ~= 'queued' then return 'conflict' end
+local p = ARGV[6]
+if p ~= '' then
+  local ps = redis.call('HGET', KEYS[1], 'principals') or ''
+  if not {_HAS_PRINCIPAL} then return 'missing' end
+  if ps ~= p then
+    if {_FINISHED} then return 'conflict' end
+    local kept = {{}}
+    for q in string.gmatch(ps, '[^,]+') do if q ~= p then kept[#kept + 1] = q end end
+    redis.call('HSET', KEYS[1], 'principals', table.concat(kept, ','))
+    local quota = ARGV[5] .. p
+    redis.call('HINCRBY', quota, 'bytes', -tonumber(redis.call('HGET', KEYS[1], 'bytes') or '0'))
+    if redis.call('HINCRBY', quota, 'jobs', -1) <= 0 then redis.call('DEL', quota) end
+    redis.call('ZREM', ARGV[8] .. p, ARGV[1])
+    return 'detached'
+  end
+end
+if not (s == 'queued' or (ARGV[7] ~= '' and {_RUNNING})) then return 'conflict' end
+release(KEYS[1], ARGV[5])
 redis.call('HSET', KEYS[1], 'stage', 'cancelled', 't:cancelled', ARGV[4], 'finished_at', ARGV[4])
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[7]) end
 redis.call('EXPIRE', KEYS[1], ARGV[2])
-local stream = redis.call('HGET', KEYS[1], 'stream')
-local entry = redis.call('HGET', KEYS[1], 'entry_id')
-if stream and entry then redis.call('XDEL', stream, entry) end
+redis.call('DEL', KEYS[2])
+-- A running job's entry is its worker's: it is acknowledged (and deleted) when the worker lets go.
+if s == 'queued' then
+  local stream = redis.call('HGET', KEYS[1], 'stream')
+  local entry = redis.call('HGET', KEYS[1], 'entry_id')
+  if stream and entry then redis.call('XDEL', stream, entry) end
+end
 local inflight = redis.call('HGET', KEYS[1], 'inflight') or (ARGV[3] .. redis.call('HGET', KEYS[1], 'key'))
 if redis.call('GET', inflight) == ARGV[1] then redis.call('DEL', inflight) end
 return 'cancelled'

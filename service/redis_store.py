@@ -18,6 +18,7 @@ from fxcc.service.keys import STREAM_FIELD, RedisKeys
 from fxcc.service.redis_cache import RedisCache
 from fxcc.service.settings import ServiceSettings
 from fxcc.service.store import (
+    ANONYMOUS,
     PRIORITIES,
     CancelOutcome,
     Claim,
@@ -27,8 +28,10 @@ from fxcc.service.store import (
     JobState,
     Priority,
     QueueFull,
+    QuotaExceeded,
     Submitted,
     TokenRecord,
+    aborted_by,
     now_s,
     state_of,
 )
@@ -88,25 +91,34 @@ class RedisStore(RedisCache):
 
     # ------------------------------------------------------------ jobs
 
-    def submit(self, key: str, request_json: str, priority: Priority) -> Submitted:
+    def submit(self, key: str, request_json: str, priority: Priority, principal: str = ANONYMOUS) -> Submitted:
         found = self.fetch_artifact(key, blobs=False, count=False)
         if found is not None:
             return Submitted(manifest=found.manifest)
         job_id = uuid.uuid4().hex
         created = now_s()
+        size = len(request_json.encode())
         fields = {"id": job_id, "key": key, "stage": JobStage.QUEUED.value, "priority": priority,
                   "created_at": repr(created), "t:queued": repr(created), "attempt": "0",
-                  "request": request_json}
+                  "principals": principal, "bytes": str(size)}
         s = self.settings
         keys = [self.k.inflight(key), self.k.job(job_id), self.k.stream(priority), self.k.interactive,
-                self.k.recent_jobs]
+                self.k.recent_jobs, self.k.request(job_id), self.k.quota(principal),
+                self.k.principal_jobs(principal)]
         args = [job_id, self.k.job(""), s.inflight_ttl_s * 1000, s.job_ttl_s, priority, s.stream_max_len,
-                s.recent_jobs_max, repr(created)]
+                s.recent_jobs_max, repr(created), principal, size, s.quota_queued_jobs, s.quota_queued_bytes,
+                request_json]
         self._ensure_groups(self.k.streams())
         outcome, got = self._submit(keys=keys, args=args + [x for kv in fields.items() for x in kv])
         if outcome == b"full":
             raise QueueFull(f"the {priority} queue holds {s.stream_max_len} jobs (FXCC_STREAM_MAX_LEN); "
                             "retry later")
+        if outcome == b"quota_jobs":
+            raise QuotaExceeded(principal, "jobs", int(got) + 1, s.quota_queued_jobs,
+                                "FXCC_QUOTA_QUEUED_JOBS")
+        if outcome == b"quota_bytes":
+            raise QuotaExceeded(principal, "request bytes", int(got) + size, s.quota_queued_bytes,
+                                "FXCC_QUOTA_QUEUED_BYTES")
         return Submitted(job_id=got.decode(), created=outcome == b"created")
 
     def submit_tune(self, key: str, arch: int, request_json: str) -> Submitted:
@@ -114,14 +126,15 @@ class RedisStore(RedisCache):
         created = now_s()
         fields = {"id": job_id, "key": key, "kind": "tune", "arch": str(arch), "stage": JobStage.QUEUED.value,
                   "priority": "precompile", "created_at": repr(created), "t:queued": repr(created),
-                  "attempt": "0", "request": request_json}
+                  "attempt": "0", "bytes": str(len(request_json.encode()))}
         s = self.settings
         stream = self.k.tune_stream(arch)
-        keys = [self.k.tune_inflight(key), self.k.job(job_id), stream, self.k.recent_jobs, self.k.tune_archs]
+        keys = [self.k.tune_inflight(key), self.k.job(job_id), stream, self.k.recent_jobs, self.k.tune_archs,
+                self.k.request(job_id)]
         # Note: a queued tune job may wait long for a GPU of its arch, so its single-flight entry
         # lives as long as its record; once a worker runs it, heartbeats renew it as for compiles.
         args = [job_id, self.k.job(""), s.job_ttl_s * 1000, s.job_ttl_s, s.stream_max_len, s.recent_jobs_max,
-                repr(created), arch]
+                repr(created), arch, request_json]
         self._ensure_groups([stream])
         outcome, got = self._submit_tune(keys=keys, args=args + [x for kv in fields.items() for x in kv])
         if outcome == b"full":
@@ -132,16 +145,20 @@ class RedisStore(RedisCache):
         return _record(self.r.hgetall(self.k.job(job_id)))
 
     def get_request(self, job_id: str) -> str | None:
-        data = self.r.hget(self.k.job(job_id), "request")
+        data = self.r.get(self.k.request(job_id))
+        if data is None:  # a job queued by an fxcc that kept the request in the job's hash
+            data = self.r.hget(self.k.job(job_id), "request")
         return None if data is None else data.decode()
 
-    def list_jobs(self, state: JobState | None, limit: int) -> list[JobRecord]:
-        ids = self.r.zrevrange(self.k.recent_jobs, 0, (limit if state is None else RECENT_WINDOW) - 1)
+    def list_jobs(self, state: JobState | None, limit: int, principal: str | None = None) -> list[JobRecord]:
+        index = self.k.recent_jobs if principal is None else self.k.principal_jobs(principal)
+        ids = self.r.zrevrange(index, 0, (limit if state is None else RECENT_WINDOW) - 1)
         pipe = self.r.pipeline(transaction=False)
         for job_id in ids:
             pipe.hgetall(self.k.job(job_id.decode()))
         jobs = [j for j in map(_record, pipe.execute()) if j is not None]
-        return [j for j in jobs if state is None or j.state is state][:limit]
+        return [j for j in jobs if (state is None or j.state is state)
+                and (principal is None or principal in j.principals)][:limit]
 
     def job_counts(self) -> dict[str, int]:
         ids = self.r.zrevrange(self.k.recent_jobs, 0, RECENT_WINDOW - 1)
@@ -168,8 +185,7 @@ class RedisStore(RedisCache):
         self._finished(job_id, JobStage.DONE, stats=json.dumps(stats), error="")
 
     def mark_failed(self, job_id: str, error: JobError, *, dead_letter: bool = False) -> None:
-        self._finished(job_id, JobStage.FAILED, error=error.model_dump_json(), stats="")
-        if dead_letter:
+        if self._finished(job_id, JobStage.FAILED, error=error.model_dump_json(), stats="") and dead_letter:
             job = self.get_job(job_id)
             entry = {"job_id": job_id, "key": job.key if job else "", "kind": job.kind if job else "",
                      "attempts": job.attempt if job else 0,
@@ -178,9 +194,11 @@ class RedisStore(RedisCache):
             log.error("job %s failed %d times; moved to the dead-letter stream: %s: %s", job_id,
                       entry["attempts"], error.error, error.message)
 
-    def _finished(self, job_id: str, stage: JobStage, **fields: str) -> None:
-        args = [job_id, self.settings.job_ttl_s, self.k.inflight(""), stage.value, repr(now_s())]
-        self._finish(keys=[self.k.job(job_id)], args=args + [x for kv in fields.items() for x in kv])
+    def _finished(self, job_id: str, stage: JobStage, **fields: str) -> bool:
+        """False when the job is gone or finished already (an admin aborted it): it stays as it is."""
+        args = [job_id, self.settings.job_ttl_s, self.k.inflight(""), stage.value, repr(now_s()), self.k.quota("")]
+        return bool(self._finish(keys=[self.k.job(job_id), self.k.request(job_id)],
+                                 args=args + [x for kv in fields.items() for x in kv]))
 
     def retry(self, claim: Claim, error: JobError) -> None:
         self._requeue(claim, error.model_dump_json(), "0")
@@ -193,9 +211,16 @@ class RedisStore(RedisCache):
         self._retry(keys=keys, args=[repr(now_s()), error_json, attempt_change, self.settings.stream_max_len])
         self.ack(claim)
 
-    def cancel(self, job_id: str) -> CancelOutcome:
-        args = [job_id, self.settings.job_ttl_s, self.k.inflight(""), repr(now_s())]
-        return self._cancel(keys=[self.k.job(job_id)], args=args).decode()
+    def cancel(self, job_id: str, principal: str | None = None) -> CancelOutcome:
+        return self._cancel_as(job_id, principal or "", "")
+
+    def abort(self, job_id: str, admin: str) -> CancelOutcome:
+        return self._cancel_as(job_id, "", aborted_by(admin).model_dump_json())
+
+    def _cancel_as(self, job_id: str, principal: str, abort_json: str) -> CancelOutcome:
+        args = [job_id, self.settings.job_ttl_s, self.k.inflight(""), repr(now_s()), self.k.quota(""),
+                principal, abort_json, self.k.principal_jobs("")]
+        return self._cancel(keys=[self.k.job(job_id), self.k.request(job_id)], args=args).decode()
 
     def dead_letters(self, limit: int) -> list[dict[str, str]]:
         entries = self.r.xrevrange(self.k.dead_letter, count=limit)
@@ -280,9 +305,22 @@ class RedisStore(RedisCache):
         pipe.xdel(claim.stream, claim.entry_id)
         pipe.execute()
 
+    def forget_groups(self) -> None:
+        """Make the consumer groups again on next use: Redis lost them (a restart, a failover)."""
+        self._groups_ready.clear()
+
     def _depth(self, stream: str) -> dict[str, int]:
-        self._ensure_groups([stream])
-        running = self.r.xpending(stream, self.k.group(stream))["pending"]
+        try:
+            self._ensure_groups([stream])
+            running = self.r.xpending(stream, self.k.group(stream))["pending"]
+        except redis.ResponseError as e:
+            if "NOGROUP" not in str(e):
+                raise
+            # A Redis restarted (or failed over) since this process made its groups: make them again.
+            log.warning("consumer group of %s is gone (Redis restarted?); making it again", stream)
+            self.forget_groups()
+            self._ensure_groups([stream])
+            running = self.r.xpending(stream, self.k.group(stream))["pending"]
         return {"waiting": max(self.r.xlen(stream) - running, 0), "running": running}
 
     def queue_depths(self) -> dict[str, dict[str, int]]:
@@ -358,6 +396,7 @@ def _record(h: dict[bytes, bytes]) -> JobRecord | None:
         priority=s["priority"], created_at=float(s["created_at"]), started_at=opt_float("started_at"),
         finished_at=opt_float("finished_at"), worker=s.get("worker") or None,
         attempt=int(s.get("attempt", "0")),
+        principals=[p for p in s.get("principals", "").split(",") if p], request_bytes=int(s.get("bytes") or 0),
         error=JobError.model_validate_json(s["error"]) if s.get("error") else None,
         stats=json.loads(s["stats"]) if s.get("stats") else None,
     )

@@ -97,6 +97,17 @@ class ServiceSettings(BaseSettings):
     # `cpu` (never tune), `cuda`, `cuda:N` or `N`. On a GPU they autotune as `fxcc worker` does.
     embedded_device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d{1,3})?|\d{1,3})$")
 
+    # ---- principals: per-principal quotas and the embedded default's browser guards (issue 17)
+    # A principal (a token's name, or `anonymous`) may have at most this many jobs queued or running,
+    # and request bodies of at most this many bytes in them; one more is a 429 for it alone.
+    quota_queued_jobs: int = Field(default=1_000, ge=1)
+    quota_queued_bytes: int = Field(default=1024 * 1024 * 1024, ge=1)
+    # Seconds a 429 (quota) tells the client to wait (Retry-After); a 503 (queue full, store down) says 5.
+    quota_retry_after_s: int = Field(default=10, ge=1)
+    # With anonymous access on and a loopback `host`, only these Host names are served besides
+    # localhost, 127.0.0.1 and [::1] (any port): a DNS-rebound name or a local proxy gets 421.
+    allowed_hosts: list[str] = Field(default_factory=list)
+
     # Test hook, off by default: a worker sleeps this long before each compile, so that tests can
     # kill or stop it mid-job. Never set it in production.
     test_only_compile_delay_s: float = Field(default=0.0, ge=0)
@@ -110,6 +121,12 @@ class ServiceSettings(BaseSettings):
         if self.anonymous is not None:
             return self.anonymous
         return self.redis_url is None and is_loopback(self.host) and not (self.token or self.tokens)
+
+    @property
+    def loopback_guard(self) -> bool:
+        """Whether the Host and Origin checks apply: anonymous access on a service bound to loopback,
+        where reaching the port is the only credential (handlers.LoopbackGuard)."""
+        return self.anonymous_allowed and is_loopback(self.host)
 
     @property
     def effective_anonymous_role(self) -> Role:

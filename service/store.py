@@ -31,7 +31,11 @@ class JobStage(str, Enum):
     STORING = "storing"  # writing blobs, then the manifest
     DONE = "done"  # the artifact is stored under the job's key
     FAILED = "failed"  # the compile raised (or failed job_max_attempts times); `error` says why
-    CANCELLED = "cancelled"  # DELETE /v1/jobs/{id} removed it from the queue before a worker took it
+    # DELETE /v1/jobs/{id} removed it from the queue before a worker took it (its last principal's
+    # DELETE), or an admin aborted it, queued or running (`error` then says "aborted by <admin>").
+    # A worker still compiling an aborted job polls get_job, sees this stage and stops; its later
+    # mark_stage/mark_done/mark_failed are refused: no finished stage is ever left.
+    CANCELLED = "cancelled"
 
 
 class JobState(str, Enum):
@@ -87,6 +91,10 @@ class JobRecord(BaseModel):
     attempt: int = 0
     error: JobError | None = None
     stats: dict[str, Any] | None = None
+    # Who asked: the names of the principals attached to the job (one per token that submitted it
+    # while it was queued or running: single flight shares a job). Clients see only their own name.
+    principals: list[str] = []
+    request_bytes: int = 0  # the size of the request body (kept apart from the record, until the job ends)
 
     @property
     def finished(self) -> bool:
@@ -139,11 +147,32 @@ class QueueFull(FxccError):
     http_status = 503
 
 
+def aborted_by(admin: str) -> JobError:
+    """The error an admin's abort leaves on a job."""
+    return JobError(error="Aborted", message=f"aborted by {admin}")
+
+
+class QuotaExceeded(FxccError):
+    """A principal holds as many unfinished jobs (or request bytes) as its quota allows: 429 for it
+    alone, until some of its jobs finish."""
+
+    http_status = 429
+
+    def __init__(self, principal: str, what: str, would_hold: int, limit: int, setting: str) -> None:
+        super().__init__(f"principal {principal!r} would have {would_hold} {what} queued or running with this "
+                         f"job, over its quota of {limit} ({setting}); retry when some of its jobs finish")
+        self.quota = setting  # the setting that names the quota: the 429's X-Fxcc-Quota header
+
+
 class ArtifactTooLarge(FxccError):
     """An artifact over max_artifact_bytes: it is not stored."""
 
 
-CancelOutcome = Literal["cancelled", "conflict", "missing"]
+# cancelled: the job is cancelled; detached: the caller left a job other principals still wait on;
+# conflict: the job is running (and the caller no admin) or finished; missing: no such job (for a
+# principal: none of its own).
+CancelOutcome = Literal["cancelled", "detached", "conflict", "missing"]
+ANONYMOUS = "anonymous"  # the principal of requests without a token, where anonymous access is on
 
 
 class Store(Protocol):
@@ -212,8 +241,10 @@ class Store(Protocol):
         ...
 
     # ---- jobs
-    def submit(self, key: str, request_json: str, priority: Priority) -> Submitted:
-        """Queue a job for `key` unless the artifact exists or a job for it is queued/running."""
+    def submit(self, key: str, request_json: str, priority: Priority, principal: str = ANONYMOUS) -> Submitted:
+        """Queue a job for `key` unless the artifact exists or a job for it is queued/running (then
+        `principal` is attached to that one). A new job counts against `principal`'s quotas
+        (QuotaExceeded) and the queue cap (QueueFull)."""
         ...
 
     def submit_tune(self, key: str, arch: int, request_json: str) -> Submitted:
@@ -223,10 +254,12 @@ class Store(Protocol):
 
     def get_job(self, job_id: str) -> JobRecord | None: ...
 
-    def get_request(self, job_id: str) -> str | None: ...
+    def get_request(self, job_id: str) -> str | None:
+        """The request body of an unfinished job (None once it ended: the body is deleted then)."""
+        ...
 
-    def list_jobs(self, state: JobState | None, limit: int) -> list[JobRecord]:
-        """The most recent jobs first, optionally only those in `state`."""
+    def list_jobs(self, state: JobState | None, limit: int, principal: str | None = None) -> list[JobRecord]:
+        """The most recent jobs first, optionally only those in `state`, or those `principal` is attached to."""
         ...
 
     def job_counts(self) -> dict[str, int]:
@@ -255,7 +288,14 @@ class Store(Protocol):
         """Like retry, for a job its worker gave back (SIGTERM): the attempt is not counted."""
         ...
 
-    def cancel(self, job_id: str) -> CancelOutcome: ...
+    def cancel(self, job_id: str, principal: str | None = None) -> CancelOutcome:
+        """Without `principal`: cancel a queued job. With one: only a job it is attached to (else
+        missing); when other principals remain attached it is only detached, else as without."""
+        ...
+
+    def abort(self, job_id: str, admin: str) -> CancelOutcome:
+        """An admin's cancel: a queued or running job goes to cancelled, error "aborted by <admin>"."""
+        ...
 
     def dead_letters(self, limit: int) -> list[dict[str, str]]: ...
 

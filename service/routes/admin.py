@@ -8,11 +8,11 @@ from fastapi import APIRouter, Depends, HTTPException, Path
 from pydantic import BaseModel, Field
 
 from fxcc.service.auth import hash_token, new_token, settings_tokens
-from fxcc.service.deps import AuthDep, SettingsDep, StoreDep, require
+from fxcc.service.deps import AuthDep, SettingsDep, StoreDep, require_token_admin
 from fxcc.service.settings import Role
 from fxcc.service.store import TokenRecord, now_s
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require("admin"))])
+router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require_token_admin)])
 
 TokenName = Annotated[str, Path(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")]
 

@@ -13,7 +13,7 @@ from fxcc.compiler_core.errors import FxccError, InvalidGraph
 from fxcc.compiler_core.graph import rebuild_graph
 from fxcc.compiler_core.keys import compile_key
 from fxcc.compiler_core.wire import CompileRequest, GraphSpec, resolve_target
-from fxcc.service.deps import SettingsDep, StoreDep, require
+from fxcc.service.deps import ClientDep, SettingsDep, StoreDep, require
 
 router = APIRouter(prefix="/v1", tags=["compile"], dependencies=[Depends(require("client"))])
 
@@ -33,8 +33,9 @@ class CompileQueued(BaseModel):
 # Note: a plain `def` runs in FastAPI's threadpool, which is where the FakeTensor shape
 # propagation of rebuild_graph (CPU work, milliseconds to seconds) belongs.
 @router.post("/compile", status_code=202, response_model=CompileQueued,
-             responses={200: {"model": CompileDone}, 413: {}, 422: {}, 503: {}})
-def post_compile(request: CompileRequest, store: StoreDep, settings: SettingsDep) -> JSONResponse:
+             responses={200: {"model": CompileDone}, 413: {}, 422: {}, 429: {}, 503: {}})
+def post_compile(request: CompileRequest, store: StoreDep, settings: SettingsDep,
+                 principal: ClientDep) -> JSONResponse:
     check_graph(request.graph, settings.max_nodes)
     # The service computes the key itself: a client's key is never trusted.
     key = compile_key(request)
@@ -42,7 +43,7 @@ def post_compile(request: CompileRequest, store: StoreDep, settings: SettingsDep
     if manifest is not None:
         return done(key, manifest)
     propagate_shapes(request.graph)  # shapes must fit together before a worker spends time on it
-    submitted = store.submit(key, request.model_dump_json(), request.priority)
+    submitted = store.submit(key, request.model_dump_json(), request.priority, principal.name)
     if submitted.manifest is not None:  # a worker finished it between our look-up and submit
         return done(key, submitted.manifest)
     assert submitted.job_id is not None

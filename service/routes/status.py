@@ -6,16 +6,21 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 
-from fxcc.service.deps import StoreDep, require
+from fxcc.service.deps import ClientDep, StoreDep, require
 from fxcc.service.stats import gather_stats
 
 router = APIRouter(prefix="/v1", tags=["status"])
 
 
-@router.get("/status", dependencies=[Depends(require("client"))])
-def get_status(store: StoreDep) -> dict[str, Any]:
+@router.get("/status")
+def get_status(store: StoreDep, principal: ClientDep) -> dict[str, Any]:
+    """Queues, workers and cache counters; a client is not shown the ids of the jobs workers hold
+    (they may be other principals')."""
+    workers = store.workers()
+    if not principal.may("admin"):
+        workers = [{k: v for k, v in w.items() if k != "jobs"} for w in workers]
     return {"store": store.mode, "queue": store.queue_depths(), "tune": store.tune_depths(),
-            "workers": store.workers(), "cache": store.counters()}
+            "workers": workers, "cache": store.counters()}
 
 
 @router.get("/stats", dependencies=[Depends(require("admin"))])

@@ -58,6 +58,7 @@ def test_cli_reads_and_manages_a_running_service(service):
     code, out, _ = fxcc(env, "jobs", "--state", "done")
     row = next(line for line in out.splitlines() if line.startswith(job))
     assert code == 0 and row.split()[1:3] == ["done", "interactive"]
+    assert row.split()[-1] == "anonymous"  # who asked (the embedded default's one user)
     code, out, _ = fxcc(env, "stats", "--json")
     assert code == 0 and json.loads(out)["cache"]["entries"] == 1
     code, out, _ = fxcc(env, "cache", "ls")

@@ -20,18 +20,23 @@ from fxcc.compiler_core.wire import (
 )
 from fxcc.service.settings import ServiceSettings
 
+TESTCLIENT_HOST = "testserver"  # the Host header of starlette's TestClient
+
 
 @pytest.fixture
 def redis_settings(redis_url: str, redis_prefix: str, tmp_path: Path) -> ServiceSettings:
     # Anonymous (as admin) so that tests about other things need no tokens; tests/service/test_auth.py
-    # covers what anonymous access is off.
+    # covers what anonymous access is off. TestClient's requests name the host `testserver`, which
+    # anonymous access on loopback serves only when allowed (tests/service/test_principals.py).
     return ServiceSettings(redis_url=redis_url, redis_prefix=redis_prefix, data_dir=tmp_path / "data",
-                           claim_block_ms=100, heartbeat_s=0.2, anonymous=True, anonymous_role="admin")
+                           claim_block_ms=100, heartbeat_s=0.2, anonymous=True, anonymous_role="admin",
+                           allowed_hosts=[TESTCLIENT_HOST])
 
 
 @pytest.fixture
 def embedded_settings(tmp_path: Path) -> ServiceSettings:
-    return ServiceSettings(redis_url=None, data_dir=tmp_path / "data", claim_block_ms=100)
+    return ServiceSettings(redis_url=None, data_dir=tmp_path / "data", claim_block_ms=100,
+                           allowed_hosts=[TESTCLIENT_HOST])
 
 
 @pytest.fixture

@@ -72,7 +72,8 @@ def test_job_lifecycle(client: TestClient, make_unary: Callable[..., CompileRequ
 
     job = client.get(f"/v1/jobs/{queued['job_id']}", params={"wait": 5}).json()
     assert set(job) == {"id", "key", "kind", "arch", "state", "stage", "stages", "priority", "created_at",
-                        "started_at", "finished_at", "worker", "attempt", "error", "stats"}
+                        "started_at", "finished_at", "worker", "attempt", "error", "stats", "principals",
+                        "request_bytes"}
     assert (job["kind"], job["arch"]) == ("compile", None)
     assert job["state"] == job["stage"] == "done" and job["worker"] == "test-worker" and job["attempt"] == 1
     assert list(job["stages"]) == ["queued", "lowering", "storing", "done"]

@@ -122,7 +122,7 @@ def test_redis_down_is_503(tmp_path, make_unary: Callable[..., CompileRequest]) 
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     settings = ServiceSettings(redis_url=f"redis://127.0.0.1:{port}/0", data_dir=tmp_path, anonymous=True)
-    with TestClient(create_app(settings)) as c:
+    with TestClient(create_app(settings), base_url="http://localhost:8470") as c:
         r = c.get("/healthz")
         assert r.status_code == 503 and r.json()["ok"] is False and r.json()["store"] == "redis"
         r = post(c, make_unary())

@@ -80,8 +80,14 @@ def test_cancel_a_queued_job(client: TestClient, make_unary: Callable[..., Compi
     assert client.get(f"/v1/jobs/{job_id}/events").status_code == 200
 
 
-def test_cancel_a_running_or_finished_job_is_409(client: TestClient,
+def test_cancel_a_running_or_finished_job_is_409(redis_settings: ServiceSettings,
                                                  make_unary: Callable[..., CompileRequest]) -> None:
+    # A client's DELETE (an admin's aborts a running job: tests/service/test_principals.py).
+    with TestClient(create_app(redis_settings.model_copy(update={"anonymous_role": "client"}))) as client:
+        cancel_running_and_finished(client, make_unary)
+
+
+def cancel_running_and_finished(client: TestClient, make_unary: Callable[..., CompileRequest]) -> None:
     job_id = post(client, make_unary()).json()["job_id"]
     store: RedisStore = client.app.state.store
     [claim] = store.claim("w", block_ms=100)

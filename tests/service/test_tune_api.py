@@ -66,9 +66,12 @@ def test_tune_jobs_are_counted_listed_and_cancellable(client: TestClient,
     [claim] = store.claim("gpu", block_ms=10, tune_arch=90)
     store.mark_started(claim.job_id, "gpu", stage=JobStage.AUTOTUNING)
     assert client.get("/v1/status").json()["tune"] == {"sm_90": {"waiting": 0, "running": 1}}
-    assert client.delete(f"/v1/jobs/{job['id']}").status_code == 409  # a GPU worker holds it
-    store.requeue(claim)
-    assert client.delete(f"/v1/jobs/{job['id']}").json()["state"] == "cancelled"
+    r = client.delete(f"/v1/jobs/{job['id']}")  # the (anonymous) admin aborts it while a GPU worker holds it
+    assert r.status_code == 200 and r.json()["state"] == "cancelled"
+    assert r.json()["error"]["message"] == "aborted by anonymous"
+    store.requeue(claim)  # its worker lets go: the job stays cancelled, and is not queued again
+    assert client.get(f"/v1/jobs/{job['id']}").json()["state"] == "cancelled"
+    assert client.delete(f"/v1/jobs/{job['id']}").status_code == 409
     assert client.get("/v1/stats").json()["tune"] == {"sm_90": {"waiting": 0, "running": 0}}
 
 
