@@ -77,8 +77,12 @@ def child_main(conn: Connection, parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C on the terminal is the worker's to handle
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s %(levelname)s %(name)s [compile process {os.getpid()}]: %(message)s")
-    from fxcc.worker.steps import CompileWork, compile_steps  # torch and triton: seconds
+    from fxcc.worker.steps import CompileWork, compile_steps, warm_up  # torch and triton: seconds
 
+    try:
+        warm_up()
+    except Exception:  # the jobs will say what is wrong
+        log.warning("the warm-up compile failed", exc_info=True)
     send(conn, {"type": "ready"})
     while True:
         try:
@@ -175,7 +179,7 @@ class CompileProcess:
         """`work`'s artifact, compiled in the process. Raises CompileTimeout or CompileMemoryLimit
         (over a limit), JobCancelled (the job's record says cancelled), CompileFailed (the compiler
         raised) or CompileCrashed (the process died)."""
-        conn = self._await_ready()
+        conn = self._await_ready(store, job_id)
         try:
             send(conn, {"type": "compile", **work.header()}, [work.request_json.encode()])
         except (OSError, ValueError) as e:
@@ -218,25 +222,33 @@ class CompileProcess:
         artifact.verify()  # every blob present, with its digest
         return artifact
 
-    def _await_ready(self) -> Connection:
-        """The pipe of a process that has imported the compiler (started now if there is none)."""
+    def _await_ready(self, store: Store, job_id: str) -> Connection:
+        """The pipe of a process that has imported the compiler (started now if there is none).
+        Waiting for it is not counted against the job's time limit; a cancellation is heard."""
         if self._proc is None:
             self.start()
-        assert self._conn is not None
+        assert self._conn is not None and self._proc is not None
+        t0 = time.monotonic()
+        while not self._ready:
+            try:
+                if wait([self._conn], timeout=CANCEL_POLL_S):
+                    if receive(self._conn)[0].get("type") != "ready":
+                        break
+                    self._ready = True
+                    log.info("%s: compile process %d ready in %.1f s", self.name, self._proc.pid,
+                             time.monotonic() - t0)
+                elif time.monotonic() - t0 > STARTUP_TIMEOUT_S:
+                    break
+                elif _cancelled(store, job_id):
+                    raise JobCancelled(job_id)  # the process warms up on for the next job
+            except (EOFError, OSError):
+                break
         if self._ready:
             return self._conn
-        t0 = time.monotonic()
-        try:
-            if wait([self._conn], timeout=STARTUP_TIMEOUT_S) and receive(self._conn)[0].get("type") == "ready":
-                self._ready = True
-                log.info("%s: compile process %d ready in %.1f s", self.name, self._proc.pid,
-                         time.monotonic() - t0)
-                return self._conn
-        except (EOFError, OSError):
-            pass
         code = self._proc.poll()
         self._replace()
-        raise CompileCrashed(f"the compile process did not start (exit code {code})")
+        raise CompileCrashed(f"the compile process did not start within {STARTUP_TIMEOUT_S:g} s "
+                             f"(exit code {code})")
 
     def _crashed(self) -> None:
         try:

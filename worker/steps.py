@@ -12,7 +12,7 @@ from fxcc.compiler_core.artifact import Artifact
 from fxcc.compiler_core.autotune import autotune_for_target
 from fxcc.compiler_core.build import build_artifact, cuda_build_unavailable
 from fxcc.compiler_core.compile import compile_request
-from fxcc.compiler_core.wire import CompileRequest
+from fxcc.compiler_core.wire import CompileRequest, GraphSpec, Node, NodeRef, Placeholder, TensorSpec
 from fxcc.service.store import JobStage
 
 StageCallback = Callable[[JobStage], None]
@@ -56,3 +56,12 @@ def compile_steps(work: CompileWork, on_stage: StageCallback) -> Artifact:
         artifact = build_artifact(artifact, request, target.arch)
     del held
     return artifact
+
+
+def warm_up() -> None:
+    """Compile sin(x) of a 4×4 tensor (interpreter target) and throw it away: a fresh compile
+    process pays its lazy imports and first-use set-up (seconds) here, before it takes a job."""
+    x = Placeholder(name="x", spec=TensorSpec(dtype="float32", sizes=[4, 4], strides=[4, 1]))
+    graph = GraphSpec(placeholders=[x], nodes=[Node(name="y", target="aten.sin.default", args=[NodeRef(name="x")])],
+                      outputs=[NodeRef(name="y")])
+    compile_request(CompileRequest(graph=graph))
