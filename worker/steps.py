@@ -3,9 +3,16 @@ runs it (worker/child.py), or in-process for callers of process_claim that pass 
 
 from __future__ import annotations
 
+import fcntl
+import logging
+import os
+import re
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from fxcc.compiler_core.artifact import Artifact
@@ -14,6 +21,8 @@ from fxcc.compiler_core.build import build_artifact, cuda_build_unavailable
 from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.wire import CompileRequest, GraphSpec, Node, NodeRef, Placeholder, TensorSpec
 from fxcc.service.store import JobStage
+
+log = logging.getLogger("fxcc.worker")
 
 StageCallback = Callable[[JobStage], None]
 
@@ -50,7 +59,8 @@ def compile_steps(work: CompileWork, on_stage: StageCallback) -> Artifact:
     target = request.options.target
     if artifact.manifest.kernels and work.tune_device is not None:
         on_stage(JobStage.AUTOTUNING)
-        artifact = autotune_for_target(artifact, request, work.tune_device)
+        with gpu_tuning_lock(work.tune_device):
+            artifact = autotune_for_target(artifact, request, work.tune_device)
     if target.kind == "cuda" and artifact.manifest.kernels and cuda_build_unavailable() is None:
         on_stage(JobStage.BUILDING)
         artifact = build_artifact(artifact, request, target.arch)
@@ -65,3 +75,26 @@ def warm_up() -> None:
     graph = GraphSpec(placeholders=[x], nodes=[Node(name="y", target="aten.sin.default", args=[NodeRef(name="x")])],
                       outputs=[NodeRef(name="y")])
     compile_request(CompileRequest(graph=graph))
+
+
+@contextmanager
+def gpu_tuning_lock(device: str) -> Iterator[None]:
+    """Hold the host-wide lock of GPU `device` while tuning on it.
+
+    Note: timings taken while another compile benchmarks on the same GPU would pick wrong winners.
+    compiler_core serialises tuning within one process; a worker's consumers each compile in a
+    process of their own (and several workers may share a GPU), so they also take this flock,
+    which the kernel releases when a killed compile process goes.
+    """
+    name = re.sub(r"[^a-z0-9]", "", "cuda:0" if device == "cuda" else device)
+    try:
+        fd = os.open(Path(tempfile.gettempdir()) / f"fxcc-tune-{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as e:
+        log.warning("tuning on %s without the host-wide lock: %s", device, e)
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
