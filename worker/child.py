@@ -180,39 +180,43 @@ class CompileProcess:
         (over a limit), JobCancelled (the job's record says cancelled), CompileFailed (the compiler
         raised) or CompileCrashed (the process died)."""
         conn = self._await_ready(store, job_id)
+        answered = False  # the process answered the job (done or error): it is idle and sound again
         try:
-            send(conn, {"type": "compile", **work.header()}, [work.request_json.encode()])
-        except (OSError, ValueError) as e:
-            self._replace()
-            raise CompileCrashed(f"the compile process could not take the job: {e}") from None
-        deadline = time.monotonic() + self.limits.timeout_s
-        next_poll = time.monotonic() + CANCEL_POLL_S
-        while True:
-            if wait([conn], timeout=WATCH_S):  # a message, or the end of the pipe: the process is gone
-                try:
-                    header, frames = receive(conn)
-                except (EOFError, OSError):
-                    self._crashed()
-                if header["type"] == "stage":
-                    on_stage(JobStage(header["stage"]))
-                    continue
-                return self._outcome(header, frames)
-            now = time.monotonic()
-            used = rss_mb(self._proc.pid)
-            if used is not None and used > self.limits.memory_mb:
+            try:
+                send(conn, {"type": "compile", **work.header()}, [work.request_json.encode()])
+            except (OSError, ValueError) as e:  # the pipe broke
+                raise CompileCrashed(f"the compile process could not take the job: {e}") from None
+            deadline = time.monotonic() + self.limits.timeout_s
+            next_poll = time.monotonic() + CANCEL_POLL_S
+            while True:
+                if wait([conn], timeout=WATCH_S):  # a message, or the end of the pipe: the process is gone
+                    try:
+                        header, frames = receive(conn)
+                    except (EOFError, OSError):
+                        raise self._crash() from None
+                    if header["type"] == "stage":
+                        on_stage(JobStage(header["stage"]))
+                        continue
+                    answered = True
+                    return self._outcome(header, frames)
+                now = time.monotonic()
+                used = rss_mb(self.pid or 0)
+                if used is not None and used > self.limits.memory_mb:
+                    raise CompileMemoryLimit(
+                        f"the compile used {used:.0f} MB of resident memory, over the job limit of "
+                        f"{self.limits.memory_mb} MB (FXCC_JOB_MEMORY_MB); it was stopped")
+                if now >= deadline:
+                    raise CompileTimeout(f"the compile ran past the job limit of {self.limits.timeout_s:g} s "
+                                         "(FXCC_JOB_TIMEOUT_S); it was stopped")
+                if now >= next_poll:
+                    next_poll = now + CANCEL_POLL_S
+                    if _cancelled(store, job_id):
+                        raise JobCancelled(job_id)
+        finally:
+            # Note: whatever ended the wait (a limit, a cancellation, a store error in on_stage), a
+            # process that did not answer may still be compiling this job: it is never reused.
+            if not answered:
                 self._replace()
-                raise CompileMemoryLimit(
-                    f"the compile used {used:.0f} MB of resident memory, over the job limit of "
-                    f"{self.limits.memory_mb} MB (FXCC_JOB_MEMORY_MB); it was stopped")
-            if now >= deadline:
-                self._replace()
-                raise CompileTimeout(f"the compile ran past the job limit of {self.limits.timeout_s:g} s "
-                                     "(FXCC_JOB_TIMEOUT_S); it was stopped")
-            if now >= next_poll:
-                next_poll = now + CANCEL_POLL_S
-                if _cancelled(store, job_id):
-                    self._replace()
-                    raise JobCancelled(job_id)
 
     def _outcome(self, header: dict[str, Any], frames: list[bytes]) -> Artifact:
         if header["type"] == "error":
@@ -226,7 +230,10 @@ class CompileProcess:
         """The pipe of a process that has imported the compiler (started now if there is none).
         Waiting for it is not counted against the job's time limit; a cancellation is heard."""
         if self._proc is None:
-            self.start()
+            try:
+                self.start()
+            except OSError as e:
+                raise CompileCrashed(f"could not start a compile process: {e}") from None
         assert self._conn is not None and self._proc is not None
         t0 = time.monotonic()
         while not self._ready:
@@ -250,20 +257,25 @@ class CompileProcess:
         raise CompileCrashed(f"the compile process did not start within {STARTUP_TIMEOUT_S:g} s "
                              f"(exit code {code})")
 
-    def _crashed(self) -> None:
+    def _crash(self) -> CompileCrashed:
+        """The error for a process that went away by itself (replaced by the caller)."""
+        assert self._proc is not None
         try:
             code: int | None = self._proc.wait(1)
         except subprocess.TimeoutExpired:
             code = None
-        self._replace()
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        raise CompileCrashed(f"the compile process died ({how}; the kernel's OOM killer, or a crash "
-                             "in native code)")
+        return CompileCrashed(f"the compile process died ({how}; the kernel's OOM killer, or a crash "
+                              "in native code)")
 
     def _replace(self) -> None:
-        """Kill the process and start a fresh one, which warms up while the next job is claimed."""
+        """Kill the process and start a fresh one, which warms up while the next job is claimed
+        (or, if it cannot be started now, when the next job comes)."""
         self._kill()
-        self.start()
+        try:
+            self.start()
+        except OSError as e:
+            log.warning("%s: could not start a compile process (%s); trying again at the next job", self.name, e)
 
     def _kill(self) -> None:
         if self._proc is not None:

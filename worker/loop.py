@@ -39,7 +39,10 @@ class Consumer:
         # Note: started from this thread, so that the kernel kills the process when the thread
         # goes (PR_SET_PDEATHSIG follows the thread that started a child): a worker that exits
         # or is killed mid-compile leaves no compile behind.
-        self.child.start()
+        try:
+            self.child.start()
+        except OSError as e:  # the first job tries again (and fails as a crash if it still cannot)
+            log.error("%s: could not start its compile process: %s", self.name, e)
         try:
             self._claim_and_run()
         finally:

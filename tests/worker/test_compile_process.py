@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from fxcc.compiler_core.keys import compile_key
-from fxcc.compiler_core.wire import CompileRequest
+from fxcc.compiler_core.wire import CompileRequest, Target
 from fxcc.service.redis_store import RedisStore
 from fxcc.service.store import Claim, JobStage, JobState, Store, now_s
 from fxcc.worker.child import CompileProcess
@@ -149,3 +149,24 @@ def test_a_job_cancelled_while_its_compile_process_starts_is_dropped_at_once(
     assert redis_store.queue_depths()["interactive"] == {"waiting": 0, "running": 0}
     artifact, _ = compile_in(child, make_unary("aten.tanh.default"))  # the process warmed up meanwhile
     assert artifact.manifest.kernels
+
+
+def test_a_process_left_mid_job_is_never_reused(child: CompileProcess,
+                                                make_unary: Callable[..., CompileRequest]) -> None:
+    """An error in the parent while the child compiles (here the store failing as a stage is
+    recorded) replaces the process: its late answer must not become the next job's."""
+    child.limits = JobLimits()
+    req = make_unary()
+    req = req.model_copy(update={"options": req.options.model_copy(update={"target": Target(kind="cuda", arch=90)})})
+    pid = child.pid
+
+    def store_down(stage: JobStage) -> None:
+        raise ConnectionError(f"store unavailable while recording {stage.value}")
+
+    work = CompileWork(req.model_dump_json())
+    with pytest.raises(ConnectionError, match="building"):
+        child.compile(work, job_id="none", store=NoJobs(), on_stage=store_down)
+    assert child.pid != pid
+    nxt = make_unary("aten.neg.default")
+    artifact, _ = compile_in(child, nxt)
+    assert artifact.manifest.key == compile_key(nxt)
