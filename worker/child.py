@@ -161,18 +161,17 @@ class CompileProcess:
         self.started += 1
 
     def close(self) -> None:
-        """Stop the process (asked first, killed if it does not go)."""
+        """Stop the process: an idle one is asked (and killed if it does not go), one still
+        importing the compiler is killed at once (it reads its pipe only when it is ready)."""
         if self._proc is None:
             return
-        try:
-            assert self._conn is not None
-            send(self._conn, {"type": "stop"})
-        except (OSError, ValueError):
-            pass
-        try:
-            self._proc.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
+        if self._ready:
+            try:
+                assert self._conn is not None
+                send(self._conn, {"type": "stop"})
+                self._proc.wait(5)
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                pass
         self._kill()
 
     def compile(self, work: CompileWork, *, job_id: str, store: Store, on_stage: StageCallback) -> Artifact:
