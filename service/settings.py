@@ -112,6 +112,17 @@ class ServiceSettings(BaseSettings):
     # kill or stop it mid-job. Never set it in production.
     test_only_compile_delay_s: float = Field(default=0.0, ge=0)
 
+    # compile limits (worker)
+    # Every compile job runs in a warm compile process of its worker (one per consumer, `fxcc
+    # worker` and the embedded worker alike), killed when it runs past job_timeout_s of wall clock
+    # or over job_memory_mb of resident memory (RSS, sampled every 0.1 s; torch and triton alone
+    # take about 300 MB). Such a job fails for good (CompileTimeout, CompileMemoryLimit).
+    job_timeout_s: float = Field(default=600.0, gt=0)
+    job_memory_mb: int = Field(default=8192, ge=256)
+    # Test hook, off by default: a compile process allocates (and writes) this many MB before it
+    # compiles, so that tests can go over job_memory_mb. Never set it in production.
+    test_only_compile_alloc_mb: int = Field(default=0, ge=0)
+
     @property
     def cache_url(self) -> str | None:
         return self.cache_redis_url or self.redis_url

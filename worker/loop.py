@@ -9,6 +9,7 @@ from typing import Any
 import redis
 
 from fxcc.service.store import Claim, Store
+from fxcc.worker.child import CompileProcess
 from fxcc.worker.process import DEFAULT_POLICY, JobPolicy, process_claim
 
 log = logging.getLogger("fxcc.worker")
@@ -17,7 +18,10 @@ __all__ = ["Consumer", "JobPolicy", "heartbeat_loop"]
 
 
 class Consumer:
-    """One thread that claims and runs jobs until `stop` is set; it finishes the job in hand first."""
+    """One thread that claims and runs jobs until `stop` is set; it finishes the job in hand first.
+
+    Its compiles run in a compile process of its own (worker/child.py), started with the thread
+    and replaced whenever a job kills it, under policy.limits."""
 
     def __init__(self, store: Store, name: str, stop: threading.Event, *, block_ms: int = 1000,
                  policy: JobPolicy = DEFAULT_POLICY) -> None:
@@ -28,9 +32,23 @@ class Consumer:
         self.policy = policy
         self.current: list[Claim] = []  # read by the heartbeat thread; replaced, never mutated
         self.jobs_done = 0
+        self.child = CompileProcess(policy.limits, name)
         self.thread = threading.Thread(target=self.run, name=f"fxcc-{name}", daemon=True)
 
     def run(self) -> None:
+        # Note: started from this thread, so that the kernel kills the process when the thread
+        # goes (PR_SET_PDEATHSIG follows the thread that started a child): a worker that exits
+        # or is killed mid-compile leaves no compile behind.
+        try:
+            self.child.start()
+        except OSError as e:  # the first job tries again (and fails as a crash if it still cannot)
+            log.error("%s: could not start its compile process: %s", self.name, e)
+        try:
+            self._claim_and_run()
+        finally:
+            self.child.close()
+
+    def _claim_and_run(self) -> None:
         backoff_s = 0.5
         while not self.stop.is_set():
             try:
@@ -53,7 +71,7 @@ class Consumer:
 
     def handle(self, claim: Claim) -> None:
         try:
-            process_claim(self.store, claim, worker=self.name, policy=self.policy)
+            process_claim(self.store, claim, worker=self.name, policy=self.policy, child=self.child)
             self.jobs_done += 1
         except Exception:  # unacked, the job is reclaimed after claim_idle_ms
             log.exception("%s: job %s could not be recorded", self.name, claim.job_id)

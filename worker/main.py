@@ -77,10 +77,12 @@ def worker_main(concurrency: int = 1, device: str = "auto") -> None:
     consumers = [Consumer(store, n, stop, block_ms=settings.claim_block_ms, policy=policy) for n in names]
     info = {"id": worker_id, "device": resolved, "concurrency": concurrency,
             "tune_arch": policy.tune_arch, "started_at": time.time()}
-    log.info("worker %s: %d consumer(s), device %s%s, redis %s, prefix %r%s", worker_id, concurrency,
-             info["device"], f" (tunes sm_{policy.tune_arch})" if policy.tune_arch else "",
+    log.info("worker %s: %d consumer(s), device %s%s, redis %s, prefix %r%s; a compile may take %g s "
+             "and %d MB", worker_id, concurrency, info["device"],
+             f" (tunes sm_{policy.tune_arch})" if policy.tune_arch else "",
              redacted_url(settings.redis_url), settings.redis_prefix,
-             f", signing with key {policy.signer.public.id}" if policy.signer else ", NOT signing")
+             f", signing with key {policy.signer.public.id}" if policy.signer else ", NOT signing",
+             policy.limits.timeout_s, policy.limits.memory_mb)
     beats_stop = threading.Event()
     beats = threading.Thread(target=heartbeat_loop, name="fxcc-heartbeat", daemon=True,
                              args=(store, worker_id, consumers, beats_stop, settings.heartbeat_s, info))

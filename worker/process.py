@@ -4,33 +4,39 @@ job (worker/tune.py), then done, or retry / fail."""
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from fxcc.compiler_core.autotune import autotune_for_target, device_arch, tuning_device
-from fxcc.compiler_core.build import build_artifact, cuda_build_unavailable
-from fxcc.compiler_core.compile import compile_request
-from fxcc.compiler_core.errors import FxccError, InvalidGraph
+from fxcc.compiler_core.autotune import device_arch, tuning_device
+from fxcc.compiler_core.errors import InvalidGraph
 from fxcc.compiler_core.signing import Signer, SigningKeyError, TrustedKeys, load_or_create, read_public_keys
 from fxcc.compiler_core.wire import CompileRequest
 from fxcc.service.settings import ServiceSettings
-from fxcc.service.store import ArtifactTooLarge, Claim, JobError, JobRecord, JobStage, Store
+from fxcc.service.store import Claim, JobError, JobRecord, JobStage, Store
+from fxcc.worker.limits import JobCancelled, JobLimits, is_final, job_error
+from fxcc.worker.steps import CompileWork, compile_steps
 from fxcc.worker.tune import queue_tuning, tune_and_store
+
+if TYPE_CHECKING:
+    from fxcc.worker.child import CompileProcess
 
 log = logging.getLogger("fxcc.worker")
 
 
 @dataclass(frozen=True)
 class JobPolicy:
-    """How a worker runs jobs: the retry limit, manifest signing, the GPU it tunes on and the
-    test-only delay."""
+    """How a worker runs jobs: the retry limit, manifest signing, the limits of a compile, the GPU
+    it tunes on and the test-only hooks."""
 
     max_attempts: int = 3
     signer: Signer | None = None  # None: manifests are stored unsigned (clients refuse them by default)
     trusted: TrustedKeys = field(default_factory=TrustedKeys)  # whose artifacts a tune job may re-sign
+    limits: JobLimits = field(default_factory=JobLimits)
     compile_delay_s: float = 0.0  # test hook (FXCC_TEST_ONLY_COMPILE_DELAY_S); 0 in production
+    compile_alloc_mb: int = 0  # test hook (FXCC_TEST_ONLY_COMPILE_ALLOC_MB); 0 in production
     tune_device: str | None = None  # "cuda:0": autotune CUDA targets of this GPU's arch there
     tune_arch: int | None = None  # that GPU's SM arch: the worker also takes its tune queue's jobs
 
@@ -40,8 +46,10 @@ class JobPolicy:
         trusted = [signer.public] if signer else []
         for entry in (e for e in settings.trusted_keys.split(",") if e.strip()):
             trusted += read_public_keys(entry)
+        limits = JobLimits(timeout_s=settings.job_timeout_s, memory_mb=settings.job_memory_mb)
         return cls(max_attempts=settings.job_max_attempts, signer=signer, trusted=TrustedKeys(trusted),
-                   compile_delay_s=settings.test_only_compile_delay_s)
+                   limits=limits, compile_delay_s=settings.test_only_compile_delay_s,
+                   compile_alloc_mb=settings.test_only_compile_alloc_mb)
 
 
 def signer_for(settings: ServiceSettings) -> Signer | None:
@@ -73,18 +81,16 @@ def on_device(policy: JobPolicy, device: str) -> JobPolicy:
     return replace(policy, tune_device=device, tune_arch=arch)
 
 
-def is_final(exc: BaseException) -> bool:
-    """Errors a retry cannot fix: the graph is bad, or the artifact is over the size limit."""
-    return isinstance(exc, ArtifactTooLarge) or (isinstance(exc, FxccError) and exc.http_status < 500)
-
-
 def process_claim(store: Store, claim: Claim, *, worker: str = "embedded",
-                  policy: JobPolicy = DEFAULT_POLICY) -> JobRecord | None:
+                  policy: JobPolicy = DEFAULT_POLICY, child: CompileProcess | None = None) -> JobRecord | None:
     """Run the claimed job, record its outcome and acknowledge the claim. Never raises for a
     failed compile; a store error propagates (the claim stays pending and is reclaimed later).
 
-    A crashed attempt goes back to the queue until job_max_attempts, then fails and is copied to
-    the dead-letter stream. Returns the job record as it stands afterwards (None if unknown).
+    A compile runs in `child` (worker/child.py: under policy.limits, killed when its job is
+    cancelled); without one, in this thread, unbounded (tests, library callers). A crashed attempt
+    goes back to the queue until job_max_attempts, then fails and is copied to the dead-letter
+    stream; a compile over a limit fails at once; a cancelled one leaves the record as it is.
+    Returns the job record as it stands afterwards (None if unknown).
     """
     job = store.get_job(claim.job_id)
     if job is None:
@@ -111,9 +117,13 @@ def process_claim(store: Store, claim: Claim, *, worker: str = "embedded",
         if started.kind == "tune":
             tune_and_store(store, started, load_request(store, started), policy)
         else:
-            compile_and_store(store, started, policy)
+            compile_and_store(store, started, policy, child)
+    except JobCancelled:
+        log.info("job %s: cancelled while it compiled; its compile process was stopped, nothing stored", job.id)
+        store.ack(claim)
+        return store.get_job(job.id)
     except Exception as e:  # any crash of the compiler is the job's outcome
-        error = JobError.of(e)
+        error = job_error(e)
         if is_final(e):
             log.info("job %s failed: %s", job.id, e)
             store.mark_failed(job.id, error)
@@ -128,9 +138,10 @@ def process_claim(store: Store, claim: Claim, *, worker: str = "embedded",
     return store.get_job(job.id)
 
 
-def compile_and_store(store: Store, job: JobRecord, policy: JobPolicy) -> None:
+def compile_and_store(store: Store, job: JobRecord, policy: JobPolicy, child: CompileProcess | None = None) -> None:
     """Compile the job's request (unless its artifact already exists, tuned or not tunable
-    here), store it, queue a tune job if it is untuned and a GPU could tune it, mark it done."""
+    here), in `child` when given; store it, queue a tune job if it is untuned and a GPU could
+    tune it, mark it done."""
     existing = store.fetch_artifact(job.key, blobs=False, count=False)  # whole, blobs and all
     if existing is not None and existing.manifest.tuned:
         store.mark_done(job.id, existing.manifest.stats.model_dump())
@@ -143,18 +154,15 @@ def compile_and_store(store: Store, job: JobRecord, policy: JobPolicy) -> None:
         queue_tuning(store, existing.manifest, request)
         store.mark_done(job.id, existing.manifest.stats.model_dump())
         return  # else a GPU worker replaces an untuned artifact by a tuned one
-    if policy.compile_delay_s:
-        time.sleep(policy.compile_delay_s)
-    artifact = compile_request(request)  # lowering, scheduling and Triton source in one call
-    target = request.options.target
-    # Note: what compiler_core.build.compile_and_build does, split so that the job shows its
-    # stages. Tuning comes first, so that the cubins are built for the winning configs.
-    if artifact.manifest.kernels and tune_now:
-        store.mark_stage(job.id, JobStage.AUTOTUNING)
-        artifact = autotune_for_target(artifact, request, policy.tune_device)
-    if target.kind == "cuda" and artifact.manifest.kernels and cuda_build_unavailable() is None:
-        store.mark_stage(job.id, JobStage.BUILDING)
-        artifact = build_artifact(artifact, request, target.arch)
+    work = CompileWork(request.model_dump_json(), tune_device=policy.tune_device if tune_now else None,
+                       delay_s=policy.compile_delay_s, alloc_mb=policy.compile_alloc_mb)
+    on_stage = partial(store.mark_stage, job.id)
+    if child is not None:
+        artifact = child.compile(work, job_id=job.id, store=store, on_stage=on_stage)
+        if (now := store.get_job(job.id)) is not None and now.stage is JobStage.CANCELLED:
+            raise JobCancelled(job.id)  # between the compile's last poll and its end
+    else:
+        artifact = compile_steps(work, on_stage)
     if artifact.manifest.key != job.key:
         raise RuntimeError(f"compiler produced key {artifact.manifest.key[:12]} for job key {job.key[:12]}: "
                            "service and worker run different compiler_core, torch or triton versions")

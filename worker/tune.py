@@ -21,6 +21,7 @@ from fxcc.compiler_core.errors import AutotuneError, FxccError, InvalidGraph
 from fxcc.compiler_core.keys import compile_key
 from fxcc.compiler_core.wire import CompileRequest
 from fxcc.service.store import JobRecord, JobStage, QueueFull, Store
+from fxcc.worker.steps import gpu_tuning_lock
 
 if TYPE_CHECKING:
     from fxcc.worker.process import JobPolicy
@@ -83,7 +84,8 @@ def tune_and_store(store: Store, job: JobRecord, request: CompileRequest, policy
         # Note: a tuned artifact gets this worker's signature, so tuning a forged one would launder it
         # (and tuning runs its kernels here).
         raise NothingToTune(f"the stored artifact {job.key[:12]} is not tuned: {why}")
-    tuned = autotune_for_target(Artifact(found.manifest, found.blobs), request, device)
+    with gpu_tuning_lock(device):  # the compile processes of this host tune on it too
+        tuned = autotune_for_target(Artifact(found.manifest, found.blobs), request, device)
     if not tuned.manifest.tuned:
         raise AutotuneError(f"no kernel of {job.key[:12]} could be tuned on {device} (see the worker's log)")
     if cuda_build_unavailable() is None:

@@ -14,7 +14,7 @@ from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.keys import compile_key
 from fxcc.compiler_core.wire import CompileRequest, Target
 from fxcc.service.store import Claim, JobState, Store
-from fxcc.worker import process
+from fxcc.worker import process, steps
 from fxcc.worker.process import JobPolicy, process_claim
 
 GPU = JobPolicy(tune_device="cuda:0")
@@ -33,7 +33,7 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return Artifact(artifact.manifest.model_copy(update={"tuned": True}), artifact.blobs)
 
     monkeypatch.setattr(process, "tuning_device", lambda arch, device: device)
-    monkeypatch.setattr(process, "autotune_for_target", tune)
+    monkeypatch.setattr(steps, "autotune_for_target", tune)  # what the in-process compile calls
     return tuned
 
 

@@ -74,7 +74,7 @@ def test_crashing_compile_is_retried_then_dead_lettered(store: Store, monkeypatc
     def crash(request: CompileRequest) -> None:
         raise MemoryError("out of memory while building")
 
-    monkeypatch.setattr("fxcc.worker.process.compile_request", crash)
+    monkeypatch.setattr("fxcc.worker.steps.compile_request", crash)
     claim = queue(store, make_unary())
     policy = JobPolicy(max_attempts=2)
     job = process_claim(store, claim, policy=policy)

@@ -83,7 +83,7 @@ def test_consumer_takes_over_a_dead_workers_job(redis_settings: ServiceSettings,
     consumer = Consumer(store, "rescuer", stop, block_ms=50)
     consumer.thread.start()
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 120  # the consumer's compile process starts first
         while (job := store.get_job(job_id)).state is not JobState.DONE and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
