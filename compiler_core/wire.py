@@ -41,11 +41,14 @@ Name = Annotated[str, Field(pattern=f"^{_NAME}$")]
 _SYMBOL = r"^s[0-9]{1,4}$"
 
 
-def _size_text(v: str) -> str:
-    return check_size_expr(v)
+def _size_value(v: int | str) -> int | str:
+    return check_size_expr(v) if isinstance(v, str) else v
 
 
-SizeText = Annotated[str, Field(max_length=1024), AfterValidator(_size_text)]
+SizeText = Annotated[str, Field(max_length=1024), AfterValidator(_size_value)]
+# Note: one validator on the union (not `int | Annotated[str, ...]`), so that a bad expression gets
+# one error naming it rather than a first error saying that it is not an int.
+SizeValue = Annotated[int | Annotated[str, Field(max_length=1024)], AfterValidator(_size_value)]
 
 
 class _Model(BaseModel):
@@ -154,8 +157,8 @@ class TensorSpec(_Model):
     """What a tensor input looks like. The worker re-derives everything downstream of these."""
 
     dtype: str
-    sizes: list[int | SizeText] = Field(max_length=MAX_RANK)
-    strides: list[int | SizeText] = Field(max_length=MAX_RANK)
+    sizes: list[SizeValue] = Field(max_length=MAX_RANK)
+    strides: list[SizeValue] = Field(max_length=MAX_RANK)
     storage_offset: int = Field(default=0, ge=0, le=MAX_DIM)
     device: Literal["cpu", "cuda"] = "cpu"
 
@@ -263,7 +266,8 @@ def check_size_expr(text: str) -> str:
     try:
         expr = parse(text)
     except SymExprError as e:
-        raise ValueError(f"bad size expression: {e}") from None
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise ValueError(f"bad size expression {shown!r}: {e}") from None
     if isinstance(expr, Rel):
         raise ValueError(f"size expression {text!r} is a relation")  # noqa: TRY004 - pydantic wants ValueError
     return text
