@@ -2,7 +2,8 @@
 
 Note: nothing here is ever unpickled, eval'd, exec'd or sympified. Node targets resolve only to
 `torch.ops.aten` / `torch.ops.prims` overloads (plus `getitem` for tuple outputs) by attribute
-lookup on those namespaces, after the name has been checked against a strict grammar.
+lookup on those namespaces, after the name has been checked against a strict grammar, and only
+to the functional ones compiler_core.op_policy allows.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fxcc.compiler_core.errors import InvalidGraph
+from fxcc.compiler_core.op_policy import refusal
 
 SCHEMA_VERSION = 1
 
@@ -387,10 +389,11 @@ class CompileRequest(_Model):
 
 
 def resolve_target(target: str, node: str | None = None) -> Any:
-    """The callable a node's target names: an aten/prims OpOverload, one of fxcc's own ops
-    (compiler_core.fxcc_ops.OPS, an explicit list), or operator.getitem.
+    """The callable a node's target names: an aten/prims OpOverload that compiler_core.op_policy
+    allows (functional ops), one of fxcc's own ops (compiler_core.fxcc_ops.OPS, an explicit
+    list), or operator.getitem.
 
-    Raises InvalidGraph for anything else. Resolution is attribute lookup on torch.ops.aten /
+    Raises InvalidGraph (a 422 in the service) naming the op for anything else. Resolution is attribute lookup on torch.ops.aten /
     torch.ops.prims after a strict grammar check, so no text reaches an interpreter.
     """
     import torch
@@ -419,6 +422,10 @@ def resolve_target(target: str, node: str | None = None) -> Any:
         raise InvalidGraph(f"unknown op {target!r}", op=target, node=node) from None
     if not isinstance(fn, torch._ops.OpOverload):
         raise InvalidGraph(f"{target!r} is not an op overload", op=target, node=node)
+    reason = refusal(fn)
+    if reason is not None:
+        raise InvalidGraph(f"op {target} is not allowed in a graph: {reason} (compiler_core.op_policy)",
+                           op=target, node=node)
     return fn
 
 
