@@ -89,12 +89,15 @@ def _with_frees(steps: list[Step], reads: list[list[str]], outputs: Sequence) ->
     for i, names in enumerate(reads):
         for n in names:
             last[n] = i
+    dying: dict[int, list[str]] = {}  # step -> the names it reads last
+    for n, at in last.items():
+        if n not in keep:
+            dying.setdefault(at, []).append(n)
     out: list[Step] = []
     for i, step in enumerate(steps):
         out.append(step)
-        dead = sorted(n for n, at in last.items() if at == i and n not in keep)
-        if dead:
-            out.append(FreeStep(names=dead))
+        if i in dying:
+            out.append(FreeStep(names=sorted(dying[i])))
     return out
 
 

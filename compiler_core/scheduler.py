@@ -51,12 +51,34 @@ class Kernel:
     # those sizes map kept dims to xindex and reduced dims to rindex.
     partition: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
+    # Note: name -> node of `nodes`, so that asking whether a kernel holds a value costs the same
+    # in a kernel of 20000 nodes as in one of 2 (fusing a wide graph stays linear). Nodes join only
+    # through `add`.
+    _by_name: dict[str, ComputedBuffer] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._by_name = {n.name: n for n in self.nodes}
+
     @property
     def looped(self) -> bool:
         return too_long_for_registers(self.rnumel) or self.column
 
+    def add(self, node: ComputedBuffer) -> None:
+        self.nodes.append(node)
+        self._by_name[node.name] = node
+
+    def pop(self) -> ComputedBuffer:
+        """The last node, taken out again."""
+        node = self.nodes.pop()
+        del self._by_name[node.name]
+        return node
+
+    def node_named(self, name: str) -> ComputedBuffer | None:
+        """The kernel's node that computes buffer `name`, if any."""
+        return self._by_name.get(name)
+
     def names(self) -> set[str]:
-        return {n.name for n in self.nodes}
+        return set(self._by_name)
 
 
 @dataclass(frozen=True)
@@ -137,9 +159,8 @@ def _fits(kernel: Kernel, node: ComputedBuffer) -> bool:
         return False
     if kernel.looped and (node.is_reduction() or coords.full):
         return False  # after a looped reduction only per-row work can follow
-    inside = {n.name: n for n in kernel.nodes}
     for name, index in _reads(node, coords):
-        producer = inside.get(name)
+        producer = kernel.node_named(name)
         if producer is None:
             continue
         pc = node_coords(producer, kernel.xnumel, kernel.rnumel, kernel.partition)
@@ -200,19 +221,20 @@ def fuse_nodes(program: Sequence[ComputedBuffer | ExternCall]) -> list[Kernel | 
     open_kernel: Kernel | None = None
     for item in program:
         if isinstance(item, ExternCall):
-            if open_kernel is not None and set(_refs(item.args + list(item.kwargs.values()))) & open_kernel.names():
+            reads = _refs(item.args + list(item.kwargs.values()))
+            if open_kernel is not None and any(open_kernel.node_named(r) is not None for r in reads):
                 out.append(open_kernel)
                 open_kernel = None
             out.append(item)
             continue
         if open_kernel is not None:
             if _fits(open_kernel, item):
-                open_kernel.nodes.append(item)
+                open_kernel.add(item)
                 continue
             wide = _retarget(open_kernel, item)
             if wide is not None:
                 open_kernel = wide
-                open_kernel.nodes.append(item)
+                open_kernel.add(item)
                 continue
             out.append(open_kernel)
         x, r = item.numels()
@@ -246,7 +268,8 @@ def hoist_kernels(items: Sequence[Kernel | ExternCall]) -> list[Kernel | ExternC
 
 def _hoist_target(out: Sequence[Kernel | ExternCall], made_at: dict[str, int],
                   kernel: Kernel) -> tuple[int, Kernel] | None:
-    """(position, merged kernel) for the nearest kernel in `out` that can take all of `kernel`."""
+    """(position, that kernel) for the nearest kernel in `out` that can take all of `kernel`, which
+    it then holds (extended in place; left as it was where none can)."""
     own = kernel.names()
     reads = {name for node in kernel.nodes for name, _ in _body_loads(node) if name not in own}
     # Inputs (absent from made_at) exist from the start; a value written at `earliest` can be read
@@ -258,14 +281,16 @@ def _hoist_target(out: Sequence[Kernel | ExternCall], made_at: dict[str, int],
             if _may_write(target):
                 return None  # reads moved above it could see memory before it changes
             continue
-        merged = Kernel(target.xnumel, target.rnumel, list(target.nodes), column=target.column,
-                        partition=target.partition)
-        for node in kernel.nodes:
-            if not _fits(merged, node):
+        # Note: nodes join the target on trial and leave again if one does not fit, rather than
+        # joining a copy: copying a wide target for every hoisted kernel is quadratic.
+        for joined, node in enumerate(kernel.nodes):
+            if not _fits(target, node):
+                for _ in range(joined):
+                    target.pop()
                 break
-            merged.nodes.append(node)
+            target.add(node)
         else:
-            return at, merged
+            return at, target
     return None
 
 
@@ -333,6 +358,10 @@ def inplace_reads(kernel: Kernel, buffers: dict[str, Buffer]) -> dict[str, list[
     loads = {n.name: [(name, kernel_index(index, kernel)) for name, index in _reads(n, coords[n.name])]
              for n in kernel.nodes}
     own = kernel.names()
+    readers: dict[str, list[tuple[str, Expr]]] = {}  # buffer -> (kernel node, index) of each load of it
+    for n, named in loads.items():
+        for load, index in named:
+            readers.setdefault(load, []).append((n, index))
     found: dict[str, list[str]] = {}
     for node in kernel.nodes:
         b = node.buffer
@@ -346,8 +375,7 @@ def inplace_reads(kernel: Kernel, buffers: dict[str, Buffer]) -> dict[str, list[
             src = buffers.get(name)
             if src is None or (src.dtype, src.sizes, src.strides) != (b.dtype, b.sizes, b.strides):
                 continue
-            readers = [(n, index) for n, named in loads.items() for load, index in named if load == name]
-            if all(n in deps and index == where for n, index in readers):
+            if all(n in deps and index == where for n, index in readers[name]):
                 fits.append(name)
         if fits:
             found[node.name] = fits

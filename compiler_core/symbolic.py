@@ -19,8 +19,9 @@ from typing import Any
 
 import sympy
 
-from fxcc.compiler_core.errors import UnsupportedOp
+from fxcc.compiler_core.errors import InvalidGraph, UnsupportedOp
 from fxcc.compiler_core.sizevars import FloorDiv, ModularIndexing
+from fxcc.compiler_core.symexpr import MAX_EXPONENT
 
 SizeExpr = int | sympy.Expr
 
@@ -107,8 +108,13 @@ def to_torch(expr: sympy.Expr, symbols: Mapping[sympy.Symbol, Any]) -> Any:
                 out = out * ev(a)
             return out
         if e.is_Pow:
+            # Note: one multiplication per unit of the exponent, so the exponent must be bounded
+            # (parse has refused larger ones in text from a client; this holds for any caller).
+            exponent = int(e.args[1])
+            if not 0 <= exponent <= MAX_EXPONENT:
+                raise InvalidGraph(f"size expression {e}: exponent {exponent} outside [0, {MAX_EXPONENT}]")
             out = 1
-            for _ in range(int(e.args[1])):
+            for _ in range(exponent):
                 out = out * ev(e.args[0])
             return out
         if isinstance(e, FloorDiv):

@@ -19,13 +19,25 @@ Meaning on integers, the same as the SymPy classes `to_sympy` builds:
     floordiv(a, b)      floor(a / b) (FloorDiv on integers); b == 0 is an error
     mod(a, b)           a - b*floor(a / b), the sign of b (sympy.Mod, Python %); b == 0 is an error
     modidx(a, div, mod) (a // div) % mod (ModularIndexing); a < 0, div <= 0 or mod <= 0 are errors
-    pow(a, n)           a**n, n a non-negative literal
+    pow(a, n)           a**n, n a literal in [0, MAX_EXPONENT]
+
+Bounds, checked by `parse` (so by everything that reads text: the service's request models, the
+worker, the client's runtime):
+    MAX_CHARS characters, MAX_TOKENS tokens, MAX_DEPTH nested parentheses, calls and minus signs;
+    a pow exponent at most MAX_EXPONENT; a degree at most MAX_DEGREE, where the degree bounds how
+    many 63-bit factors a value can multiply together (a symbol or a literal >= 2 counts 1, a
+    product adds its factors' degrees, pow(a, n) is n times a's, a sum or a function takes the
+    largest of its arguments'); and every subexpression without symbols evaluates to less than
+    MAX_MAGNITUDE in magnitude.
 
 Note: nothing received is ever eval'd, exec'd, sympified or unpickled. Text is read by a
 tokenizer built from ASCII-only regular expressions and a recursive-descent parser whose input
-is bounded (MAX_CHARS, MAX_TOKENS, MAX_DEPTH), so neither the parser nor the tree walks can
-exhaust the stack. Evaluation is exact Python-int arithmetic with every intermediate value
-bounded by MAX_MAGNITUDE, so `pow(pow(x, 60), 60)` fails fast instead of eating memory.
+is bounded as above, so neither the parser nor the tree walks can exhaust the stack, and the
+degree bound keeps every number SymPy folds while building `to_sympy`'s expression below
+MAX_DEGREE * 63 bits (`pow(3, 100000000)` or `pow(pow(pow(3, 64), 64), 64)` would otherwise be
+computed in full, holding the GIL). Evaluation is exact Python-int arithmetic with every
+intermediate value bounded by MAX_MAGNITUDE (2**63, what an int64 size can hold), checked before
+a power is computed, so `pow(x, 60)` at x = 2**40 fails fast instead of computing.
 """
 
 from __future__ import annotations
@@ -44,7 +56,9 @@ MAX_CHARS = 4096
 MAX_TOKENS = 1024
 MAX_DEPTH = 64
 MAX_LITERAL = 1 << 63  # exclusive
-MAX_MAGNITUDE = 1 << 126  # exclusive, for every value evaluation produces or reads
+MAX_MAGNITUDE = 1 << 63  # exclusive, for every value evaluation produces or reads
+MAX_EXPONENT = 64
+MAX_DEGREE = 64
 
 Env = Mapping[str, int]
 Value = int | bool
@@ -263,7 +277,10 @@ class Call(SymExpr):
 
     def to_sympy(self) -> sympy.Basic:
         args = [a.to_sympy() for a in self.args]
-        return _SYMPY_FUNCS[self.func](*args)
+        try:
+            return _SYMPY_FUNCS[self.func](*args)
+        except ZeroDivisionError:  # a divisor SymPy folds to 0 (`modidx(x, 0, 2)`)
+            raise self._fail("division by zero") from None
 
     def closure(self) -> Evaluator:
         args = tuple(a.closure() for a in self.args)
@@ -313,7 +330,7 @@ def _wrap(node: SymExpr, kinds: tuple[type, ...]) -> str:
 def _bounded(value: int, node: SymExpr) -> int:
     if -MAX_MAGNITUDE < value < MAX_MAGNITUDE:
         return value
-    raise node._fail("value out of range (|v| >= 2**126)")
+    raise node._fail("value out of range (|v| >= 2**63)")
 
 
 def _floordiv(node: SymExpr, a: int, b: int) -> int:
@@ -341,8 +358,8 @@ def _modidx(node: SymExpr, a: int, div: int, mod: int) -> int:
 def _pow(base: int, exponent: int, node: SymExpr) -> int:
     if base in (0, 1, -1):  # the value only depends on whether the exponent is 0, odd or even
         return base ** (exponent if exponent < 2 else 2 - exponent % 2)
-    if exponent * (abs(base).bit_length() - 1) >= 126:  # |base|**exponent >= 2**126
-        raise node._fail("value out of range (|v| >= 2**126)")
+    if exponent * (abs(base).bit_length() - 1) >= 63:  # |base|**exponent >= 2**63, not computed
+        raise node._fail("value out of range (|v| >= 2**63)")
     return _bounded(base**exponent, node)
 
 
@@ -384,8 +401,32 @@ def _tokenize(text: str) -> list[_Token]:
 
 
 def parse(text: str) -> SymExpr:
-    """The tree of `text` (see the module's grammar); SymExprError names the problem and position."""
-    return _Parser(_tokenize(text)).parse()
+    """The tree of `text` (see the module's grammar and bounds); SymExprError names the problem
+    and position."""
+    node = _Parser(_tokenize(text)).parse()
+    degree = _degree(node)
+    if degree > MAX_DEGREE:
+        raise node._fail(f"degree {degree} over the limit of {MAX_DEGREE}")
+    return node
+
+
+def _degree(node: SymExpr) -> int:
+    """The module's degree of `node`, evaluating each largest subexpression without symbols once.
+
+    Note: a constant subexpression is evaluated here (bounded, so fast), and its errors (out of
+    range, division by zero) are the text's: SymPy would fold it while building the expression."""
+    if not node.symbols:
+        value = node.evaluate({})
+        return int(abs(value) >= 2)
+    if isinstance(node, Sym):
+        return 1
+    if isinstance(node, Mul):  # its constant factors are one number to SymPy
+        constants = [f for f in node.factors if not f.symbols]
+        coefficient = Mul(tuple(constants), pos=constants[0].pos).evaluate({}) if constants else 1
+        return int(abs(coefficient) >= 2) + sum(_degree(f) for f in node.factors if f.symbols)
+    if isinstance(node, Call) and node.func == "pow":
+        return node.args[1].value * _degree(node.args[0])
+    return max(_degree(c) for c in node.children())
 
 
 class _Parser:
@@ -481,7 +522,7 @@ class _Parser:
         args = [self.expr()]
         while self.at(","):
             self.take()
-            args.append(_literal(self.expect("int")) if name.text == "pow" else self.expr())
+            args.append(_exponent(self.expect("int")) if name.text == "pow" else self.expr())
         close = self.expect("op", ")")
         self.depth -= 1
         fewest, most = FUNCS[name.text]
@@ -495,6 +536,13 @@ def _literal(token: _Token) -> Int:
     if len(token.text.lstrip("0")) > 19 or int(token.text) >= MAX_LITERAL:
         raise SymExprError(f"integer literal >= 2**63 at position {token.pos}")
     return Int(int(token.text), pos=token.pos)
+
+
+def _exponent(token: _Token) -> Int:
+    exponent = _literal(token)
+    if exponent.value > MAX_EXPONENT:
+        raise SymExprError(f"pow exponent {exponent.value} over the limit of {MAX_EXPONENT} at position {token.pos}")
+    return exponent
 
 
 def _symbol(token: _Token, following: _Token) -> Sym:

@@ -2,7 +2,8 @@
 
 Note: nothing here is ever unpickled, eval'd, exec'd or sympified. Node targets resolve only to
 `torch.ops.aten` / `torch.ops.prims` overloads (plus `getitem` for tuple outputs) by attribute
-lookup on those namespaces, after the name has been checked against a strict grammar.
+lookup on those namespaces, after the name has been checked against a strict grammar, and only
+to the functional ones compiler_core.op_policy allows.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fxcc.compiler_core.errors import InvalidGraph
+from fxcc.compiler_core.op_policy import refusal
 
 SCHEMA_VERSION = 1
 
@@ -41,11 +43,14 @@ Name = Annotated[str, Field(pattern=f"^{_NAME}$")]
 _SYMBOL = r"^s[0-9]{1,4}$"
 
 
-def _size_text(v: str) -> str:
-    return check_size_expr(v)
+def _size_value(v: int | str) -> int | str:
+    return check_size_expr(v) if isinstance(v, str) else v
 
 
-SizeText = Annotated[str, Field(max_length=1024), AfterValidator(_size_text)]
+SizeText = Annotated[str, Field(max_length=1024), AfterValidator(_size_value)]
+# Note: one validator on the union (not `int | Annotated[str, ...]`), so that a bad expression gets
+# one error naming it rather than a first error saying that it is not an int.
+SizeValue = Annotated[int | Annotated[str, Field(max_length=1024)], AfterValidator(_size_value)]
 
 
 class _Model(BaseModel):
@@ -154,8 +159,8 @@ class TensorSpec(_Model):
     """What a tensor input looks like. The worker re-derives everything downstream of these."""
 
     dtype: str
-    sizes: list[int | SizeText] = Field(max_length=MAX_RANK)
-    strides: list[int | SizeText] = Field(max_length=MAX_RANK)
+    sizes: list[SizeValue] = Field(max_length=MAX_RANK)
+    strides: list[SizeValue] = Field(max_length=MAX_RANK)
     storage_offset: int = Field(default=0, ge=0, le=MAX_DIM)
     device: Literal["cpu", "cuda"] = "cpu"
 
@@ -263,7 +268,8 @@ def check_size_expr(text: str) -> str:
     try:
         expr = parse(text)
     except SymExprError as e:
-        raise ValueError(f"bad size expression: {e}") from None
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise ValueError(f"bad size expression {shown!r}: {e}") from None
     if isinstance(expr, Rel):
         raise ValueError(f"size expression {text!r} is a relation")  # noqa: TRY004 - pydantic wants ValueError
     return text
@@ -383,10 +389,11 @@ class CompileRequest(_Model):
 
 
 def resolve_target(target: str, node: str | None = None) -> Any:
-    """The callable a node's target names: an aten/prims OpOverload, one of fxcc's own ops
-    (compiler_core.fxcc_ops.OPS, an explicit list), or operator.getitem.
+    """The callable a node's target names: an aten/prims OpOverload that compiler_core.op_policy
+    allows (functional ops), one of fxcc's own ops (compiler_core.fxcc_ops.OPS, an explicit
+    list), or operator.getitem.
 
-    Raises InvalidGraph for anything else. Resolution is attribute lookup on torch.ops.aten /
+    Raises InvalidGraph (a 422 in the service) naming the op for anything else. Resolution is attribute lookup on torch.ops.aten /
     torch.ops.prims after a strict grammar check, so no text reaches an interpreter.
     """
     import torch
@@ -415,6 +422,10 @@ def resolve_target(target: str, node: str | None = None) -> Any:
         raise InvalidGraph(f"unknown op {target!r}", op=target, node=node) from None
     if not isinstance(fn, torch._ops.OpOverload):
         raise InvalidGraph(f"{target!r} is not an op overload", op=target, node=node)
+    reason = refusal(fn)
+    if reason is not None:
+        raise InvalidGraph(f"op {target} is not allowed in a graph: {reason} (compiler_core.op_policy)",
+                           op=target, node=node)
     return fn
 
 

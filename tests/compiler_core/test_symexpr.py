@@ -1,11 +1,14 @@
 """symexpr: dump/parse round trips against SymPy, exact evaluation, limits, and fuzzing that never executes input."""
 
 import ast
+import contextlib
 import dataclasses
+import gc
 import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import pytest
 import sympy
@@ -205,8 +208,10 @@ def test_dump_rejects_text_the_client_would_refuse():
     ("min(x, 3, y)", {"x": 5, "y": 4}, 3),
     ("max(x, 3, y)", {"x": 5, "y": 4}, 5),
     ("pow(x, 0) + pow(0, 0)", {"x": 5}, 2),
-    ("pow(-1, 9223372036854775807) + pow(1, 9223372036854775807)", {}, 0),
-    ("pow(2, 125)", {}, 2**125),
+    ("pow(-1, 63) + pow(1, 64) + pow(x, 0)", {"x": 9}, 1),
+    ("pow(2, 62)", {}, 2**62),
+    ("pow(x, 2) - 1", {"x": 3037000499}, 3037000499**2 - 1),
+    ("-9223372036854775807 - (x - 1)", {"x": 1}, -(2**63 - 1)),
     ("-x*-y - (x - y)", {"x": 5, "y": 3}, 13),
     ("2*floordiv(x, 2) == x", {"x": 6}, True),
     ("2*floordiv(x, 2) == x", {"x": 7}, False),
@@ -230,10 +235,14 @@ def test_evaluate(text, env, value):
     ("x + q", {"x": 1}, "unknown symbol 'q' at position 4"),
     ("x", {"x": 1.0}, "float, not an int"),
     ("x", {"x": True}, "bool, not an int"),
-    ("x", {"x": 2**126}, "out of range"),
-    ("pow(2, 126)", {}, "out of range"),
-    ("pow(x, 9223372036854775807)", {"x": 2}, "out of range"),
-    ("pow(pow(x, 60), 60)", {"x": 3}, "out of range"),
+    ("x", {"x": 2**63}, "out of range"),
+    ("x", {"x": -(2**63)}, "out of range"),
+    ("pow(2, 63)", {}, "out of range"),
+    ("pow(x, 2)", {"x": 3037000500}, "out of range"),
+    ("pow(x, 64)", {"x": 2}, "out of range"),
+    ("pow(x, 60)", {"x": 3}, "out of range"),
+    ("x*x*x", {"x": 2**21}, "out of range"),
+    ("x + 1", {"x": 2**63 - 1}, "out of range"),
     ("x*x*x*x*x", {"x": 2**30}, "out of range"),
     ("9223372036854775807*9223372036854775807*9223372036854775807", {}, "out of range"),
 ])
@@ -288,6 +297,19 @@ def test_printing_parses_back_to_the_same_tree(text):
     ("x\u00a0+ 1", "unexpected character"),  # a non-ASCII space
     ("a" * 33, "longer than 32"),
     (str(2**63), "integer literal >= 2\\*\\*63 at position 0"),
+    ("pow(x, 9223372036854775807)", "pow exponent 9223372036854775807 over the limit of 64 at position 7"),
+    ("pow(3, 100000000)", "pow exponent 100000000 over the limit of 64"),
+    ("pow(1, 65)", "over the limit of 64"),
+    ("pow(x, 64)", None),
+    ("pow(pow(x, 8), 8)", None),
+    ("pow(pow(x, 8), 9)", "degree 72 over the limit of 64 at position 0"),
+    ("pow(pow(pow(pow(3, 64), 64), 64), 64)", "out of range"),
+    ("pow(pow(pow(pow(2*x, 64), 64), 64), 64)", "degree 33554432 over the limit"),
+    ("x*" * 64 + "x", "degree 65 over the limit"),
+    ("2*" * 63 + "x", "out of range"),  # 2**63, folded as SymPy would
+    ("1*" * 200 + "x", None),
+    ("min(pow(x, 64), y) + mod(pow(y, 60), x*z)", None),
+    ("floordiv(1, 0) + x", "division by zero at position 0"),
     ("0" * 40 + "1", None),
     (str(2**63 - 1), None),
     ("a" * 32, None),
@@ -432,6 +454,111 @@ def test_fuzz_mutated_valid_text(text, fragment, data):
     at = data.draw(st.integers(0, len(text)))
     cut = data.draw(st.integers(0, 3))
     _attempt(text[:at] + fragment + text[at + cut:])
+
+
+# ---------------------------------------------------------------- bounded cost
+
+# A behaviour bound, not a speed number: an accepted expression costs microseconds to a few
+# milliseconds; before the bounds, `pow(3, 100000000)` took minutes in SymPy and `pow(x, 2**63 - 1)`
+# looped forever. CPU time of this thread, so other processes on the machine do not count.
+COST_BOUND_S = 0.05
+COST_SETTINGS = settings(max_examples=200, deadline=None)
+
+# Literals and exponents mostly small, with the hostile ones mixed in.
+_literal_texts = st.one_of(st.integers(0, 12), st.sampled_from([2**31, 2**62, 2**63 - 1])).map(str)
+_exponents = st.one_of(st.integers(0, 4), st.sampled_from([8, 63, 64, 65, 10**8, 2**63 - 1]))
+
+
+def _call(name, *parts):
+    return f"{name}({', '.join(parts)})"
+
+
+hostile_texts = st.recursive(
+    st.one_of(st.sampled_from(["x", "y", "z"]), _literal_texts),
+    lambda c: st.one_of(
+        st.lists(c, min_size=2, max_size=4).map(" + ".join),
+        st.lists(c, min_size=2, max_size=4).map(lambda a: "*".join(f"({t})" for t in a)),
+        st.tuples(c, c).map(lambda a: f"({a[0]}) - ({a[1]})"),
+        c.map(lambda a: f"-({a})"),
+        st.tuples(c, _exponents).map(lambda a: _call("pow", a[0], str(a[1]))),
+        st.tuples(st.sampled_from(["floordiv", "mod", "min", "max"]), c, c).map(lambda a: _call(*a)),
+        st.tuples(c, c, c).map(lambda a: _call("modidx", *a)),
+    ),
+    max_leaves=12,
+)
+@contextlib.contextmanager
+def _cpu_time():
+    """Yields a function giving the CPU time this thread spent inside the block. The garbage
+    collector is off inside it: a collection of the test session's heap is not the expression's cost."""
+    gc.disable()
+    t0 = time.thread_time()
+    t1 = None
+
+    def spent():
+        return (t1 if t1 is not None else time.thread_time()) - t0
+
+    try:
+        yield spent
+    finally:
+        t1 = time.thread_time()
+        gc.enable()
+
+
+hint_envs = st.fixed_dictionaries({n: st.one_of(st.integers(2, 64), st.integers(2, 2**40)) for n in "xyz"})
+
+
+def _within_bounds(text, env):
+    """Parse `text`; if accepted, convert it to SymPy and back, and evaluate it at `env`."""
+    try:
+        node = parse(text)
+    except SymExprError:
+        return "refused"
+    try:
+        parse(dump(node.to_sympy()))
+    except SymExprError:
+        pass  # a divisor that folds to 0, or what SymPy rewrites beyond the format: refused, not computed
+    try:
+        value = node.evaluate(env)
+    except SymExprError as e:
+        assert "out of range" in str(e) or "by zero" in str(e) or "modidx needs" in str(e), e
+        return "out of range"
+    assert -(2**63) < value < 2**63
+    return "value"
+
+
+@COST_SETTINGS
+@given(hostile_texts, hint_envs)
+def test_every_accepted_expression_is_cheap_through_sympy_and_evaluation(text, env):
+    with _cpu_time() as spent:
+        _within_bounds(text, env)
+    assert spent() < COST_BOUND_S, text
+
+
+@COST_SETTINGS
+@given(hostile_texts, st.sampled_from(["exponent", "degree", "constant"]))
+def test_over_large_expressions_are_refused_quickly(text, kind):
+    """Whatever surrounds it, an over-large part makes the text refused at parse time."""
+    big = {"exponent": f"pow({text}, {2**63 - 1})",
+           "degree": f"pow(pow(x*({text}), 16), 8)",  # degree >= 2*16*8
+           "constant": f"pow(2, 32)*pow(2, 31)*({text})"}[kind]
+    try:
+        parse(text)
+        why = "over the limit|out of range"
+    except SymExprError:
+        why = None  # refused already (a constant division by zero, say); refused all the more inside
+    with _cpu_time() as spent, pytest.raises(SymExprError, match=why):
+        parse(big)
+    assert spent() < COST_BOUND_S, big
+
+
+@pytest.mark.parametrize("text", [
+    "pow(x, 64)", "pow(pow(x, 8), 8)", "x*" * 63 + "x", "pow(" * 63 + "x" + ", 1)" * 63,
+    " + ".join(f"pow(x + {i}, 64)" for i in range(60)), "*".join(["9223372036854775807"] + ["x"] * 63),
+])
+def test_largest_accepted_expressions_are_cheap(text):
+    with _cpu_time() as spent:
+        assert _within_bounds(text, {"x": 2**40}) in ("value", "out of range")
+    assert spent() < COST_BOUND_S
 
 
 # ---------------------------------------------------------------- the module itself
