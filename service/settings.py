@@ -119,6 +119,10 @@ class ServiceSettings(BaseSettings):
     # take about 300 MB). Such a job fails for good (CompileTimeout, CompileMemoryLimit).
     job_timeout_s: float = Field(default=600.0, gt=0)
     job_memory_mb: int = Field(default=8192, ge=256)
+    # Start each consumer's compile process with the worker (1, default: the first job finds it
+    # warm) or at the consumer's first job (0: a service that may never compile, such as one a
+    # test starts to check its HTTP answers, spends no CPU importing the compiler a second time).
+    compile_process_warm: bool = True
     # Test hook, off by default: a compile process allocates (and writes) this many MB before it
     # compiles, so that tests can go over job_memory_mb. Never set it in production.
     test_only_compile_alloc_mb: int = Field(default=0, ge=0)

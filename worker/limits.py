@@ -15,6 +15,7 @@ class JobLimits:
 
     timeout_s: float = 600.0
     memory_mb: int = 8192
+    warm_start: bool = True  # start the compile process with its consumer, not at the first job
 
 
 class CompileTimeout(FxccError):

@@ -21,7 +21,8 @@ class Consumer:
     """One thread that claims and runs jobs until `stop` is set; it finishes the job in hand first.
 
     Its compiles run in a compile process of its own (worker/child.py), started with the thread
-    and replaced whenever a job kills it, under policy.limits."""
+    (or at the first job, without policy.limits.warm_start) and replaced whenever a job kills it,
+    under policy.limits."""
 
     def __init__(self, store: Store, name: str, stop: threading.Event, *, block_ms: int = 1000,
                  policy: JobPolicy = DEFAULT_POLICY) -> None:
@@ -39,10 +40,11 @@ class Consumer:
         # Note: started from this thread, so that the kernel kills the process when the thread
         # goes (PR_SET_PDEATHSIG follows the thread that started a child): a worker that exits
         # or is killed mid-compile leaves no compile behind.
-        try:
-            self.child.start()
-        except OSError as e:  # the first job tries again (and fails as a crash if it still cannot)
-            log.error("%s: could not start its compile process: %s", self.name, e)
+        if self.policy.limits.warm_start:
+            try:
+                self.child.start()
+            except OSError as e:  # the first job tries again (and fails as a crash if it still cannot)
+                log.error("%s: could not start its compile process: %s", self.name, e)
         try:
             self._claim_and_run()
         finally:

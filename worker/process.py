@@ -46,7 +46,8 @@ class JobPolicy:
         trusted = [signer.public] if signer else []
         for entry in (e for e in settings.trusted_keys.split(",") if e.strip()):
             trusted += read_public_keys(entry)
-        limits = JobLimits(timeout_s=settings.job_timeout_s, memory_mb=settings.job_memory_mb)
+        limits = JobLimits(timeout_s=settings.job_timeout_s, memory_mb=settings.job_memory_mb,
+                           warm_start=settings.compile_process_warm)
         return cls(max_attempts=settings.job_max_attempts, signer=signer, trusted=TrustedKeys(trusted),
                    limits=limits, compile_delay_s=settings.test_only_compile_delay_s,
                    compile_alloc_mb=settings.test_only_compile_alloc_mb)

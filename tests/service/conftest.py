@@ -35,8 +35,9 @@ def redis_settings(redis_url: str, redis_prefix: str, tmp_path: Path) -> Service
 
 @pytest.fixture
 def embedded_settings(tmp_path: Path) -> ServiceSettings:
+    # Its compile process starts at the first job: most tests of the HTTP answers never compile.
     return ServiceSettings(redis_url=None, data_dir=tmp_path / "data", claim_block_ms=100,
-                           allowed_hosts=[TESTCLIENT_HOST])
+                           allowed_hosts=[TESTCLIENT_HOST], compile_process_warm=False)
 
 
 @pytest.fixture

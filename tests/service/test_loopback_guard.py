@@ -22,7 +22,7 @@ def default_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Service
     from fxcc.service import app as app_module
 
     monkeypatch.setattr(app_module, "start_embedded_workers", lambda store, settings, stop: [])
-    settings = ServiceSettings(redis_url=None, data_dir=tmp_path / "data")
+    settings = ServiceSettings(redis_url=None, data_dir=tmp_path / "data", compile_process_warm=False)
     assert settings.anonymous_allowed and settings.loopback_guard
     return settings
 

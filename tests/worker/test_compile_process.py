@@ -170,3 +170,28 @@ def test_a_process_left_mid_job_is_never_reused(child: CompileProcess,
     nxt = make_unary("aten.neg.default")
     artifact, _ = compile_in(child, nxt)
     assert artifact.manifest.key == compile_key(nxt)
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_a_consumer_starts_its_compile_process_warm_or_at_its_first_job(
+        tmp_path, make_unary: Callable[..., CompileRequest], warm: bool) -> None:
+    from fxcc.service.embedded_store import EmbeddedStore
+    from fxcc.worker.loop import Consumer
+
+    store = EmbeddedStore(tmp_path / "data")
+    stop = threading.Event()
+    consumer = Consumer(store, "c", stop, block_ms=50, policy=JobPolicy(limits=JobLimits(warm_start=warm)))
+    consumer.thread.start()
+    try:
+        time.sleep(1.0)
+        assert (consumer.child.pid is not None) is warm  # no job yet: a lazy consumer has no process
+        req = make_unary()
+        store.submit(compile_key(req), req.model_dump_json(), req.priority)
+        deadline = time.monotonic() + 300
+        while consumer.jobs_done < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert consumer.jobs_done == 1 and consumer.child.started == 1 and consumer.child.pid is not None
+        assert store.get_artifact(compile_key(req)) is not None
+    finally:
+        stop.set()
+        consumer.thread.join(60)
