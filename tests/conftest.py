@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +22,6 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real Redis: FXCC_TEST_REDIS_URL if set, else a private redis-server on a free port."""
-    import redis  # here, not at the top: the GPU machine runs tests/gpu without redis-py
 
     url = os.environ.get("FXCC_TEST_REDIS_URL")
     if url:
@@ -34,27 +31,12 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if exe is None:
         pytest.fail("these tests need a real Redis: set FXCC_TEST_REDIS_URL or put redis-server on PATH "
                     "(Debian: apt-get install redis-server)", pytrace=False)
-    port = _free_port()
-    workdir = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"redis-server on port {port} did not start", pytrace=False)
-            time.sleep(0.02)
-    client.close()
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
+    from tests.service.redis_server import RedisServer
+
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server.url
+    server.stop()
 
 
 @pytest.fixture

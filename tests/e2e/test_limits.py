@@ -6,7 +6,6 @@ job whose record turns cancelled has its compile process killed within seconds a
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import subprocess
@@ -32,15 +31,11 @@ from fxcc.service.app import create_app
 from fxcc.service.redis_store import RedisStore
 from fxcc.service.settings import ServiceSettings
 from fxcc.service.store import JobRecord, JobStage, Store, now_s
+from tests.service import conftest as _fixtures
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Note: the service tests' fixtures (settings for both stores, tiny requests), loaded by path as
-# tests/worker/conftest.py does: tests/ has no __init__.py.
-_spec = importlib.util.spec_from_file_location("fxcc_service_test_fixtures", REPO / "tests" / "service" / "conftest.py")
-assert _spec is not None and _spec.loader is not None
-_fixtures = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_fixtures)
+# The service tests' fixtures (settings for both stores, tiny requests).
 redis_settings = _fixtures.redis_settings
 embedded_settings = _fixtures.embedded_settings
 make_unary = _fixtures.make_unary

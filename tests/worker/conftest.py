@@ -2,16 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-# Note: loaded by path, not imported: tests/ has no __init__.py (a `tests.service` package would
-# shadow the real `service`).
-_spec = importlib.util.spec_from_file_location(
-    "fxcc_service_test_fixtures", Path(__file__).parent.parent / "service" / "conftest.py")
-assert _spec is not None and _spec.loader is not None
-_fixtures = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_fixtures)
+from tests.service import conftest as _fixtures
 
 redis_settings = _fixtures.redis_settings
 embedded_settings = _fixtures.embedded_settings
