@@ -90,10 +90,21 @@ class RemoteService:
         _check(r)
         return True
 
-    def submit(self, request: CompileRequest) -> dict[str, Any]:
-        """POST the compile; the service answers done (cached) or queued with a job id."""
-        r = self._request("POST", "/v1/compile", content=request.model_dump_json(),
-                          headers={"Content-Type": "application/json"})
+    def submit(self, request: CompileRequest, busy_wait_s: float = 60.0) -> dict[str, Any]:
+        """POST the compile; the service answers done (cached) or queued with a job id. A busy
+        service (429: this principal's quota or checks; 503: queue full, store away) is asked again
+        after its Retry-After, for up to `busy_wait_s`."""
+        body = request.model_dump_json()
+        deadline = time.monotonic() + busy_wait_s
+        while True:
+            r = self._request("POST", "/v1/compile", content=body, headers={"Content-Type": "application/json"})
+            left = deadline - time.monotonic()
+            if r.status_code not in (429, 503) or left <= 0:
+                break
+            pause = min(left, _retry_after(r))
+            _warn_once(f"service {self.url} is busy ({r.status_code} {r.headers.get('X-Fxcc-Quota') or ''}): "
+                       f"asking again after Retry-After, for up to {busy_wait_s:.0f} s")
+            time.sleep(pause)
         _check(r)
         return r.json()
 
@@ -202,6 +213,14 @@ def _warn_once(text: str) -> None:
     if text not in _warned:
         _warned.add(text)
         log.warning(text)
+
+
+def _retry_after(r: httpx.Response) -> float:
+    """The seconds a 429/503 asks the client to wait (Retry-After, 1-30 s; 2 when it names none)."""
+    try:
+        return min(30.0, max(1.0, float(r.headers.get("Retry-After", "2"))))
+    except ValueError:
+        return 2.0
 
 
 def _json_bytes(obj: Any) -> bytes:

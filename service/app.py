@@ -56,6 +56,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         log_auth_mode(settings, app.state.auth)
         stop = threading.Event()
         consumers = start_embedded_workers(store, settings, stop) if store.mode == "embedded" else []
+        if settings.compile_process_warm:
+            compile.checker_pool(settings).start()  # they import torch meanwhile
         try:
             yield
         finally:
@@ -75,7 +77,28 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     for router in (compile.router, jobs.router, artifacts.router, pre_aot.router, status.router, cache.router,
                    dead_letters.router, admin.router, metrics.router, health.router, dashboard.router):
         app.include_router(router)  # each router declares the role it needs
+    document_raw_bodies(app)
     return app
+
+
+def document_raw_bodies(app: FastAPI) -> None:
+    """Add the schemas of the bodies that routes read raw (POST /v1/compile's CompileRequest) to the
+    OpenAPI document's components, where those routes' requestBody points."""
+    from fastapi.openapi.utils import get_openapi
+
+    from fxcc.compiler_core.wire import CompileRequest
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            schema = CompileRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(schema.pop("$defs", {}))
+            schemas["CompileRequest"] = schema
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def log_auth_mode(settings: ServiceSettings, auth: Authenticator) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -54,12 +55,16 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    # Only loc and msg travel back: pydantic's `input` would echo (possibly huge) client data.
-    details = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()[:20]]
+    return JSONResponse(status_code=422, content=validation_body(exc.errors()))
+
+
+def validation_body(errors: Sequence[Any]) -> dict[str, Any]:
+    """The 422 body of a validation error: the first error's place and message, then up to 20.
+    Only loc and msg travel back: pydantic's `input` would echo (possibly huge) client data."""
+    details = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in errors[:20]]
     first = details[0] if details else {"loc": [], "msg": "invalid request"}
     where = ".".join(str(p) for p in first["loc"]) or "request"
-    return JSONResponse(status_code=422, content=error_body(
-        "ValidationError", f"{where}: {first['msg']}", detail=details))
+    return error_body("ValidationError", f"{where}: {first['msg']}", detail=details)
 
 
 async def _fxcc_error(request: Request, exc: Exception) -> JSONResponse:

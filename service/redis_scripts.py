@@ -262,3 +262,27 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
 return 1
 """
+
+# A principal's quota charges counted again from its jobs: what is charged while a job is unfinished
+# and the principal attached to it. The counters drift when a job's record goes without a script
+# ending it (it expired, or Redis lost it): RedisStore.submit recounts before it refuses over a
+# quota (at most every RECOUNT_EVERY_S per principal), so a drifted counter never locks anyone out.
+# KEYS: principal's quota hash, principal's jobs zset. ARGV: principal, job key prefix, job ttl s.
+RECOUNT = f"""
+local p = ARGV[1]
+local jobs, bytes = 0, 0
+for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  local f = redis.call('HMGET', ARGV[2] .. id, 'stage', 'principals', 'bytes')
+  local s, ps = f[1], f[2] or ''
+  if s and not {_FINISHED} and {_HAS_PRINCIPAL} then
+    jobs = jobs + 1
+    bytes = bytes + tonumber(f[3] or '0')
+  end
+end
+redis.call('DEL', KEYS[1])
+if jobs > 0 then
+  redis.call('HSET', KEYS[1], 'jobs', jobs, 'bytes', bytes)
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+end
+return {{jobs, bytes}}
+"""

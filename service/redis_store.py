@@ -41,6 +41,8 @@ log = logging.getLogger("fxcc.service.redis")
 # At most this many recent jobs are read to answer a filtered GET /v1/jobs, and counted per state
 # for /v1/stats and /metrics (which dashboards poll every second).
 RECENT_WINDOW = 1000
+# A principal over a quota has its charges recounted from its jobs at most this often (RECOUNT).
+RECOUNT_EVERY_S = 30
 
 
 def connect(url: str) -> redis.Redis:
@@ -77,6 +79,7 @@ class RedisStore(RedisCache):
         self._retry = self.r.register_script(lua.RETRY)
         self._cancel = self.r.register_script(lua.CANCEL)
         self._renew = self.r.register_script(lua.RENEW)
+        self._recount = self.r.register_script(lua.RECOUNT)
         self._groups_ready: set[str] = set()
 
     def ping(self) -> None:
@@ -110,6 +113,8 @@ class RedisStore(RedisCache):
                 request_json]
         self._ensure_groups(self.k.streams())
         outcome, got = self._submit(keys=keys, args=args + [x for kv in fields.items() for x in kv])
+        if outcome in (b"quota_jobs", b"quota_bytes") and self.recount_quota(principal):
+            outcome, got = self._submit(keys=keys, args=args + [x for kv in fields.items() for x in kv])
         if outcome == b"full":
             raise QueueFull(f"the {priority} queue holds {s.stream_max_len} jobs (FXCC_STREAM_MAX_LEN); "
                             "retry later")
@@ -120,6 +125,16 @@ class RedisStore(RedisCache):
             raise QuotaExceeded(principal, "request bytes", int(got) + size, s.quota_queued_bytes,
                                 "FXCC_QUOTA_QUEUED_BYTES")
         return Submitted(job_id=got.decode(), created=outcome == b"created")
+
+    def recount_quota(self, principal: str) -> bool:
+        """Count `principal`'s quota charges again from its jobs (redis_scripts.RECOUNT), unless
+        that was done in the last RECOUNT_EVERY_S; whether it was done."""
+        if not self.r.set(self.k.quota(principal) + ":recounted", "1", nx=True, ex=RECOUNT_EVERY_S):
+            return False
+        jobs, size = self._recount(keys=[self.k.quota(principal), self.k.principal_jobs(principal)],
+                                   args=[principal, self.k.job(""), self.settings.job_ttl_s])
+        log.info("quota of %s recounted: %d jobs, %d request bytes", principal, jobs, size)
+        return True
 
     def submit_tune(self, key: str, arch: int, request_json: str) -> Submitted:
         job_id = uuid.uuid4().hex

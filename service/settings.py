@@ -108,7 +108,7 @@ class ServiceSettings(BaseSettings):
     # localhost, 127.0.0.1 and [::1] (any port): a DNS-rebound name or a local proxy gets 421.
     allowed_hosts: list[str] = Field(default_factory=list)
 
-    # Test hook, off by default: a worker sleeps this long before each compile, so that tests can
+    # Test hook, off by default: a worker sleeps this long before each compile (and tune), so that tests can
     # kill or stop it mid-job. Never set it in production.
     test_only_compile_delay_s: float = Field(default=0.0, ge=0)
 
@@ -119,13 +119,26 @@ class ServiceSettings(BaseSettings):
     # take about 300 MB). Such a job fails for good (CompileTimeout, CompileMemoryLimit).
     job_timeout_s: float = Field(default=600.0, gt=0)
     job_memory_mb: int = Field(default=8192, ge=256)
-    # Start each consumer's compile process with the worker (1, default: the first job finds it
-    # warm) or at the consumer's first job (0: a service that may never compile, such as one a
+    # Start each consumer's compile process with the worker, and the API's request checkers with
+    # the service (1, default: the first job finds them warm) or at their first use (0: a service that may never compile, such as one a
     # test starts to check its HTTP answers, spends no CPU importing the compiler a second time).
     compile_process_warm: bool = True
+    # Request checks (service/checker.py): a POST /v1/compile is parsed, its ops, key and shapes
+    # checked in one of check_processes warm checker processes of the API, never in the API process
+    # itself (a large graph would stall every other answer, the health check's included). A check
+    # past check_timeout_s or over check_memory_mb of resident memory is a 422 (the graph is too
+    # costly to accept); a principal with check_per_principal different requests in the checkers
+    # gets 429 for one more. compile_process_warm starts them with the service too.
+    check_processes: int = Field(default=2, ge=1, le=64)
+    check_timeout_s: float = Field(default=60.0, gt=0)
+    check_memory_mb: int = Field(default=4096, ge=256)
+    check_per_principal: int = Field(default=4, ge=1)
     # Test hook, off by default: a compile process allocates (and writes) this many MB before it
     # compiles, so that tests can go over job_memory_mb. Never set it in production.
     test_only_compile_alloc_mb: int = Field(default=0, ge=0)
+    # Test hook, off by default: tune jobs record a made-up tuning ("Fake GPU") instead of running
+    # kernels, so that tests can drive the tune queue without a GPU. Never set it in production.
+    test_only_fake_tune: bool = False
 
     @property
     def cache_url(self) -> str | None:

@@ -37,6 +37,7 @@ class JobPolicy:
     limits: JobLimits = field(default_factory=JobLimits)
     compile_delay_s: float = 0.0  # test hook (FXCC_TEST_ONLY_COMPILE_DELAY_S); 0 in production
     compile_alloc_mb: int = 0  # test hook (FXCC_TEST_ONLY_COMPILE_ALLOC_MB); 0 in production
+    fake_tune: bool = False  # test hook (FXCC_TEST_ONLY_FAKE_TUNE): tune jobs record a made-up tuning
     tune_device: str | None = None  # "cuda:0": autotune CUDA targets of this GPU's arch there
     tune_arch: int | None = None  # that GPU's SM arch: the worker also takes its tune queue's jobs
 
@@ -50,7 +51,7 @@ class JobPolicy:
                            warm_start=settings.compile_process_warm)
         return cls(max_attempts=settings.job_max_attempts, signer=signer, trusted=TrustedKeys(trusted),
                    limits=limits, compile_delay_s=settings.test_only_compile_delay_s,
-                   compile_alloc_mb=settings.test_only_compile_alloc_mb)
+                   compile_alloc_mb=settings.test_only_compile_alloc_mb, fake_tune=settings.test_only_fake_tune)
 
 
 def signer_for(settings: ServiceSettings) -> Signer | None:
@@ -116,7 +117,7 @@ def process_claim(store: Store, claim: Claim, *, worker: str = "embedded",
              job.key[:12], started.attempt)
     try:
         if started.kind == "tune":
-            tune_and_store(store, started, load_request(store, started), policy)
+            tune_and_store(store, started, load_request(store, started), policy, child)
         else:
             compile_and_store(store, started, policy, child)
     except JobCancelled:

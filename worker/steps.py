@@ -19,6 +19,7 @@ from fxcc.compiler_core.artifact import Artifact
 from fxcc.compiler_core.autotune import autotune_for_target
 from fxcc.compiler_core.build import build_artifact, cuda_build_unavailable
 from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.errors import AutotuneError
 from fxcc.compiler_core.wire import CompileRequest, GraphSpec, Node, NodeRef, Placeholder, TensorSpec
 from fxcc.service.store import JobStage
 
@@ -66,6 +67,36 @@ def compile_steps(work: CompileWork, on_stage: StageCallback) -> Artifact:
         artifact = build_artifact(artifact, request, target.arch)
     del held
     return artifact
+
+
+def tune_steps(request_json: str, artifact: Artifact, device: str, on_stage: StageCallback,
+               fake: bool = False, delay_s: float = 0.0) -> Artifact:
+    """A tune job's work on a stored untuned artifact: its kernels tuned on GPU `device`, then the
+    cubins of the kernels whose config changed rebuilt. The test hooks: `fake`
+    (FXCC_TEST_ONLY_FAKE_TUNE) records a made-up tuning instead of running a kernel, for tests of
+    the tune queue on a machine without a GPU; `delay_s` (FXCC_TEST_ONLY_COMPILE_DELAY_S) sleeps first."""
+    request = CompileRequest.model_validate_json(request_json)
+    if delay_s:
+        time.sleep(delay_s)
+    with gpu_tuning_lock(device):  # the compile processes of this host tune on it too
+        tuned = fake_tuning(artifact, device) if fake else autotune_for_target(artifact, request, device)
+    if not tuned.manifest.tuned:
+        raise AutotuneError(f"no kernel of {artifact.manifest.key[:12]} could be tuned on {device} "
+                            "(see the worker's log)")
+    if cuda_build_unavailable() is None and not fake:
+        on_stage(JobStage.BUILDING)
+        tuned = build_artifact(tuned, request, request.options.target.arch)  # cubins for the winners; others kept
+    return tuned
+
+
+def fake_tuning(artifact: Artifact, device: str) -> Artifact:
+    """`artifact` with every kernel marked tuned on a "Fake GPU" at `device` (test hook)."""
+    from fxcc.compiler_core.artifact import TuningRecord
+
+    artifact.verify()
+    record = TuningRecord(device=f"Fake GPU at {device}", heuristic="h", winner="h", timings_ms={"h": 1.0})
+    kernels = [k.model_copy(update={"tuning": record}) for k in artifact.manifest.kernels]
+    return Artifact(artifact.manifest.model_copy(update={"kernels": kernels, "tuned": True}), artifact.blobs)
 
 
 def warm_up() -> None:

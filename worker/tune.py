@@ -5,25 +5,29 @@ a tune job on the tune stream of the target's arch (`queue_tuning`); only worker
 that arch read that stream. The tune job loads the stored artifact (blobs verified against their
 digests, the signature too where manifests are signed), tunes its kernels with the compile path's
 own step (compiler_core.autotune, in the request's mode), rebuilds the cubins of the kernels
-whose config changed, and stores the result, which supersedes the untuned artifact.
+whose config changed, and stores the result, which supersedes the untuned artifact. The tuning and
+the rebuild run in the consumer's compile process, under the job limits of a compile (a tune job
+runs its artifact's kernels: a hostile or broken one can hang or crash only that process).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from functools import partial
 from typing import TYPE_CHECKING
 
 from fxcc.compiler_core.artifact import Artifact, ArtifactManifest
-from fxcc.compiler_core.autotune import autotune_for_target, tuning_device
-from fxcc.compiler_core.build import build_artifact, cuda_build_unavailable
-from fxcc.compiler_core.errors import AutotuneError, FxccError, InvalidGraph
+from fxcc.compiler_core.autotune import tuning_device
+from fxcc.compiler_core.errors import FxccError, InvalidGraph
 from fxcc.compiler_core.keys import compile_key
 from fxcc.compiler_core.wire import CompileRequest
 from fxcc.service.store import JobRecord, JobStage, QueueFull, Store
-from fxcc.worker.steps import gpu_tuning_lock
+from fxcc.worker.limits import JobCancelled
+from fxcc.worker.steps import tune_steps
 
 if TYPE_CHECKING:
+    from fxcc.worker.child import CompileProcess
     from fxcc.worker.process import JobPolicy
 
 log = logging.getLogger("fxcc.worker")
@@ -63,9 +67,11 @@ def queue_tuning(store: Store, manifest: ArtifactManifest, request: CompileReque
     return submitted.job_id
 
 
-def tune_and_store(store: Store, job: JobRecord, request: CompileRequest, policy: JobPolicy) -> None:
+def tune_and_store(store: Store, job: JobRecord, request: CompileRequest, policy: JobPolicy,
+                   child: CompileProcess | None = None) -> None:
     """Tune the stored untuned artifact of the job's key on this worker's GPU, rebuild the cubins
-    of the kernels whose config changed, store the tuned artifact, mark the job done."""
+    of the kernels whose config changed (in `child`, the consumer's compile process, when given;
+    else in this thread, unbounded), store the tuned artifact, mark the job done."""
     target = request.options.target
     if compile_key(request) != job.key or target.kind != "cuda" or target.arch != job.arch:
         raise InvalidGraph(f"tune job {job.id} holds a request for another key or target than "
@@ -84,13 +90,16 @@ def tune_and_store(store: Store, job: JobRecord, request: CompileRequest, policy
         # Note: a tuned artifact gets this worker's signature, so tuning a forged one would launder it
         # (and tuning runs its kernels here).
         raise NothingToTune(f"the stored artifact {job.key[:12]} is not tuned: {why}")
-    with gpu_tuning_lock(device):  # the compile processes of this host tune on it too
-        tuned = autotune_for_target(Artifact(found.manifest, found.blobs), request, device)
-    if not tuned.manifest.tuned:
-        raise AutotuneError(f"no kernel of {job.key[:12]} could be tuned on {device} (see the worker's log)")
-    if cuda_build_unavailable() is None:
-        store.mark_stage(job.id, JobStage.BUILDING)
-        tuned = build_artifact(tuned, request, target.arch)  # cubins for the winners; others kept
+    stored = Artifact(found.manifest, found.blobs)
+    on_stage = partial(store.mark_stage, job.id)
+    if child is not None:  # under the job's limits, stopped when the job is cancelled
+        tuned = child.tune(request.model_dump_json(), stored, device, job_id=job.id, store=store, on_stage=on_stage,
+                           fake=policy.fake_tune, delay_s=policy.compile_delay_s)
+        if (now := store.get_job(job.id)) is not None and now.stage is JobStage.CANCELLED:
+            raise JobCancelled(job.id)  # between the tune's last poll and its end
+    else:
+        tuned = tune_steps(request.model_dump_json(), stored, device, on_stage, fake=policy.fake_tune,
+                           delay_s=policy.compile_delay_s)
     store.mark_stage(job.id, JobStage.STORING)
     signature = policy.signer.sign(tuned.manifest) if policy.signer else None
     store.put_artifact(tuned, signature)  # supersedes the untuned one

@@ -1,21 +1,31 @@
-"""POST /v1/compile: validate a request, answer from the cache or queue a (single-flight) job."""
+"""POST /v1/compile: check a request, answer from the cache or queue a (single-flight) job.
+
+The checks (parsing, the op allow-list, the key, shape propagation) run in the API's checker
+processes (service/checker.py), never in the API process: this route only moves bytes and asks
+the store.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from fxcc.compiler_core.artifact import ArtifactManifest
-from fxcc.compiler_core.errors import FxccError, InvalidGraph
-from fxcc.compiler_core.graph import rebuild_graph
-from fxcc.compiler_core.keys import compile_key
-from fxcc.compiler_core.wire import CompileRequest, GraphSpec, resolve_target
+from fxcc.service.checker import Checked, CheckLimits, pool_for
 from fxcc.service.deps import ClientDep, SettingsDep, StoreDep, require
+from fxcc.service.settings import ServiceSettings
+from fxcc.service.store import Store
 
 router = APIRouter(prefix="/v1", tags=["compile"], dependencies=[Depends(require("client"))])
+
+# The body is read raw (the checkers parse it), so the OpenAPI document names its schema here;
+# app.py adds CompileRequest's schema to the document's components.
+REQUEST_BODY = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": {"$ref": "#/components/schemas/CompileRequest"}}}}}
 
 
 class CompileDone(BaseModel):
@@ -30,42 +40,37 @@ class CompileQueued(BaseModel):
     job_id: str
 
 
-# Note: a plain `def` runs in FastAPI's threadpool, which is where the FakeTensor shape
-# propagation of rebuild_graph (CPU work, milliseconds to seconds) belongs.
-@router.post("/compile", status_code=202, response_model=CompileQueued,
+@router.post("/compile", status_code=202, response_model=CompileQueued, openapi_extra=REQUEST_BODY,
              responses={200: {"model": CompileDone}, 413: {}, 422: {}, 429: {}, 503: {}})
-def post_compile(request: CompileRequest, store: StoreDep, settings: SettingsDep,
-                 principal: ClientDep) -> JSONResponse:
-    check_graph(request.graph, settings.max_nodes)
-    # The service computes the key itself: a client's key is never trusted.
-    key = compile_key(request)
-    manifest = store.lookup_manifest(key)
+async def post_compile(request: Request, store: StoreDep, settings: SettingsDep,
+                       principal: ClientDep) -> JSONResponse:
+    body = await request.body()
+    # The service computes the key itself (in a checker): a client's key is never trusted.
+    checked = await run_in_threadpool(checker_pool(settings).check, body, principal.name)
+    return await run_in_threadpool(answer, checked, body, store, principal.name)
+
+
+def checker_pool(settings: ServiceSettings) -> Any:
+    return pool_for(check_limits(settings))
+
+
+def check_limits(settings: ServiceSettings) -> CheckLimits:
+    return CheckLimits(processes=settings.check_processes, timeout_s=settings.check_timeout_s,
+                       memory_mb=settings.check_memory_mb, per_principal=settings.check_per_principal,
+                       max_nodes=settings.max_nodes)
+
+
+def answer(checked: Checked, body: bytes, store: Store, principal: str) -> JSONResponse:
+    manifest = store.lookup_manifest(checked.key)
     if manifest is not None:
-        return done(key, manifest)
-    propagate_shapes(request.graph)  # shapes must fit together before a worker spends time on it
-    submitted = store.submit(key, request.model_dump_json(), request.priority, principal.name)
+        return done(checked.key, manifest)
+    # A body known from an earlier check is queued as sent: it parses to the same request.
+    request_json = (checked.request_json or body).decode()
+    submitted = store.submit(checked.key, request_json, checked.priority, principal)
     if submitted.manifest is not None:  # a worker finished it between our look-up and submit
-        return done(key, submitted.manifest)
+        return done(checked.key, submitted.manifest)
     assert submitted.job_id is not None
-    return JSONResponse(status_code=202, content=CompileQueued(key=key, job_id=submitted.job_id).model_dump())
-
-
-def check_graph(graph: GraphSpec, max_nodes: int) -> None:
-    """Cheap checks first: the node limit, then that every target names an aten/prims op."""
-    if len(graph.nodes) > max_nodes:
-        raise InvalidGraph(f"graph has {len(graph.nodes)} nodes, over the limit of {max_nodes} (FXCC_MAX_NODES)")
-    for node in graph.nodes:
-        resolve_target(node.target, node=node.name)  # InvalidGraph → 422 naming node and op
-
-
-def propagate_shapes(graph: GraphSpec) -> None:
-    """rebuild_graph, with whatever torch raises on nonsense arguments reported as InvalidGraph."""
-    try:
-        rebuild_graph(graph)
-    except FxccError:
-        raise
-    except Exception as e:  # noqa: BLE001 - torch's errors for bad args are many; all mean "bad graph"
-        raise InvalidGraph(f"shape propagation failed: {type(e).__name__}: {str(e)[:500]}") from None
+    return JSONResponse(status_code=202, content=CompileQueued(key=checked.key, job_id=submitted.job_id).model_dump())
 
 
 def done(key: str, manifest: ArtifactManifest) -> JSONResponse:

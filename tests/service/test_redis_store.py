@@ -134,3 +134,25 @@ def test_claim_survives_deleted_streams(redis_store: RedisStore, make_unary: Cal
     req = make_unary()
     job_id = redis_store.submit(compile_key(req), req.model_dump_json(), "interactive").job_id
     assert [c.job_id for c in redis_store.claim("c", block_ms=10)] == [job_id]
+
+
+def test_a_quota_counter_left_by_an_expired_job_is_recounted_before_it_refuses(
+        redis_settings: ServiceSettings, make_unary: Callable[..., CompileRequest]) -> None:
+    """A job record that goes without a script ending it (expired, lost) leaves its principal
+    charged: the next submit over the quota recounts from the principal's jobs and goes through."""
+    from fxcc.service.store import QuotaExceeded
+
+    store = RedisStore(redis_settings.model_copy(update={"quota_queued_jobs": 2}))
+    try:
+        reqs = [make_unary(t) for t in ("aten.sin.default", "aten.cos.default", "aten.exp.default")]
+        first, second = (store.submit(compile_key(r), r.model_dump_json(), r.priority, "alice") for r in reqs[:2])
+        store.r.delete(store.k.job(first.job_id))  # as if it expired while queued: nothing released
+        third = store.submit(compile_key(reqs[2]), reqs[2].model_dump_json(), reqs[2].priority, "alice")
+        assert third.created and store.r.hget(store.k.quota("alice"), "jobs") == b"2"
+        # A real excess is still refused (the recount, done once in 30 s, is not repeated).
+        fourth = make_unary("aten.tan.default")
+        with pytest.raises(QuotaExceeded, match="FXCC_QUOTA_QUEUED_JOBS"):
+            store.submit(compile_key(fourth), fourth.model_dump_json(), fourth.priority, "alice")
+        assert second.job_id and store.r.hget(store.k.quota("alice"), "jobs") == b"2"
+    finally:
+        store.close()

@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from fxcc.compiler_core.artifact import Artifact, TuningRecord
 from fxcc.compiler_core.wire import CompileRequest, Target
 from fxcc.service.app import create_app
 from fxcc.service.settings import ServiceSettings
@@ -76,28 +75,17 @@ def test_tune_jobs_are_counted_listed_and_cancellable(client: TestClient,
 
 
 @pytest.fixture
-def fake_sm90(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """An sm_90 GPU at cuda:0 for the embedded worker's set-up and for tune jobs; the devices the
-    fake tuner was called on. Compiles do not tune (process.tuning_device stays real: no GPU), so
-    artifacts are stored untuned first."""
-    seen: list[str] = []
-
-    def tuner(artifact: Artifact, request: CompileRequest, device: str | None) -> Artifact:
-        artifact.verify()
-        seen.append(str(device))
-        rec = TuningRecord(device="Fake GPU", heuristic="h", winner="h", timings_ms={"h": 1.0})
-        kernels = [k.model_copy(update={"tuning": rec}) for k in artifact.manifest.kernels]
-        return Artifact(artifact.manifest.model_copy(update={"kernels": kernels, "tuned": True}), artifact.blobs)
-
+def fake_sm90(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An sm_90 GPU at cuda:0 for the embedded worker's set-up and for tune jobs, which record a
+    made-up tuning in the worker's compile process (FXCC_TEST_ONLY_FAKE_TUNE: "Fake GPU at cuda:0").
+    Compiles do not tune (process.tuning_device stays real: no GPU), so artifacts are stored untuned first."""
     monkeypatch.setattr(process, "device_arch", lambda device: 90 if device == "cuda:0" else None)
     monkeypatch.setattr(tune, "tuning_device", lambda arch, device: device if arch == 90 else None)
-    monkeypatch.setattr(tune, "autotune_for_target", tuner)
-    return seen
 
 
 def test_embedded_service_on_a_gpu_tunes_the_untuned_artifacts_of_its_arch(
-        embedded_settings: ServiceSettings, make_unary: Callable[..., CompileRequest], fake_sm90: list[str]) -> None:
-    settings = embedded_settings.model_copy(update={"embedded_device": "cuda:0"})
+        embedded_settings: ServiceSettings, make_unary: Callable[..., CompileRequest], fake_sm90: None) -> None:
+    settings = embedded_settings.model_copy(update={"embedded_device": "cuda:0", "test_only_fake_tune": True})
     with TestClient(create_app(settings)) as client:
         compiled = client.get(f"/v1/jobs/{post(client, sm90(make_unary())).json()['job_id']}",
                               params={"wait": 60}).json()
@@ -106,17 +94,16 @@ def test_embedded_service_on_a_gpu_tunes_the_untuned_artifacts_of_its_arch(
         job = client.get(f"/v1/jobs/{job['id']}", params={"wait": 60}).json()
         assert job["state"] == "done" and job["worker"] == "embedded-0" and job["key"] == compiled["key"], job
         manifest = client.get(f"/v1/artifacts/{compiled['key']}").json()["manifest"]
-        assert manifest["tuned"] and all(k["tuning"]["device"] == "Fake GPU" for k in manifest["kernels"])
-        assert fake_sm90 == ["cuda:0"]
+        assert manifest["tuned"] and all(k["tuning"]["device"] == "Fake GPU at cuda:0" for k in manifest["kernels"])
         [worker] = client.get("/v1/stats").json()["workers"]
         assert (worker["device"], worker["tune_arch"]) == ("cuda:0", 90)
 
 
 def test_a_restarted_embedded_service_tunes_what_it_stored_untuned_before(
-        embedded_settings: ServiceSettings, make_unary: Callable[..., CompileRequest], fake_sm90: list[str]) -> None:
+        embedded_settings: ServiceSettings, make_unary: Callable[..., CompileRequest], fake_sm90: None) -> None:
     """The embedded tune queue outlives `fxcc serve`: a restart (here on a CPU) still shows the tune
     job waiting, and a later start on an sm_90 GPU tunes it."""
-    cpu = embedded_settings.model_copy(update={"embedded_device": "cpu"})
+    cpu = embedded_settings.model_copy(update={"embedded_device": "cpu", "test_only_fake_tune": True})
     waiting = {"waiting": 1, "running": 0}
     with TestClient(create_app(cpu)) as client:
         key = compile_on_cpu(client, sm90(make_unary()))["key"]
@@ -130,9 +117,9 @@ def test_a_restarted_embedded_service_tunes_what_it_stored_untuned_before(
     with TestClient(create_app(cpu.model_copy(update={"embedded_device": "cuda:0"}))) as client:
         job = client.get(f"/v1/jobs/{queued['id']}", params={"wait": 60}).json()
         assert (job["state"], job["worker"], job["key"]) == ("done", "embedded-0", key), job
-        assert client.get(f"/v1/artifacts/{key}").json()["manifest"]["tuned"]
+        manifest = client.get(f"/v1/artifacts/{key}").json()["manifest"]
+        assert manifest["tuned"] and {k["tuning"]["device"] for k in manifest["kernels"]} == {"Fake GPU at cuda:0"}
         assert client.get("/v1/status").json()["tune"] == {"sm_90": {"waiting": 0, "running": 0}}
-    assert fake_sm90 == ["cuda:0"]
     with TestClient(create_app(cpu)) as client:  # nothing is queued twice
         assert client.get("/v1/status").json()["tune"] == {}
 

@@ -5,6 +5,7 @@ dies is a crash (retried); a compiler error comes back as the child recorded it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -195,3 +196,40 @@ def test_a_consumer_starts_its_compile_process_warm_or_at_its_first_job(
     finally:
         stop.set()
         consumer.thread.join(60)
+
+
+def untuned_sm90(store: Store, make_unary: Callable[..., CompileRequest]) -> tuple[CompileRequest, Claim]:
+    """An untuned sm_90 artifact stored by a CPU worker, and the claim of the tune job it queued."""
+    req = make_unary("aten.sigmoid.default")
+    req = req.model_copy(update={"options": req.options.model_copy(update={"target": Target(kind="cuda", arch=90)})})
+    job = process_claim(store, claim_one(store, req), worker="cpu")
+    assert job.state is JobState.DONE and not store.get_manifest(job.key).tuned
+    [claim] = store.claim("gpu", block_ms=10, tune_arch=90)
+    return req, claim
+
+
+def test_a_tune_job_runs_in_the_compile_process_under_the_job_limits(
+        store: Store, child: CompileProcess, make_unary: Callable[..., CompileRequest],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tuner runs in the child (the fake tuning names the device the child was given; nothing
+    in this process is patched but the GPU's presence), stopped at the time limit like a compile."""
+    from fxcc.worker import tune
+
+    monkeypatch.setattr(tune, "tuning_device", lambda arch, device: device if arch == 90 else None)
+    gpu = JobPolicy(tune_device="cuda:0", tune_arch=90, fake_tune=True)
+    child.limits = JobLimits(timeout_s=1.0)
+    req, claim = untuned_sm90(store, make_unary)
+    pid = child.pid
+    slow = dataclasses.replace(gpu, compile_delay_s=120)
+    job = process_claim(store, claim, worker="gpu", policy=slow, child=child)
+    assert job.kind == "tune" and job.state is JobState.FAILED and job.error.error == "CompileTimeout"
+    assert child.pid != pid and not store.get_manifest(job.key).tuned  # stopped; the untuned one stays
+
+    child.limits = JobLimits()
+    again = store.submit_tune(job.key, 90, req.model_dump_json())
+    [claim] = store.claim("gpu", block_ms=10, tune_arch=90)
+    assert claim.job_id == again.job_id
+    job = process_claim(store, claim, worker="gpu", policy=gpu, child=child)
+    assert job.state is JobState.DONE, job.error
+    manifest = store.get_manifest(job.key)
+    assert manifest.tuned and {k.tuning.device for k in manifest.kernels} == {"Fake GPU at cuda:0"}
