@@ -20,7 +20,7 @@ demo: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/fxcc demo
 
 test: $(STAMP) browser
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # The dashboard test drives Debian's headless Chromium; install it when missing and we are root.
 browser:

@@ -90,16 +90,17 @@ class RemoteService:
         _check(r)
         return True
 
-    def submit(self, request: CompileRequest, busy_wait_s: float = 60.0) -> dict[str, Any]:
-        """POST the compile; the service answers done (cached) or queued with a job id. A busy
-        service (429: this principal's quota or checks; 503: queue full, store away) is asked again
-        after its Retry-After, for up to `busy_wait_s`."""
+    def submit(self, request: CompileRequest, busy_wait_s: float = 30.0) -> dict[str, Any]:
+        """POST the compile; the service answers done (cached) or queued with a job id. A 429 (this
+        principal is over a quota, or has as many requests being checked as it may: capacity that
+        its own jobs free) is asked again after its Retry-After, for up to `busy_wait_s`; a 503 (the
+        service's store away, its queue full) falls back at once."""
         body = request.model_dump_json()
         deadline = time.monotonic() + busy_wait_s
         while True:
             r = self._request("POST", "/v1/compile", content=body, headers={"Content-Type": "application/json"})
             left = deadline - time.monotonic()
-            if r.status_code not in (429, 503) or left <= 0:
+            if r.status_code != 429 or left <= 0:
                 break
             pause = min(left, _retry_after(r))
             _warn_once(f"service {self.url} is busy ({r.status_code} {r.headers.get('X-Fxcc-Quota') or ''}): "

@@ -33,6 +33,15 @@ from fxcc.compiler_core.lowering import ExternCall, GraphLowering, TemplateKerne
 from fxcc.compiler_core.passes import run_passes
 from fxcc.compiler_core.plan import build_plan
 from fxcc.compiler_core.scheduler import Kernel, schedule
+from fxcc.compiler_core.stage_logs import (
+    emit,
+    format_graph,
+    format_guards,
+    format_ir,
+    format_kernels,
+    format_plan,
+    format_schedule,
+)
 from fxcc.compiler_core.symbolic import from_torch, hint, symbol_scope
 from fxcc.compiler_core.symexpr import dump
 from fxcc.compiler_core.wire import CompileRequest, GraphSpec, _refs
@@ -48,7 +57,7 @@ def compile_request(request: CompileRequest) -> Artifact:
     blobs: dict[str, bytes] = {}
     try:
         plan, kernels, stats = compile_graph(gm, request.graph, request.options.target.kind, blobs,
-                                             allow_tf32=request.options.allow_tf32)
+                                             allow_tf32=request.options.allow_tf32, title=f"key {key[:12]}")
     except InvalidGraph:
         raise
     except UnsupportedOp as e:
@@ -65,24 +74,31 @@ def compile_request(request: CompileRequest) -> Artifact:
 
 
 def compile_graph(gm: fx.GraphModule, graph: GraphSpec, target: str, blobs: dict[str, bytes],
-                  allow_tf32: bool = False) -> tuple[Plan, list[KernelInfo], CompileStats]:
+                  allow_tf32: bool = False, title: str = "graph") -> tuple[Plan, list[KernelInfo], CompileStats]:
     """The pipeline, one step per line: loop IR, fused kernels, Triton source, plan (blobs filled).
 
     With size symbols, everything runs in their scope (sizes are SymPy over s0, s1, …), and the
-    plan gets the symbols' bindings and every guard the ShapeEnv recorded on the way.
+    plan gets the symbols' bindings and every guard the ShapeEnv recorded on the way. Each stage's
+    output is printed where FXCC_LOGS asks for it (compiler_core.stage_logs).
     """
     gm, graph = run_passes(gm, graph, target, allow_tf32)
+    emit("graph", title, lambda: format_graph(gm))
     syms = gm.meta.get("fxcc_syms")
     scope = symbol_scope(syms.rename, syms.hints) if syms else contextlib.nullcontext()
     with scope:
         lowered = lower_graph(gm, graph, target)
+        emit("ir", title, lambda: format_ir(lowered))
         items = schedule(lowered)
+        emit("schedule", title, lambda: format_schedule(items))
         rendered = render_kernels(lowered, items, target)
+        emit("kernels", title, lambda: format_kernels(rendered))
         if syms:
             lowered.symbols = symbol_bindings(graph)
             lowered.guards = range_guards(graph) + shape_env_guards(syms)
             lowered.input_strides = [list(p.spec.strides) if p.spec else None for p in graph.placeholders]
         plan = build_plan(lowered, items, rendered)
+        emit("plan", title, lambda: format_plan(plan))
+        emit("guards", title, lambda: format_guards(plan))
         kernels = kernel_infos(rendered.values(), blobs)
         return plan, kernels, compile_stats(graph, lowered, items, kernels)
 

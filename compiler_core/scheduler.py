@@ -50,6 +50,8 @@ class Kernel:
     # (sizes, reduced dims) of the tensor the kernel's reductions walk: pointwise nodes of
     # those sizes map kept dims to xindex and reduced dims to rindex.
     partition: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    # Why the kernel ended where it did (the next node's refusal), for the schedule's log.
+    closed_by: str | None = field(default=None, compare=False)
 
     # Note: name -> node of `nodes`, so that asking whether a kernel holds a value costs the same
     # in a kernel of 20000 nodes as in one of 2 (fusing a wide graph stays linear). Nodes join only
@@ -152,23 +154,29 @@ def _reads(node: ComputedBuffer, coords: Coords) -> list[tuple[str, Expr]]:
 
 def _fits(kernel: Kernel, node: ComputedBuffer) -> bool:
     """Can `node` join `kernel`, reading every in-kernel value from registers?"""
+    return misfit(kernel, node) is None
+
+
+def misfit(kernel: Kernel, node: ComputedBuffer) -> str | None:
+    """Why `node` cannot join `kernel` (None: it can), in words for the schedule's log."""
     if node.is_reduction() and too_long_for_registers(numel(node.data.reduction_ranges)):
-        return False
+        return "its reduction is too long for registers (a looped kernel of its own)"
     coords = node_coords(node, kernel.xnumel, kernel.rnumel, kernel.partition)
     if coords is None:
-        return False
+        return (f"its iteration space {node.numels()} does not map onto the kernel's "
+                f"(x={kernel.xnumel}, r={kernel.rnumel})")
     if kernel.looped and (node.is_reduction() or coords.full):
-        return False  # after a looped reduction only per-row work can follow
+        return "after a looped reduction only per-row work can follow"
     for name, index in _reads(node, coords):
         producer = kernel.node_named(name)
         if producer is None:
             continue
         pc = node_coords(producer, kernel.xnumel, kernel.rnumel, kernel.partition)
         if pc is None or kernel_index(index, kernel) != store_index(producer, pc, kernel):
-            return False
+            return f"it reads {name} at another index than the kernel computes it (not in registers)"
         if pc.full and not producer.is_reduction() and not coords.full:
-            return False  # a row-wide value cannot feed a per-row node
-    return True
+            return f"a row-wide value ({name}) cannot feed a per-row node"
+    return None
 
 
 def is_column_reduction(node: ComputedBuffer) -> bool:
@@ -223,12 +231,14 @@ def fuse_nodes(program: Sequence[ComputedBuffer | ExternCall]) -> list[Kernel | 
         if isinstance(item, ExternCall):
             reads = _refs(item.args + list(item.kwargs.values()))
             if open_kernel is not None and any(open_kernel.node_named(r) is not None for r in reads):
+                open_kernel.closed_by = f"extern {item.op} ({item.out}) reads a value of the kernel"
                 out.append(open_kernel)
                 open_kernel = None
             out.append(item)
             continue
         if open_kernel is not None:
-            if _fits(open_kernel, item):
+            why = misfit(open_kernel, item)
+            if why is None:
                 open_kernel.add(item)
                 continue
             wide = _retarget(open_kernel, item)
@@ -236,6 +246,7 @@ def fuse_nodes(program: Sequence[ComputedBuffer | ExternCall]) -> list[Kernel | 
                 open_kernel = wide
                 open_kernel.add(item)
                 continue
+            open_kernel.closed_by = f"{item.name} did not fuse: {why}"
             out.append(open_kernel)
         x, r = item.numels()
         # Short strided rows still fit a persistent tile at least 8 outputs wide (see launch_config).

@@ -20,7 +20,7 @@ from fxcc.compiler_core.signing import Signer, TrustedKeys, generate
 from fxcc.compiler_core.wire import CompileRequest, Target
 from fxcc.service.settings import ServiceSettings
 from fxcc.service.store import Claim, JobRecord, JobStage, JobState, Store
-from fxcc.worker import tune
+from fxcc.worker import steps, tune
 from fxcc.worker.process import JobPolicy, process_claim
 
 CPU = JobPolicy()
@@ -75,7 +75,7 @@ class FakeTuner:
 def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> FakeTuner:
     tuner = FakeTuner()
     monkeypatch.setattr(tune, "tuning_device", lambda arch, device: device if arch == 90 else None)
-    monkeypatch.setattr(tune, "autotune_for_target", tuner)
+    monkeypatch.setattr(steps, "autotune_for_target", tuner)  # what the in-process tune calls
     return tuner
 
 
@@ -231,7 +231,7 @@ def test_a_crashing_tune_job_is_retried_then_dead_lettered(
         store: Store, make_unary: Callable[..., CompileRequest], monkeypatch: pytest.MonkeyPatch) -> None:
     tuner = FakeTuner(fail=True)
     monkeypatch.setattr(tune, "tuning_device", lambda arch, device: device)
-    monkeypatch.setattr(tune, "autotune_for_target", tuner)
+    monkeypatch.setattr(steps, "autotune_for_target", tuner)  # what the in-process tune calls
     key = compile_on(store, cuda_request(make_unary)).key
     policy = replace(GPU, max_attempts=2)
     first = run_tune_job(store, policy)
