@@ -1,0 +1,625 @@
+"""OpInfo sweep: torch's op database through fxcc, each sample against eager, mismatches against float64.
+
+    python -m bench.opinfo --device cuda --dtype float32,bfloat16,float16 --out DIR
+    TRITON_INTERPRET=1 python -m bench.opinfo --device cpu --dtype bfloat16 --ops cross logit --out DIR
+
+For every op of torch's `op_db` that supports the device and dtype, its first `--max-samples`
+samples are traced to core aten (the backend's decompositions, as AOTAutograd traces them),
+captured as a GraphSpec, compiled in-process (on cuda: cubins built by Triton for the GPU's arch,
+compiler_core.build) and run by the client runtime, then compared with eager by
+torch.testing.assert_close's defaults. A sample that eager rejects, that aot_eager cannot trace or
+run, or that fxcc's client would run eagerly by design (a dtype the wire cannot carry, a
+data-dependent output shape) is skipped, with its reason.
+
+Note: a mismatch alone does not say that fxcc is wrong: in bf16/fp16 fxcc computes in fp32 where
+eager rounds at each kernel's end. So for each mismatch the sample is also run upcast to float64
+(same device, eagerly), and the errors of fxcc, eager, aot_eager and Inductor against it are
+recorded. The mismatch is `wrong` when fxcc's error exceeds both eager's and Inductor's by more
+than the dtype's tolerance (elementwise, atol + rtol * |float64 result|, torch.testing's
+defaults), else `rounding`.
+
+Ops run in worker processes (`--workers`, default: CPU cores - 1; spawned, each with its own
+CUDA context), one (op, dtype) task at a time, ops in name order with their dtypes together: a
+crash, a hang (`--task-timeout-s`) or a CUDA error costs that task only (the worker is replaced),
+and DIR/h200-opinfo.json (cpu-opinfo.json on cpu) is rewritten after every task. After
+`--time-budget-s` no task starts (those are listed as not_reached), and `--grace-s` later the
+ones still running are stopped (listed as unfinished). Built cubins are shared by the workers
+through Triton's cache (TRITON_CACHE_DIR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import itertools
+import json
+import logging
+import math
+import multiprocessing as mp
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any
+
+# Ops whose results are random or uninitialised: no eager result to compare against.
+NONDETERMINISTIC = {
+    "cauchy", "exponential", "geometric", "log_normal", "normal", "uniform", "randn", "randn_like",
+    "rand_like", "randint", "randint_like", "bernoulli", "multinomial", "rrelu", "nn.functional.rrelu",
+    "empty", "empty_like",
+    "new_empty", "new_empty_strided", "empty_strided", "empty_permuted", "nn.functional.dropout",
+    "nn.functional.dropout2d", "nn.functional.dropout3d", "nn.functional.alpha_dropout",
+    "nn.functional.feature_alpha_dropout", "nn.functional.fractional_max_pool2d",
+    "nn.functional.fractional_max_pool3d", "svd_lowrank", "pca_lowrank", "item", "hash_tensor",
+    "resize_", "resize_as_",
+    # Their samples use dropout_p > 0: eager and compiled draw different random masks.
+    "nn.functional.scaled_dot_product_attention", "nn.functional.multi_head_attention_forward",
+}
+
+# torch.testing.assert_close's default (rtol, atol) per floating dtype; other dtypes compare exactly.
+TOLERANCES = {"float32": (1.3e-6, 1e-5), "bfloat16": (1.6e-2, 1e-5), "float16": (1e-3, 1e-5),
+              "float64": (1e-7, 1e-7)}
+
+log = logging.getLogger("fxcc.bench.opinfo")
+
+
+@dataclass
+class Outcome:
+    """One sample's result. status: passed | mismatched | errored | skipped."""
+
+    op: str
+    dtype: str
+    sample: int
+    status: str
+    detail: str = ""
+    # For a mismatch, against float64, of fxcc, eager, aot_eager and Inductor (None where that one
+    # failed): the max abs error (`fxcc`, ...) and the max error in units of the dtype's
+    # elementwise tolerance (`fxcc_in_tol`, ...); the output compared; the verdict wrong | rounding.
+    errors: dict[str, Any] | None = None
+    verdict: str | None = None
+    extern_ops: list[str] = field(default_factory=list)
+    lowered: bool = False  # at least one node ran in a fxcc kernel
+    notes: list[str] = field(default_factory=list)  # compiler warnings: a kernel without a cubin, ...
+
+
+class _Skip(Exception):
+    """The sample is not fxcc's to run (eager rejects it, aot_eager cannot, or fxcc runs it eagerly)."""
+
+
+# ---------------------------------------------------------------- one sample
+
+
+def sample_function(opinfo: Any, sample: Any) -> tuple[Callable[..., Any], list[Any]]:
+    """`sample` as a function of its tensors only, and those tensors."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
+    positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+
+    def fn(*xs: Any) -> Any:
+        filled = list(leaves)
+        for i, x in zip(positions, xs):
+            filled[i] = x
+        inp, args, kwargs = pytree.tree_unflatten(filled, spec)
+        return opinfo.op(inp, *args, **kwargs)
+    return fn, [leaves[i] for i in positions]
+
+
+def _flat(fn: Callable[..., Any]) -> Callable[..., list[Any]]:
+    import torch.utils._pytree as pytree
+
+    return lambda *xs: pytree.tree_leaves(fn(*xs))
+
+
+def _clones(tensors: list[Any]) -> list[Any]:
+    return [t.clone() for t in tensors]
+
+
+def trace_aten(fn: Callable[..., Any], tensors: list[Any]) -> Any:
+    """The core-aten graph AOTAutograd gives fxcc's backend (its decompositions), as aot_eager traces."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fxcc.client.backend import decomposition_table
+
+    return make_fx(_flat(fn), decomposition_table=decomposition_table())(*tensors)
+
+
+@contextlib.contextmanager
+def _compiler_warnings() -> Iterator[list[str]]:
+    """Warnings the compiler logs meanwhile (a graph that fell back to extern calls, a kernel that
+    got no cubin): fxcc stays correct then, but each one is a compiler bug to see."""
+    seen: list[str] = []
+
+    class Handler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage()[:300])
+
+    handler = Handler(logging.WARNING)
+    logger = logging.getLogger("fxcc")
+    logger.addHandler(handler)
+    try:
+        yield seen
+    finally:
+        logger.removeHandler(handler)
+
+
+def compile_with_fxcc(gm: Any, tensors: list[Any]) -> tuple[Callable[[list[Any]], Any], Any, list[Any], list[str]]:
+    """The plan fxcc compiles for the aten graph `gm` for the inputs' device (on cuda with
+    cubins), its stats, the captured constants and the compiler's warnings."""
+    from fxcc.client.backend import target_for
+    from fxcc.client.capture import capture_graph
+    from fxcc.client.precision import matmul_allows_tf32
+    from fxcc.client.runtime import load_plan
+    from fxcc.compiler_core.build import compile_and_build
+    from fxcc.compiler_core.errors import InvalidGraph, UnsupportedOp
+    from fxcc.compiler_core.wire import CompileOptions, CompileRequest
+
+    try:
+        cap = capture_graph(gm, tensors)
+    except UnsupportedOp as e:
+        raise _Skip(f"fxcc runs it eagerly: {str(e)[:160]}") from None
+    options = CompileOptions(target=target_for(tensors), allow_tf32=matmul_allows_tf32())
+    with _compiler_warnings() as notes:
+        try:
+            art = compile_and_build(CompileRequest(graph=cap.spec, options=options))
+        except InvalidGraph as e:
+            if "DynamicOutputShape" in str(e):
+                # masked_select, nonzero: the worker cannot re-derive the shape; the client runs it eagerly
+                raise _Skip("data-dependent output shape") from None
+            raise
+    return load_plan(art), art.manifest.stats, cap.constants, notes
+
+
+def _inductor_result(gm: Any, tensors: list[Any]) -> list[Any]:
+    import torch
+
+    compiled = torch._inductor.compile(gm, _clones(tensors))
+    return list(compiled(*_clones(tensors)))
+
+
+def float64_inputs(tensors: list[Any]) -> list[Any]:
+    return [t.double() if t.is_floating_point() else t for t in tensors]
+
+
+def max_error(got: Any, truth: Any) -> tuple[float, float]:
+    """(max |got - truth|, max |got - truth| / (atol + rtol * |truth|)) over the elements, the
+    second in units of the dtype's tolerance (torch.testing's, elementwise; 0.5 absolute for
+    integers). nan/inf agree with themselves; any other disagreement with them is inf."""
+    import torch
+
+    g, t = got.double(), truth.double()
+    if g.shape != t.shape:
+        return math.inf, math.inf
+    if g.numel() == 0:
+        return 0.0, 0.0
+    rtol, atol = TOLERANCES.get(str(got.dtype).removeprefix("torch."), (0.0, 0.5))
+    same = (g == t) | (g.isnan() & t.isnan())
+    diff = torch.where(same, torch.zeros_like(g), (g - t).abs().nan_to_num(nan=math.inf))
+    scaled = diff / (atol + rtol * t.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0))
+    return float(diff.max()), float(scaled.max())
+
+
+def _first_mismatch(got: list[Any], expected: list[Any]) -> tuple[int, str] | None:
+    """(output index, message) of the first output of fxcc that differs from eager's, or None."""
+    import torch
+
+    if len(got) != len(expected):
+        return -1, f"{len(got)} outputs, eager has {len(expected)}"
+    for i, (g, e) in enumerate(zip(got, expected)):
+        if not isinstance(e, torch.Tensor):
+            if g != e:
+                return i, f"{g!r} != {e!r}"
+            continue
+        if not isinstance(g, torch.Tensor) or g.shape != e.shape or g.dtype != e.dtype:
+            desc = f"{g.dtype}{list(g.shape)}" if isinstance(g, torch.Tensor) else type(g).__name__
+            return i, f"{desc} vs eager's {e.dtype}{list(e.shape)}"
+        try:
+            torch.testing.assert_close(g, e, equal_nan=True)
+        except AssertionError as err:
+            lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+            return i, " ".join(lines[:3])[:200]
+    return None
+
+
+def judge_mismatch(fn: Callable[..., Any], gm: Any, tensors: list[Any], got: list[Any],
+                   expected: list[Any], aot: list[Any], index: int) -> tuple[dict[str, Any], str]:
+    """For output `index`: each result's error against float64 (max abs, and in units of the
+    dtype's tolerance), and the verdict: wrong when fxcc's exceeds both eager's and Inductor's by
+    more than the tolerance, else rounding."""
+    import torch
+
+    e = expected[index] if index >= 0 else None
+    g = got[index] if 0 <= index < len(got) else None
+    if not isinstance(e, torch.Tensor) or not isinstance(g, torch.Tensor) or g.shape != e.shape \
+            or g.dtype != e.dtype:
+        return {"output": index}, "wrong"
+    truth = _flat(fn)(*float64_inputs(_clones(tensors)))[index]
+    results: dict[str, Any] = {"fxcc": g, "eager": e, "aot_eager": aot[index]}
+    try:
+        results["inductor"] = _inductor_result(gm, tensors)[index]
+    except Exception as err:  # noqa: BLE001 - Inductor failing leaves eager as the only yardstick
+        log.info("inductor failed: %s", err)
+        results["inductor"] = None
+    errors: dict[str, Any] = {"output": index}
+    for name, r in results.items():
+        abs_err, in_tol = max_error(r, truth) if r is not None else (None, None)
+        errors[name], errors[f"{name}_in_tol"] = abs_err, in_tol
+    yardsticks = [errors[f"{k}_in_tol"] for k in ("eager", "inductor") if errors[f"{k}_in_tol"] is not None]
+    return errors, "wrong" if errors["fxcc_in_tol"] > max(yardsticks) + 1 else "rounding"
+
+
+def run_sample(op: str, dtype: str, index: int, fn: Callable[..., Any], tensors: list[Any]) -> Outcome:
+    """fxcc against eager for one sample (see the module's docstring)."""
+    import torch
+
+    out = Outcome(op, dtype, index, "passed")
+    try:
+        expected = _flat(fn)(*_clones(tensors))
+    except Exception as e:  # noqa: BLE001
+        return _skipped(out, f"eager: {type(e).__name__}")
+    try:
+        gm = trace_aten(fn, _clones(tensors))
+        aot = list(gm(*_clones(tensors)))
+    except Exception as e:  # noqa: BLE001
+        return _skipped(out, f"aot_eager: {type(e).__name__}: {str(e)[:120]}")
+    try:
+        plan, stats, constants, notes = compile_with_fxcc(gm, tensors)
+        got = list(plan(_clones(tensors) + constants))
+        if tensors and tensors[0].is_cuda:
+            torch.cuda.synchronize()
+    except _Skip as e:
+        return _skipped(out, str(e))
+    except Exception as e:  # noqa: BLE001
+        out.status, out.detail = "errored", f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        return out
+    out.extern_ops, out.lowered, out.notes = list(stats.extern_ops), stats.nodes_lowered > 0, notes
+    if any("whole graph runs as extern calls" in n for n in notes):
+        out.status, out.detail = "errored", next(n for n in notes if "extern calls" in n)
+        return out
+    mismatch = _first_mismatch(got, expected)
+    if mismatch is not None:
+        index, out.detail = mismatch
+        out.status = "mismatched"
+        out.errors, out.verdict = judge_mismatch(fn, gm, tensors, got, expected, aot, index)
+    return out
+
+
+def _skipped(out: Outcome, why: str) -> Outcome:
+    out.status, out.detail = "skipped", why
+    return out
+
+
+# ---------------------------------------------------------------- one (op, dtype)
+
+
+def op_infos() -> dict[str, Any]:
+    """op_db by full name: `name`, or `name.variant` for an entry with a variant_test_name."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return {full_name(info): info for info in op_db}
+
+
+def full_name(info: Any) -> str:
+    return f"{info.name}.{info.variant_test_name}" if info.variant_test_name else info.name
+
+
+def sweep_op(opinfo: Any, dtype: str, device: str, max_samples: int) -> list[Outcome]:
+    """The first `max_samples` samples of one op in one dtype on `device`."""
+    import torch
+
+    torch_dtype = getattr(torch, dtype)
+    try:
+        samples = list(itertools.islice(opinfo.sample_inputs(device, torch_dtype, requires_grad=False),
+                                        max_samples))
+    except Exception as e:  # noqa: BLE001
+        return [Outcome(full_name(opinfo), dtype, -1, "skipped", f"samples: {type(e).__name__}: {str(e)[:120]}")]
+    outcomes = []
+    for i, sample in enumerate(samples):
+        torch.manual_seed(0)
+        fn, tensors = sample_function(opinfo, sample)
+        outcomes.append(run_sample(full_name(opinfo), dtype, i, fn, tensors))
+    return outcomes
+
+
+def wanted_tasks(ops: list[str] | None, dtypes: list[str], device: str) -> list[tuple[str, str]]:
+    """(op, dtype) for every op of op_db (or of `ops`) that supports the dtype on `device`."""
+    import torch
+
+    infos = op_infos()
+    names = sorted(infos)
+    if ops:  # a base name stands for all its variants
+        unknown = [n for n in ops if not any(k == n or infos[k].name == n for k in infos)]
+        if unknown:
+            raise SystemExit(f"not in op_db: {unknown}")
+        names = [k for k in names if k in ops or infos[k].name in ops]
+    # Note: op-major, so that a run cut short by its time budget covers every dtype of the ops it reached.
+    return [(name, dtype) for name in names for dtype in dtypes
+            if infos[name].name not in NONDETERMINISTIC
+            and getattr(torch, dtype) in infos[name].supported_dtypes(device)]
+
+
+# ---------------------------------------------------------------- worker processes
+
+
+def _worker_main(conn: Any, device: str, max_samples: int) -> None:
+    """Run the tasks sent on `conn`, answering each with its outcomes (as dicts)."""
+    import warnings
+
+    import torch
+
+    warnings.simplefilter("ignore")
+    logging.basicConfig(level=logging.ERROR)
+    torch.set_num_threads(1)
+    infos = op_infos()
+    conn.send(("ready", None))
+    while True:
+        task = conn.recv()
+        if task is None:
+            return
+        op, dtype = task
+        try:
+            outcomes = [asdict(o) for o in sweep_op(infos[op], dtype, device, max_samples)]
+        except Exception as e:  # noqa: BLE001
+            outcomes = [asdict(Outcome(op, dtype, -1, "errored", f"{type(e).__name__}: {str(e)[:200]}"))]
+        healthy = True
+        if device == "cuda":
+            try:
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001 - a CUDA error poisons this process's context
+                outcomes.append(asdict(Outcome(op, dtype, -1, "errored", f"CUDA context lost: {str(e)[:200]}")))
+                healthy = False
+        conn.send(("done", outcomes))
+        if not healthy:
+            os._exit(3)
+
+
+class _Worker:
+    def __init__(self, ctx: Any, device: str, max_samples: int) -> None:
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, device, max_samples), daemon=True)
+        self.proc.start()
+        child.close()
+        self.ready = False
+        self.task: tuple[str, str] | None = None
+        self.started = 0.0
+
+    def give(self, task: tuple[str, str]) -> None:
+        self.task, self.started = task, time.monotonic()
+        self.conn.send(task)
+
+    def stop(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(5)
+
+
+class Results:
+    """Every outcome so far, written to `path` (atomically) after each task."""
+
+    def __init__(self, path: Path | None, meta: dict[str, Any]) -> None:
+        self.path, self.meta = path, meta
+        self.outcomes: list[dict[str, Any]] = []
+        self.not_reached: list[tuple[str, str]] = []
+        self.unfinished: list[tuple[str, str]] = []
+
+    def add(self, outcomes: list[dict[str, Any]]) -> None:
+        self.outcomes += outcomes
+        self.write()
+
+    def write(self) -> None:
+        if self.path is None:
+            return
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.report(), indent=1) + "\n")
+        os.replace(tmp, self.path)
+
+    def report(self) -> dict[str, Any]:
+        return {**self.meta, "dtypes": summarize(self.outcomes, self.not_reached, self.unfinished)}
+
+
+def summarize(outcomes: list[dict[str, Any]], not_reached: list[tuple[str, str]] = (),  # type: ignore[assignment]
+              unfinished: list[tuple[str, str]] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    """Per dtype: sample and op counts, every mismatch with its errors, every error, skip reasons."""
+    per: dict[str, Any] = {}
+    for o in outcomes:
+        d = per.setdefault(o["dtype"], {"ops": set(), "samples": collections.Counter(), "mismatched": [],
+                                        "errored": [], "skipped": collections.Counter(), "notes": [],
+                                        "ops_failing": set(), "ops_native": set()})
+        d["ops"].add(o["op"])
+        d["samples"][o["status"]] += 1
+        if o["status"] == "mismatched":
+            d["mismatched"].append({k: o[k] for k in ("op", "sample", "errors", "verdict", "detail")})
+            if o["verdict"] == "wrong":
+                d["ops_failing"].add(o["op"])
+        elif o["status"] == "errored":
+            d["errored"].append({"op": o["op"], "sample": o["sample"], "message": o["detail"]})
+            d["ops_failing"].add(o["op"])
+        elif o["status"] == "skipped":
+            d["skipped"][o["detail"].split(":")[0]] += 1
+        if o["status"] == "passed" and o["lowered"] and not o["extern_ops"]:
+            d["ops_native"].add(o["op"])
+        d["notes"] += [{"op": o["op"], "sample": o["sample"], "note": n} for n in o.get("notes", [])]
+    out = {}
+    for dtype, d in sorted(per.items()):
+        out[dtype] = {
+            "ops": len(d["ops"]), "samples": dict(d["samples"]),
+            "passed": d["samples"]["passed"], "mismatched": d["mismatched"], "errored": d["errored"],
+            "skipped": sum(d["skipped"].values()), "skip_reasons": dict(d["skipped"].most_common()),
+            "wrong": sum(1 for m in d["mismatched"] if m["verdict"] == "wrong"),
+            "rounding": sum(1 for m in d["mismatched"] if m["verdict"] == "rounding"),
+            "ops_failing": sorted(d["ops_failing"]),  # candidates for tests/opinfo/test_opinfo_ci.py
+            "ops_fully_native": len(d["ops_native"]),
+            "compiler_notes": d["notes"][:200],
+            "not_reached": sorted(op for op, dt in not_reached if dt == dtype),
+            "unfinished": sorted(op for op, dt in unfinished if dt == dtype),
+        }
+    for op, dtype in list(not_reached) + list(unfinished):
+        out.setdefault(dtype, {"ops": 0, "not_reached": [], "unfinished": []})
+    return out
+
+
+def run_pool(tasks: list[tuple[str, str]], device: str, workers: int, max_samples: int,
+             results: Results, budget_s: float | None, task_timeout_s: float, grace_s: float,
+             progress: Callable[[str], None]) -> None:
+    """Run `tasks` on `workers` processes; a worker that dies or overruns is replaced. After
+    `budget_s` no task starts; `grace_s` later the tasks still running are stopped."""
+    ctx = mp.get_context("spawn")  # never fork a process that may hold a CUDA context
+    t0 = time.monotonic()
+    pending = collections.deque(tasks)
+    pool = [_Worker(ctx, device, max_samples) for _ in range(min(workers, len(tasks)))]
+    done = 0
+    try:
+        while pool:
+            over = budget_s is not None and time.monotonic() - t0 > budget_s
+            if over and time.monotonic() - t0 > budget_s + grace_s:  # type: ignore[operator]
+                progress(f"[{time.monotonic() - t0:6.0f}s] time budget and grace spent: stopping")
+                break
+            for w in list(pool):
+                if w.ready and w.task is None:
+                    if pending and not over:
+                        w.give(pending.popleft())
+                    else:
+                        w.conn.send(None)
+                        w.proc.join(10)
+                        pool.remove(w)
+            ready = wait([w.conn for w in pool] + [w.proc.sentinel for w in pool], timeout=1.0)
+            now = time.monotonic()
+            for w in list(pool):
+                lost = None
+                if w.conn in ready:
+                    try:
+                        kind, payload = w.conn.recv()
+                    except (EOFError, OSError):
+                        kind, payload = "lost", None
+                    if kind == "ready":
+                        w.ready = True
+                        continue
+                    if kind == "done":
+                        results.add(payload)
+                        done += 1
+                        status = collections.Counter(o["status"] for o in payload)
+                        progress(f"[{now - t0:6.0f}s {done}/{len(tasks)}] {w.task[0]} {w.task[1]}: "
+                                 + ", ".join(f"{k} {v}" for k, v in sorted(status.items())))
+                        w.task = None
+                        if w.proc.is_alive():
+                            continue
+                        lost = None  # it exited after answering (a lost CUDA context)
+                    else:
+                        lost = "worker died"
+                elif w.proc.sentinel in ready or not w.proc.is_alive():
+                    lost = "worker died"
+                elif w.task is not None and now - w.started > task_timeout_s:
+                    lost = f"timed out after {task_timeout_s:.0f} s"
+                else:
+                    continue
+                if w.task is not None:
+                    op, dtype = w.task
+                    if lost == "worker died":
+                        w.proc.join(5)
+                        lost += f" (exit code {w.proc.exitcode})"
+                    done += 1
+                    results.add([asdict(Outcome(op, dtype, -1, "errored", lost or "worker lost"))])
+                    progress(f"[{now - t0:6.0f}s] {op} {dtype}: {lost}")
+                w.stop()
+                pool.remove(w)
+                over = budget_s is not None and now - t0 > budget_s
+                if pending and not over:
+                    pool.append(_Worker(ctx, device, max_samples))
+    finally:
+        for w in pool:
+            if w.task is not None:
+                results.unfinished.append(w.task)
+            w.stop()
+        results.not_reached = list(pending)
+        results.write()
+
+
+def run_inline(tasks: list[tuple[str, str]], device: str, max_samples: int, results: Results,
+               budget_s: float | None, progress: Callable[[str], None]) -> None:
+    """The same, in this process (for the CPU suite: no process per test)."""
+    infos = op_infos()
+    t0 = time.monotonic()
+    pending = collections.deque(tasks)
+    while pending:
+        if budget_s is not None and time.monotonic() - t0 > budget_s:
+            break
+        op, dtype = pending.popleft()
+        try:
+            outcomes = sweep_op(infos[op], dtype, device, max_samples)
+        except Exception as e:  # noqa: BLE001
+            outcomes = [Outcome(op, dtype, -1, "errored", f"{type(e).__name__}: {traceback.format_exc(limit=2)[-200:]}")]
+        results.add([asdict(o) for o in outcomes])
+        progress(f"[{time.monotonic() - t0:6.0f}s] {op} {dtype}: "
+                 + ", ".join(f"{o.status}{'/' + o.verdict if o.verdict else ''}" for o in outcomes))
+    results.not_reached = list(pending)
+    results.write()
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--dtype", default="float32,bfloat16,float16", help="comma-separated")
+    p.add_argument("--ops", nargs="*", help="these op_db names only (default: all)")
+    p.add_argument("--max-samples", type=int, default=4, help="samples per (op, dtype)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="worker processes (default: CPU cores - 1; 0: run in this process)")
+    p.add_argument("--time-budget-s", type=float, default=None, help="start no task after this")
+    p.add_argument("--task-timeout-s", type=float, default=120.0, help="a task running longer is killed")
+    p.add_argument("--grace-s", type=float, default=60.0,
+                   help="after the budget, how long tasks already running may take")
+    p.add_argument("--out", required=True, help="directory for h200-opinfo.json and opinfo.log")
+    a = p.parse_args(argv)
+
+    if a.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported, here and in workers
+    import torch
+
+    dtypes = [d.strip() for d in a.dtype.split(",") if d.strip()]
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    logf = open(out / "opinfo.log", "a", buffering=1)  # noqa: SIM115 - open for the whole run
+
+    def progress(line: str) -> None:
+        print(line, file=logf)
+        print(line, file=sys.stderr, flush=True)
+
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # the workers are the parallelism
+    t0 = time.time()
+    tasks = wanted_tasks(a.ops, dtypes, a.device)
+    workers = a.workers if a.workers is not None else max(1, (os.cpu_count() or 2) - 1)
+    import triton
+
+    meta = {"device": a.device, "gpu": torch.cuda.get_device_name() if a.device == "cuda" else None,
+            "torch": torch.__version__, "triton": triton.__version__, "max_samples": a.max_samples,
+            "workers": workers, "tasks": len(tasks), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "tolerances": TOLERANCES,
+            "verdict": "wrong: fxcc's max elementwise error against float64, in units of the dtype's "
+                       "tolerance (atol + rtol * |float64 result|), exceeds eager's and Inductor's by more than 1"}
+    results = Results(out / ("h200-opinfo.json" if a.device == "cuda" else "cpu-opinfo.json"), meta)
+    progress(f"{len(tasks)} (op, dtype) tasks on {a.device}, {workers} workers, {a.max_samples} samples each")
+    if workers == 0:
+        run_inline(tasks, a.device, a.max_samples, results, a.time_budget_s, progress)
+    else:
+        run_pool(tasks, a.device, workers, a.max_samples, results, a.time_budget_s, a.task_timeout_s,
+                 a.grace_s, progress)
+    results.meta["seconds"] = round(time.time() - t0, 1)
+    results.write()
+    for dtype, d in results.report()["dtypes"].items():
+        progress(f"{dtype}: {d.get('ops', 0)} ops, passed {d.get('passed', 0)}, rounding {d.get('rounding', 0)}, "
+                 f"wrong {d.get('wrong', 0)}, errored {len(d.get('errored', []))}, skipped {d.get('skipped', 0)}, "
+                 f"not reached {len(d.get('not_reached', []))}, unfinished {len(d.get('unfinished', []))}")
+    failing = any(d.get("wrong") or d.get("errored") for d in results.report()["dtypes"].values())
+    return 1 if failing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
