@@ -112,22 +112,53 @@ def sample_function(opinfo: Any, sample: Any) -> tuple[Callable[..., Any], list[
 
 
 def _flat(fn: Callable[..., Any]) -> Callable[..., list[Any]]:
+    """`fn` with its result flattened to the tensors in it (Dynamo keeps the rest out of the graph)."""
+    import torch
     import torch.utils._pytree as pytree
 
-    return lambda *xs: pytree.tree_leaves(fn(*xs))
+    return lambda *xs: [x for x in pytree.tree_leaves(fn(*xs)) if isinstance(x, torch.Tensor)]
 
 
 def _clones(tensors: list[Any]) -> list[Any]:
     return [t.clone() for t in tensors]
 
 
-def trace_aten(fn: Callable[..., Any], tensors: list[Any]) -> Any:
-    """The core-aten graph AOTAutograd gives fxcc's backend (its decompositions), as aot_eager traces."""
-    from torch.fx.experimental.proxy_tensor import make_fx
+class AotGraph:
+    """`fn` traced by AOTAutograd as fxcc's backend has it traced (its decompositions, inference,
+    input mutations kept in the graph), callable with any compiled form of that graph.
 
-    from fxcc.client.backend import decomposition_table
+    Note: AOTAutograd's runtime wrapper stays around the compiled graph (input mutations, outputs
+    that alias inputs), as under torch.compile; `gm` and `example_inputs` are what a backend's
+    compiler gets. Calling with `impl=None` runs the graph itself: aot_eager.
+    """
 
-    return make_fx(_flat(fn), decomposition_table=decomposition_table())(*tensors)
+    def __init__(self, fn: Callable[..., Any], tensors: list[Any]) -> None:
+        import torch
+        from torch._functorch.aot_autograd import aot_function, make_boxed_func
+
+        from fxcc.client.backend import decomposition_table
+
+        self.gm: Any = None
+        self.example_inputs: list[Any] = []
+        self._impl: Callable[[list[Any]], Any] | None = None
+
+        def compiler(gm: Any, example_inputs: list[Any]) -> Callable[[list[Any]], Any]:
+            self.gm, self.example_inputs = gm, list(example_inputs)
+            return make_boxed_func(lambda *args: self._impl(list(args)) if self._impl else gm(*args))
+        self._compiled = aot_function(_flat(fn), fw_compiler=compiler, decompositions=decomposition_table(),
+                                      keep_inference_input_mutations=True)
+        with torch.no_grad():
+            self.aot_eager = list(self._compiled(*_clones(tensors)))  # traces, then runs the graph
+
+    def run(self, impl: Callable[[list[Any]], Any], tensors: list[Any]) -> list[Any]:
+        import torch
+
+        self._impl = impl
+        try:
+            with torch.no_grad():
+                return list(self._compiled(*_clones(tensors)))
+        finally:
+            self._impl = None
 
 
 @contextlib.contextmanager
@@ -149,9 +180,9 @@ def _compiler_warnings() -> Iterator[list[str]]:
         logger.removeHandler(handler)
 
 
-def compile_with_fxcc(gm: Any, tensors: list[Any]) -> tuple[Callable[[list[Any]], Any], Any, list[Any], list[str]]:
-    """The plan fxcc compiles for the aten graph `gm` for the inputs' device (on cuda with
-    cubins), its stats, the captured constants and the compiler's warnings."""
+def compile_with_fxcc(aot: AotGraph) -> tuple[Callable[[list[Any]], Any], Any, list[str]]:
+    """fxcc's compiled form of `aot`'s graph for its inputs' device (on cuda with cubins), as a
+    boxed callable, its stats and the compiler's warnings."""
     from fxcc.client.backend import target_for
     from fxcc.client.capture import capture_graph
     from fxcc.client.precision import matmul_allows_tf32
@@ -161,10 +192,10 @@ def compile_with_fxcc(gm: Any, tensors: list[Any]) -> tuple[Callable[[list[Any]]
     from fxcc.compiler_core.wire import CompileOptions, CompileRequest
 
     try:
-        cap = capture_graph(gm, tensors)
+        cap = capture_graph(aot.gm, aot.example_inputs)
     except UnsupportedOp as e:
         raise _Skip(f"fxcc runs it eagerly: {str(e)[:160]}") from None
-    options = CompileOptions(target=target_for(tensors), allow_tf32=matmul_allows_tf32())
+    options = CompileOptions(target=target_for(aot.example_inputs), allow_tf32=matmul_allows_tf32())
     with _compiler_warnings() as notes:
         try:
             art = compile_and_build(CompileRequest(graph=cap.spec, options=options))
@@ -173,14 +204,17 @@ def compile_with_fxcc(gm: Any, tensors: list[Any]) -> tuple[Callable[[list[Any]]
                 # masked_select, nonzero: the worker cannot re-derive the shape; the client runs it eagerly
                 raise _Skip("data-dependent output shape") from None
             raise
-    return load_plan(art), art.manifest.stats, cap.constants, notes
+    plan = load_plan(art)
+    return (lambda args: plan(args + cap.constants)), art.manifest.stats, notes
 
 
-def _inductor_result(gm: Any, tensors: list[Any]) -> list[Any]:
+def inductor_result(fn: Callable[..., Any], tensors: list[Any]) -> list[Any]:
+    """torch.compile(fn, backend="inductor")'s result, Dynamo included, in a fresh Dynamo."""
     import torch
 
-    compiled = torch._inductor.compile(gm, _clones(tensors))
-    return list(compiled(*_clones(tensors)))
+    torch._dynamo.reset()  # every sample's fn shares one code object: no recompile limit
+    with torch.no_grad():
+        return _flat(torch.compile(fn, backend="inductor", fullgraph=False))(*_clones(tensors))
 
 
 def float64_inputs(tensors: list[Any]) -> list[Any]:
@@ -227,8 +261,8 @@ def _first_mismatch(got: list[Any], expected: list[Any]) -> tuple[int, str] | No
     return None
 
 
-def judge_mismatch(fn: Callable[..., Any], gm: Any, tensors: list[Any], got: list[Any],
-                   expected: list[Any], aot: list[Any], index: int) -> tuple[dict[str, Any], str]:
+def judge_mismatch(fn: Callable[..., Any], tensors: list[Any], got: list[Any], expected: list[Any],
+                   aot_eager: list[Any], index: int) -> tuple[dict[str, Any], str]:
     """For output `index`: each result's error against float64 (max abs, and in units of the
     dtype's tolerance), and the verdict: wrong when fxcc's exceeds both eager's and Inductor's by
     more than the tolerance, else rounding."""
@@ -239,10 +273,11 @@ def judge_mismatch(fn: Callable[..., Any], gm: Any, tensors: list[Any], got: lis
     if not isinstance(e, torch.Tensor) or not isinstance(g, torch.Tensor) or g.shape != e.shape \
             or g.dtype != e.dtype:
         return {"output": index}, "wrong"
-    truth = _flat(fn)(*float64_inputs(_clones(tensors)))[index]
-    results: dict[str, Any] = {"fxcc": g, "eager": e, "aot_eager": aot[index]}
+    with torch.no_grad():
+        truth = _flat(fn)(*float64_inputs(_clones(tensors)))[index]
+    results: dict[str, Any] = {"fxcc": g, "eager": e, "aot_eager": aot_eager[index]}
     try:
-        results["inductor"] = _inductor_result(gm, tensors)[index]
+        results["inductor"] = inductor_result(fn, tensors)[index]
     except Exception as err:  # noqa: BLE001 - Inductor failing leaves eager as the only yardstick
         log.info("inductor failed: %s", err)
         results["inductor"] = None
@@ -260,17 +295,17 @@ def run_sample(op: str, dtype: str, index: int, fn: Callable[..., Any], tensors:
 
     out = Outcome(op, dtype, index, "passed")
     try:
-        expected = _flat(fn)(*_clones(tensors))
+        with torch.no_grad():
+            expected = _flat(fn)(*_clones(tensors))
     except Exception as e:  # noqa: BLE001
         return _skipped(out, f"eager: {type(e).__name__}")
     try:
-        gm = trace_aten(fn, _clones(tensors))
-        aot = list(gm(*_clones(tensors)))
+        aot = AotGraph(fn, tensors)
     except Exception as e:  # noqa: BLE001
         return _skipped(out, f"aot_eager: {type(e).__name__}: {str(e)[:120]}")
     try:
-        plan, stats, constants, notes = compile_with_fxcc(gm, tensors)
-        got = list(plan(_clones(tensors) + constants))
+        compiled, stats, notes = compile_with_fxcc(aot)
+        got = aot.run(compiled, tensors)
         if tensors and tensors[0].is_cuda:
             torch.cuda.synchronize()
     except _Skip as e:
@@ -286,7 +321,7 @@ def run_sample(op: str, dtype: str, index: int, fn: Callable[..., Any], tensors:
     if mismatch is not None:
         index, out.detail = mismatch
         out.status = "mismatched"
-        out.errors, out.verdict = judge_mismatch(fn, gm, tensors, got, expected, aot, index)
+        out.errors, out.verdict = judge_mismatch(fn, tensors, got, expected, aot.aot_eager, index)
     return out
 
 
@@ -324,6 +359,8 @@ def sweep_op(opinfo: Any, dtype: str, device: str, max_samples: int) -> list[Out
         torch.manual_seed(0)
         fn, tensors = sample_function(opinfo, sample)
         outcomes.append(run_sample(full_name(opinfo), dtype, i, fn, tensors))
+        if device == "cuda" and outcomes[-1].status == "errored" and "CUDA" in outcomes[-1].detail:
+            break  # the context may be lost: the worker checks it and is replaced if so
     return outcomes
 
 
@@ -456,12 +493,12 @@ def summarize(outcomes: list[dict[str, Any]], not_reached: list[tuple[str, str]]
             "ops_failing": sorted(d["ops_failing"]),  # candidates for tests/opinfo/test_opinfo_ci.py
             "ops_fully_native": len(d["ops_native"]),
             "compiler_notes": d["notes"][:200],
-            "not_reached": sorted(op for op, dt in not_reached if dt == dtype),
-            "unfinished": sorted(op for op, dt in unfinished if dt == dtype),
         }
-    for op, dtype in list(not_reached) + list(unfinished):
-        out.setdefault(dtype, {"ops": 0, "not_reached": [], "unfinished": []})
-    return out
+    for dtype in {dt for _, dt in list(not_reached) + list(unfinished)} | set(out):
+        d = out.setdefault(dtype, {"ops": 0, "passed": 0, "mismatched": [], "errored": [], "skipped": 0})
+        d["not_reached"] = sorted(op for op, dt in not_reached if dt == dtype)
+        d["unfinished"] = sorted(op for op, dt in unfinished if dt == dtype)
+    return dict(sorted(out.items()))
 
 
 def run_pool(tasks: list[tuple[str, str]], device: str, workers: int, max_samples: int,
