@@ -21,8 +21,8 @@ defaults), else `rounding`.
 Ops run in worker processes (`--workers`, default: CPU cores - 1; spawned, each with its own
 CUDA context), one (op, dtype) task at a time, ops in name order with their dtypes together: a
 crash, a hang (`--task-timeout-s`) or a CUDA error costs that task only (the worker is replaced),
-and DIR/h200-opinfo.json (cpu-opinfo.json on cpu) is rewritten after every task. After
-`--time-budget-s` no task starts (those are listed as not_reached), and `--grace-s` later the
+and DIR/h200-opinfo.json (cpu-opinfo.json on cpu) is rewritten as tasks end (at most every 2 s).
+After `--time-budget-s` no task starts (those are listed as not_reached), and `--grace-s` later the
 ones still running are stopped (listed as unfinished). Built cubins are shared by the workers
 through Triton's cache (TRITON_CACHE_DIR).
 """
@@ -437,21 +437,25 @@ class _Worker:
 
 
 class Results:
-    """Every outcome so far, written to `path` (atomically) after each task."""
+    """Every outcome so far, written to `path` (atomically) after a task once `every_s` has passed
+    since the last write, and at the end."""
 
-    def __init__(self, path: Path | None, meta: dict[str, Any]) -> None:
-        self.path, self.meta = path, meta
+    def __init__(self, path: Path | None, meta: dict[str, Any], every_s: float = 2.0) -> None:
+        self.path, self.meta, self.every_s = path, meta, every_s
         self.outcomes: list[dict[str, Any]] = []
         self.not_reached: list[tuple[str, str]] = []
         self.unfinished: list[tuple[str, str]] = []
+        self._written = 0.0
 
     def add(self, outcomes: list[dict[str, Any]]) -> None:
         self.outcomes += outcomes
-        self.write()
+        if time.monotonic() - self._written >= self.every_s:
+            self.write()
 
     def write(self) -> None:
         if self.path is None:
             return
+        self._written = time.monotonic()
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.report(), indent=1) + "\n")
         os.replace(tmp, self.path)
@@ -632,7 +636,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # the workers are the parallelism
     t0 = time.time()
     tasks = wanted_tasks(a.ops, dtypes, a.device)
-    workers = a.workers if a.workers is not None else max(1, (os.cpu_count() or 2) - 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
+    workers = a.workers if a.workers is not None else max(1, cores - 1)
     import triton
 
     meta = {"device": a.device, "gpu": torch.cuda.get_device_name() if a.device == "cuda" else None,
