@@ -514,7 +514,7 @@ def run_pool(tasks: list[tuple[str, str]], device: str, workers: int, max_sample
     t0 = time.monotonic()
     pending = collections.deque(tasks)
     pool = [_Worker(ctx, device, max_samples) for _ in range(min(workers, len(tasks)))]
-    done = 0
+    done = failed_starts = 0
     try:
         while pool:
             over = budget_s is not None and time.monotonic() - t0 > budget_s
@@ -569,6 +569,10 @@ def run_pool(tasks: list[tuple[str, str]], device: str, workers: int, max_sample
                     progress(f"[{now - t0:6.0f}s] {op} {dtype}: {lost}")
                 w.stop()
                 pool.remove(w)
+                failed_starts += not w.ready
+                if failed_starts >= 3:
+                    progress("workers die before their first task (their stderr says why): stopping")
+                    return
                 over = budget_s is not None and now - t0 > budget_s
                 if pending and not over:
                     pool.append(_Worker(ctx, device, max_samples))
@@ -624,6 +628,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported, here and in workers
     import torch
 
+    if a.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA device here")
     dtypes = [d.strip() for d in a.dtype.split(",") if d.strip()]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
