@@ -471,6 +471,7 @@ def summarize(outcomes: list[dict[str, Any]], not_reached: list[tuple[str, str]]
     for o in outcomes:
         d = per.setdefault(o["dtype"], {"ops": set(), "samples": collections.Counter(), "mismatched": [],
                                         "errored": [], "skipped": collections.Counter(), "notes": [],
+                                        "fxcc_eager": [],
                                         "ops_failing": set(), "ops_native": set()})
         d["ops"].add(o["op"])
         d["samples"][o["status"]] += 1
@@ -483,6 +484,8 @@ def summarize(outcomes: list[dict[str, Any]], not_reached: list[tuple[str, str]]
             d["ops_failing"].add(o["op"])
         elif o["status"] == "skipped":
             d["skipped"][o["detail"].split(":")[0]] += 1
+            if not o["detail"].startswith(("eager", "aot_eager", "samples")):  # fxcc's own refusal
+                d["fxcc_eager"].append({"op": o["op"], "sample": o["sample"], "why": o["detail"]})
         if o["status"] == "passed" and o["lowered"] and not o["extern_ops"]:
             d["ops_native"].add(o["op"])
         d["notes"] += [{"op": o["op"], "sample": o["sample"], "note": n} for n in o.get("notes", [])]
@@ -492,6 +495,7 @@ def summarize(outcomes: list[dict[str, Any]], not_reached: list[tuple[str, str]]
             "ops": len(d["ops"]), "samples": dict(d["samples"]),
             "passed": d["samples"]["passed"], "mismatched": d["mismatched"], "errored": d["errored"],
             "skipped": sum(d["skipped"].values()), "skip_reasons": dict(d["skipped"].most_common()),
+            "skipped_as_fxcc_runs_them_eagerly": d["fxcc_eager"],
             "wrong": sum(1 for m in d["mismatched"] if m["verdict"] == "wrong"),
             "rounding": sum(1 for m in d["mismatched"] if m["verdict"] == "rounding"),
             "ops_failing": sorted(d["ops_failing"]),  # candidates for tests/opinfo/test_opinfo_ci.py
