@@ -613,11 +613,22 @@ def run_inline(tasks: list[tuple[str, str]], device: str, max_samples: int, resu
 # ---------------------------------------------------------------- CLI
 
 
+def ops_to_redo(path: Path) -> list[str]:
+    """The ops an earlier run's JSON found failing, or did not reach or finish, in any dtype."""
+    dtypes = json.loads(path.read_text())["dtypes"]
+    keys = ("ops_failing", "not_reached", "unfinished")
+    ops = sorted({op for d in dtypes.values() for k in keys for op in d.get(k, [])})
+    if not ops:
+        raise SystemExit(f"{path}: nothing failing, not reached or unfinished")
+    return ops
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--dtype", default="float32,bfloat16,float16", help="comma-separated")
     p.add_argument("--ops", nargs="*", help="these op_db names only (default: all)")
+    p.add_argument("--ops-from", help="an earlier run's JSON: only its failing, not reached and unfinished ops")
     p.add_argument("--max-samples", type=int, default=4, help="samples per (op, dtype)")
     p.add_argument("--workers", type=int, default=None,
                    help="worker processes (default: CPU cores - 1; 0: run in this process)")
@@ -645,7 +656,8 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # the workers are the parallelism
     t0 = time.time()
-    tasks = wanted_tasks(a.ops, dtypes, a.device)
+    ops = list(a.ops or []) + (ops_to_redo(Path(a.ops_from)) if a.ops_from else [])
+    tasks = wanted_tasks(ops or None, dtypes, a.device)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
     workers = a.workers if a.workers is not None else max(1, cores - 1)
     import triton

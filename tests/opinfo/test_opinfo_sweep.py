@@ -84,3 +84,14 @@ def test_tasks_are_op_major_and_only_where_the_op_supports_the_dtype():
     tasks = opinfo.wanted_tasks(["softmax", "bitwise_and"], ["float32", "bfloat16"], "cpu")
     assert tasks == [("softmax", "float32"), ("softmax", "bfloat16"),
                      ("softmax.with_dtype", "float32"), ("softmax.with_dtype", "bfloat16")]
+
+
+def test_a_second_run_redoes_what_the_first_found_failing_or_left(tmp_path):
+    first = {"dtypes": {"float32": {"ops_failing": ["cross"], "not_reached": ["zeros"], "unfinished": []},
+                        "float16": {"ops_failing": [], "not_reached": [], "unfinished": ["logit"]}}}
+    path = tmp_path / "h200-opinfo.json"
+    path.write_text(json.dumps(first))
+    assert opinfo.ops_to_redo(path) == ["cross", "logit", "zeros"]
+    path.write_text(json.dumps({"dtypes": {"float32": {"ops_failing": [], "not_reached": []}}}))
+    with pytest.raises(SystemExit):
+        opinfo.ops_to_redo(path)
