@@ -1,6 +1,6 @@
-"""bench.opinfo's judgement and its worker pool: a mismatch is wrong only when fxcc's error against
-float64 exceeds eager's and Inductor's by more than the dtype's tolerance; a worker that dies costs
-its task only; a spent time budget starts nothing and lists what it did not reach."""
+"""bench.opinfo's judgement and bench.opinfo_pool's workers: a mismatch is wrong only when fxcc's
+error against float64 exceeds eager's and Inductor's by more than the dtype's tolerance; a worker
+that dies costs its task only; a spent time budget starts nothing and lists what it did not reach."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import signal
 import pytest
 import torch
 
-from bench import opinfo
+from bench import opinfo, opinfo_pool
 
 
 def test_max_error_counts_in_the_dtypes_tolerance_and_lets_nan_and_inf_agree():
@@ -53,16 +53,16 @@ def test_a_result_far_from_float64_is_wrong_and_one_as_close_as_inductor_is_roun
 
 
 def test_a_worker_killed_mid_task_costs_that_task_only(tmp_path, monkeypatch):
-    give = opinfo._Worker.give
+    give = opinfo_pool._Worker.give
 
     def give_then_kill_on_mul(self, task):
         give(self, task)
         if task[0] == "mul":
             os.kill(self.proc.pid, signal.SIGKILL)
-    monkeypatch.setattr(opinfo._Worker, "give", give_then_kill_on_mul)
-    results = opinfo.Results(tmp_path / "out.json", {"device": "cpu"})
+    monkeypatch.setattr(opinfo_pool._Worker, "give", give_then_kill_on_mul)
+    results = opinfo_pool.Results(tmp_path / "out.json", {"device": "cpu"})
     tasks = [("add", "float32"), ("mul", "float32"), ("abs", "float32")]
-    opinfo.run_pool(tasks, "cpu", 1, 1, results, None, 120, 10, lambda line: None)
+    opinfo_pool.run_pool(tasks, "cpu", 1, 1, results, None, 120, 10, lambda line: None)
     by_op = {o["op"]: o for o in results.outcomes}
     assert by_op["add"]["status"] == by_op["abs"]["status"] == "passed"
     assert by_op["mul"]["status"] == "errored" and "worker died" in by_op["mul"]["detail"]
@@ -72,9 +72,9 @@ def test_a_worker_killed_mid_task_costs_that_task_only(tmp_path, monkeypatch):
 
 
 def test_a_spent_budget_starts_nothing_and_lists_the_tasks_not_reached(tmp_path):
-    results = opinfo.Results(tmp_path / "out.json", {})
+    results = opinfo_pool.Results(tmp_path / "out.json", {})
     tasks = [("add", "float32"), ("add", "bfloat16")]
-    opinfo.run_pool(tasks, "cpu", 1, 1, results, 0.0, 120, 10, lambda line: None)
+    opinfo_pool.run_pool(tasks, "cpu", 1, 1, results, 0.0, 120, 10, lambda line: None)
     assert results.outcomes == []
     written = json.loads((tmp_path / "out.json").read_text())["dtypes"]
     assert written["float32"]["not_reached"] == ["add"] and written["bfloat16"]["not_reached"] == ["add"]
