@@ -45,6 +45,7 @@ import pickle
 import re
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,16 @@ class _State:
         self.compiled: dict[str, FxccCompiled] = {}  # Dynamo's backend id -> fxcc's callable
         self.saved: dict[str, str] = {}  # package key -> digest of what was last written
         self.enabled = False
+        self.load_s: dict[str, float] = {}  # where the last package load's time went (bench/)
 
 
 _state = _State()
+
+
+def load_timings() -> dict[str, float]:
+    """Seconds of the last package load: read (disk or service), verify, unpickle, artifacts, total."""
+    with _state.lock:
+        return dict(_state.load_s)
 
 
 def count(name: str) -> None:
@@ -166,8 +174,6 @@ def wrap(fn: Callable, entry: Any, gm: torch.fx.GraphModule, example_inputs: lis
 def load_plan_for(state: dict[str, Any], graph: torch.fx.GraphModule, settings: Any) -> Callable:
     """The runnable plan of a serialized FxccCompiled: its artifact from the local cache or the
     service (verified and signed as every artifact is), run as a pre-AOT hit runs it."""
-    import time
-
     from fxcc.client.backend import GraphCompiler, _boxed
     from fxcc.client.pre_aot import as_aot_runtime
     from fxcc.compiler_core.wire import Target
@@ -275,7 +281,7 @@ class PackageKeys:
     def __init__(self, settings: Any) -> None:
         from fxcc.compiler_core.signing import TrustedKeys, load_or_create, read_public_keys
 
-        private = Path(settings.package_key_file).expanduser()
+        private = Path(settings.package_key_file or Path(settings.cache_dir) / "keys" / "package.key").expanduser()
         if private.exists():
             st = private.stat()
             if st.st_uid != os.getuid() or st.st_mode & 0o077:
@@ -411,6 +417,7 @@ def _load(fn: Any, options: dict[str, Any] | None) -> Any:
     from torch._dynamo import package as pk
     from torch._dynamo.eval_frame import innermost_fn
 
+    t0 = time.perf_counter()
     settings = _settings(options)
     if not settings.dynamo_cache:
         return None
@@ -428,13 +435,16 @@ def _load(fn: Any, options: dict[str, Any] | None) -> Any:
     if data is None:
         count("misses")
         return None
+    t_read = time.perf_counter()
     try:
         payload = PackageKeys(settings).open(key, data)
     except PermissionError as e:
         count("refused")
         log_once(f"refused:{str(e)[:40]}", "%s; tracing as usual", e)
         return None
-    entry = pickle.loads(payload)
+    t_verify = time.perf_counter()
+    entry = pickle.loads(payload)  # a pickle: code, unpickled only now that its signature verified
+    t_unpickle = time.perf_counter()
     if not isinstance(entry, pk.PrecompileCacheEntry):
         raise TypeError("the package holds no Dynamo cache entry")
     entry.dynamo.check_versions()
@@ -455,6 +465,10 @@ def _load(fn: Any, options: dict[str, Any] | None) -> Any:
     with _state.lock:
         _state.saved[key] = hashlib.sha256(payload).hexdigest()
     count("hits")
+    t_end = time.perf_counter()
+    with _state.lock:
+        _state.load_s = {"read_s": t_read - t0, "verify_s": t_verify - t_read, "unpickle_s": t_unpickle - t_verify,
+                         "artifacts_s": t_end - t_unpickle, "total_s": t_end - t0, "bytes": float(len(data))}
     log.info("fxcc: Dynamo package %s loaded (%d graphs): the first call skips tracing", key[:12],
              len(entry.backends))
     return entry
@@ -584,5 +598,5 @@ def enable() -> bool:
     return True
 
 
-__all__ = ["BackendArtifact", "FxccCompiled", "PackageKeys", "counters", "enable", "load_plan_for",
+__all__ = ["BackendArtifact", "FxccCompiled", "PackageKeys", "counters", "enable", "load_plan_for", "load_timings",
            "package_key", "settings_key", "wrap"]

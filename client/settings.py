@@ -38,8 +38,9 @@ class ClientSettings:
         Dynamo package without tracing, when its guards hold (FXCC_DYNAMO_CACHE=1, default; 0 turns
         it off; read when fxcc's backend is first looked up; client/dynamo_cache.py).
     package_key_file: the principal's Ed25519 key that signs and checks Dynamo packages
-        (FXCC_PACKAGE_KEY_FILE, default ~/.config/fxcc/package.key, made on first use, mode 0600);
-        every client of a principal holds the same file; the service never does.
+        (FXCC_PACKAGE_KEY_FILE; None: cache_dir/keys/package.key, made on first use, mode 0600, so
+        one machine's own); every client of a principal that shares packages holds the same file;
+        the service never does.
     package_trusted_keys: more public keys whose packages load (FXCC_PACKAGE_TRUSTED_KEYS: keys or
         files, comma-separated; for rotating package_key_file).
     """
@@ -56,7 +57,7 @@ class ClientSettings:
     cuda_graphs: bool = True
     pre_aot_cache: bool = True
     dynamo_cache: bool = True
-    package_key_file: Path = Path.home() / ".config" / "fxcc" / "package.key"
+    package_key_file: Path | None = None
     package_trusted_keys: tuple[str, ...] = ()
     compile_timeout_s: float = 600.0
     request_timeout_s: float = 30.0
@@ -100,7 +101,7 @@ class ClientSettings:
             raise ValueError(f"unknown fxcc options {sorted(unknown)}; known: {sorted(known)}")
         values = dict(options)
         for name in ("cache_dir", "package_key_file"):
-            if name in values:
+            if values.get(name) is not None:
                 values[name] = Path(values[name])
         if isinstance(values.get("package_trusted_keys"), str):
             values["package_trusted_keys"] = split_keys(values["package_trusted_keys"])
