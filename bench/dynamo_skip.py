@@ -14,7 +14,9 @@ run a fresh process:
 - Dynamo alone (`backend="eager"`, `dynamo_only_s`);
 - Inductor cold (fills its own fresh cache dirs), then Inductor warm on them (`inductor_warm_s`).
 Times run from torch.compile(...) (where a package loads) to the synchronized result; imports of
-torch._dynamo and of the backend, and model construction, come before the clock (`imports_s`).
+torch._dynamo, torch._dynamo.repro.after_dynamo (torch.compile imports it for every backend), the
+backend and (fxcc with a service) its HTTP client, and model construction, come before the clock
+(`imports_s`).
 `outputs_match`: the warm fxcc result against eager in that process (max_abs_err beside it).
 Writes OUT/h200-first-call.json (`--tag` renames it: OUT/<tag>-first-call.json) and logs to OUT/logs.
 """
@@ -75,6 +77,8 @@ def run_one(workload: str, compiler: str, tiny: bool, device: str) -> dict[str, 
     importlib.import_module("torch._dynamo.repro.after_dynamo")  # torch.compile imports it for every backend
     if compiler == "fxcc":
         importlib.import_module("fxcc.client.backend")  # what torch.compile(backend="fxcc") imports
+        if os.environ.get("FXCC_URL"):
+            importlib.import_module("fxcc.client.remote")  # its HTTP client (httpx: 0.11 s on a CPU)
     elif compiler == "eager":  # torch imports every backend module it ships to find "eager"
         importlib.import_module("torch._dynamo.backends.registry").lookup_backend("eager")
     imports_s = time.perf_counter() - t0

@@ -363,14 +363,16 @@ def _fxcc_options(frame_depth: int = 2) -> tuple[bool, dict[str, Any] | None]:
         backend: Any = getattr(getattr(ctx, "callback", None), "_torchdynamo_orig_backend", None)
     except (ValueError, AttributeError):
         return False, None
-    for _ in range(6):
+    is_fxcc, options = False, None
+    for _ in range(8):  # CatchErrorsWrapper -> ConvertFrame -> WrapBackendDebug -> _TorchCompileWrapper
         if backend is None:
-            return False, None
-        if backend is fxcc_backend or getattr(backend, "compiler_name", None) == "fxcc":
-            kwargs = getattr(backend, "kwargs", None) or {}
-            return True, kwargs.get("options")
+            break
+        is_fxcc = is_fxcc or backend is fxcc_backend or getattr(backend, "compiler_name", None) == "fxcc"
+        kwargs = getattr(backend, "kwargs", None)
+        if options is None and isinstance(kwargs, dict):
+            options = kwargs.get("options")
         backend = getattr(backend, "_torchdynamo_orig_backend", None) or getattr(backend, "compiler_fn", None)
-    return False, None
+    return is_fxcc, options if is_fxcc else None
 
 
 def _store_class() -> type:

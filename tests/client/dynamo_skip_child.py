@@ -46,6 +46,10 @@ def tampered(x):
     return torch.sigmoid(x) * x
 
 
+def with_options(x):
+    return torch.cos(x) * x - 2
+
+
 def for_aot_compile(x):
     return torch.relu(x) * 0.5 + x
 
@@ -75,6 +79,8 @@ if phase == "save":
     case(out, "net", torch.compile(net, backend="fxcc"), net, x)
     for fn in (pointwise, other_fxcc, other_torch, foreign, tampered):
         case(out, fn.__name__, torch.compile(fn, backend="fxcc"), fn, x)
+    case(out, "with_options", torch.compile(with_options, backend="fxcc", options={"cuda_graphs": False}),
+         with_options, x)
     aot = torch.compile(for_aot_compile, backend="fxcc", fullgraph=True).aot_compile(((x,), {}))
     aot.save_compiled_function(str(aot_path))
 elif phase == "guards":
@@ -120,4 +126,9 @@ elif phase == "trust":
     data[-10] ^= 0x55
     path.write_bytes(bytes(data))
     case(out, "tampered", torch.compile(tampered, backend="fxcc"), tampered, x)
+    # torch.compile's options are part of the key: another mode misses, the same ones hit
+    case(out, "other_mode", torch.compile(with_options, backend="fxcc",
+                                          options={"cuda_graphs": False, "mode": "max-autotune"}), with_options, x)
+    case(out, "same_options", torch.compile(with_options, backend="fxcc", options={"cuda_graphs": False}),
+         with_options, x)
 print(json.dumps(out))

@@ -1,7 +1,7 @@
 """The Dynamo-skip cache (client/dynamo_cache.py): a new process's first call runs from the saved,
 signed package without tracing; every guard that fails there (shape, dtype, grad mode, module
-attribute, global; torch and fxcc versions through the package's key; device on a GPU machine
-only) traces and compiles as usual; a package not signed by this principal's key is a miss.
+attribute, global; torch and fxcc versions and fxcc's settings through the package's key; device
+on a GPU machine only) traces and compiles as usual; a package not signed by this principal's key is a miss.
 
 Three child processes for the module (tests/client/dynamo_skip_child.py): one saves, one checks the
 guards, one the versions and signatures. Devices: these machines have only a CPU, so the device
@@ -41,9 +41,9 @@ def test_the_first_process_traces_and_saves_a_signed_package(saved):
     env, out = saved
     for case in out.values():
         assert (case["traced"], case["graphs"]) == (1, 1)
-    assert out["tampered"]["counters"] == {"misses": 6, "saved": 6}
+    assert out["with_options"]["counters"] == {"misses": 7, "saved": 7}
     packages = sorted((Path(env["FXCC_CACHE_DIR"]) / "dynamo").glob("*.pkg"))
-    assert len(packages) == 6
+    assert len(packages) == 7
     assert all(p.read_bytes().startswith(b"FXCCPKG1\n") for p in packages)
     key = Path(env["FXCC_PACKAGE_KEY_FILE"])
     assert key.stat().st_mode & 0o077 == 0 and Path(f"{key}.pub").is_file()
@@ -71,3 +71,6 @@ def test_other_versions_and_foreign_or_tampered_packages_are_misses(saved):
     assert out["torch_version"]["counters"]["misses"] == 2  # other versions: another package key
     assert out["tampered"]["counters"]["refused"] == 2  # another principal's key; bytes changed
     assert "hits" not in out["tampered"]["counters"]
+    assert (out["same_options"]["traced"], out["same_options"]["graphs"]) == (0, 0)
+    assert out["same_options"]["counters"]["hits"] == 1
+    assert (out["other_mode"]["traced"], out["other_mode"]["graphs"]) == (1, 1)
