@@ -33,7 +33,8 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str], dic
     root = tmp_path_factory.mktemp("dynamo-skip")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FXCC_")}
     env.update(FXCC_CACHE_DIR=str(root / "cache"), FXCC_PACKAGE_KEY_FILE=str(root / "keys" / "package.key"),
-               FXCC_DYNAMO_CACHE="1", TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
+               FXCC_DYNAMO_CACHE="1", TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(REPO)])))
     return env, _child("save", env)
 
 
