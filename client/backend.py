@@ -11,6 +11,7 @@ compile, loading, a first run), the graph runs eagerly and fxcc warns once per c
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 import warnings
@@ -575,10 +576,36 @@ def _register() -> None:
         from torch._dynamo.backends import registry
 
         if "fxcc" not in registry._BACKENDS and "fxcc" not in registry._COMPILER_FNS:
-            registry.register_backend(compiler_fn=fxcc_backend, name="fxcc")
+            registry.register_backend(compiler_fn=_BACKEND, name="fxcc")
     except Exception as e:  # noqa: BLE001 - the entry point still works
         log.debug("fxcc: not registered ahead of the entry point (%s)", _cause_text(e))
 
 
-_register()
-_enable_dynamo_cache()
+def _ready() -> None:
+    """Register with torch and turn the Dynamo package cache on, once."""
+    if not _started:
+        _started.append(True)
+        _register()
+        _enable_dynamo_cache()
+
+
+# Note: `fxcc_backend` is served by the module's __getattr__ until first asked for, so that importing
+# this module (`fxcc.explain` does) imports no torch._dynamo, while torch's entry-point load (inside
+# torch.compile, before it decides whether the function gets a package) and any user's
+# `from fxcc.client.backend import fxcc_backend` first turn the Dynamo package cache on. Where
+# torch._dynamo is already imported, that happens now.
+_BACKEND = fxcc_backend
+del fxcc_backend
+_started: list[bool] = []
+
+
+def __getattr__(name: str) -> Any:
+    if name == "fxcc_backend":
+        _ready()
+        globals()["fxcc_backend"] = _BACKEND
+        return _BACKEND
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if "torch._dynamo" in sys.modules:
+    _ready()
