@@ -11,6 +11,7 @@ compile, loading, a first run), the graph runs eagerly and fxcc warns once per c
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 import warnings
@@ -462,28 +463,33 @@ def fxcc_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -
         raise ValueError(f"fxcc: {e}") from None
     compiler = GraphCompiler(settings)
     inference = GraphCompiler(settings, inference=True)
-    served, recorder = _pre_aot(gm, example_inputs, settings, inference, t0)
-    if served is not None:
+    served, recorder, entry = _pre_aot(gm, example_inputs, settings, inference, t0)
+    if served is None:
+        served, entry = _run_aot(gm, example_inputs, compiler, inference, recorder)
+    if entry is None:
         return served
-    return _run_aot(gm, example_inputs, compiler, inference, recorder)
+    # A plain inference graph: serializable by its artifact's key (torch's precompile, aot_compile).
+    from fxcc.client import dynamo_cache
+
+    return dynamo_cache.wrap(served, entry, gm, example_inputs, settings)
 
 
 def _pre_aot(gm: fx.GraphModule, example_inputs: list[Any], settings: ClientSettings,
-             inference: GraphCompiler, t0: float) -> tuple[Callable | None, Any]:
+             inference: GraphCompiler, t0: float) -> tuple[Callable | None, Any, Any]:
     """(the pre-AOT cache's callable on a hit, else None; a recorder for AOTAutograd's run, or
-    None when the graph cannot be cached). Never raises: any failure is a miss."""
+    None when the graph cannot be cached; the entry served). Never raises: any failure is a miss."""
     if not settings.pre_aot_cache or settings.precompile:
-        return None, None
+        return None, None, None
     from fxcc.client import pre_aot
 
     try:
         key = pre_aot.graph_key(gm, example_inputs, settings)
     except pre_aot.Ineligible as e:
         log.debug("fxcc: pre-AOT cache: not for this graph: %s", e)
-        return None, None
+        return None, None, None
     except Exception as e:  # noqa: BLE001 - only an optimisation
         pre_aot.log_once(f"key:{_cause(e)}", "no key for a graph (%s)", _cause_text(e))
-        return None, None
+        return None, None, None
     # With a service, a local miss asks it, and what AOTAutograd stores is shared through it.
     store = pre_aot.Shared(settings.cache_dir, settings) if settings.url else pre_aot.Store(settings.cache_dir)
     try:
@@ -491,19 +497,19 @@ def _pre_aot(gm: fx.GraphModule, example_inputs: list[Any], settings: ClientSett
         if entry is not None:
             served = pre_aot.serve(entry, gm, example_inputs, inference, t0)
             if served is not None:
-                return served, None
+                return served, None, entry
         if isinstance(store, pre_aot.Shared):
             served = store.serve(key, gm, example_inputs, inference, t0)
             if served is not None:
-                return served, None
-        return None, pre_aot.Recorder(key, gm, example_inputs, store)
+                return served, None, store.served_entry
+        return None, pre_aot.Recorder(key, gm, example_inputs, store), None
     except Exception as e:  # noqa: BLE001 - only an optimisation; AOTAutograd runs as usual
         pre_aot.log_once(f"serve:{_cause(e)}", "falling back to AOTAutograd (%s)", _cause_text(e))
-        return None, None
+        return None, None, None
 
 
 def _run_aot(gm: fx.GraphModule, example_inputs: list[Any], compiler: GraphCompiler,
-             inference: GraphCompiler, recorder: Any) -> Callable:
+             inference: GraphCompiler, recorder: Any) -> tuple[Callable, Any]:
     """AOTAutograd over Dynamo's graph, fxcc compiling each aten graph it produces."""
     from torch._dynamo.backends.common import aot_autograd
 
@@ -519,7 +525,13 @@ def _run_aot(gm: fx.GraphModule, example_inputs: list[Any], compiler: GraphCompi
     with _log.lock:
         _log.aot_runs += 1
         first_event = len(_log.events)
-    fn = backend(gm, example_inputs)
+    import torch._functorch.config as functorch_config
+
+    # Note: torch's aot_compile forces AOTAutograd's cache, which holds only Inductor's output
+    # code; fxcc's compiled graphs serialize themselves (client/dynamo_cache.py) instead.
+    forced = {k: False for k in ("force_autograd_cache", "bundled_autograd_cache") if hasattr(functorch_config, k)}
+    with functorch_config.patch(forced):
+        fn = backend(gm, example_inputs)
     direct: Callable | None = None
     if recorder is not None:
         try:
@@ -537,4 +549,63 @@ def _run_aot(gm: fx.GraphModule, example_inputs: list[Any], compiler: GraphCompi
         for event in _log.events[first_event:]:
             if event.aot_wrapper is None:
                 event.aot_wrapper = direct is None or event is not recorder.event
-    return fn if direct is None else direct
+    return (fn, None) if direct is None else (direct, recorder.entry)
+
+
+def _enable_dynamo_cache() -> None:
+    """Torch's caching precompile with fxcc's signed package store, unless FXCC_DYNAMO_CACHE=0.
+
+    Note: here, at import, because torch decides whether a torch.compile gets a package right
+    after looking up its backend (this module, through the entry point), before any call."""
+    try:
+        if not ClientSettings.from_env().dynamo_cache:
+            return
+        from fxcc.client import dynamo_cache
+
+        dynamo_cache.enable()
+    except Exception as e:  # noqa: BLE001 - only an optimisation
+        log.info("fxcc: Dynamo package cache off (%s)", _cause_text(e))
+
+
+def _register() -> None:
+    """Register "fxcc" with torch's backend registry when this module is imported first (`import
+    fxcc.client.backend` before torch.compile): torch.compile(backend="fxcc") then finds it without
+    importing every backend module torch ships (0.66 s on a CPU) to find the entry point. When the
+    entry point imports this module, torch registers it itself."""
+    try:
+        from torch._dynamo.backends import registry
+
+        if "fxcc" not in registry._BACKENDS and "fxcc" not in registry._COMPILER_FNS:
+            registry.register_backend(compiler_fn=_BACKEND, name="fxcc")
+    except Exception as e:  # noqa: BLE001 - the entry point still works
+        log.debug("fxcc: not registered ahead of the entry point (%s)", _cause_text(e))
+
+
+def _ready() -> None:
+    """Register with torch and turn the Dynamo package cache on, once."""
+    if not _started:
+        _started.append(True)
+        _register()
+        _enable_dynamo_cache()
+
+
+# Note: `fxcc_backend` is served by the module's __getattr__ until first asked for, so that importing
+# this module (`fxcc.explain` does) imports no torch._dynamo, while torch's entry-point load (inside
+# torch.compile, before it decides whether the function gets a package) and any user's
+# `from fxcc.client.backend import fxcc_backend` first turn the Dynamo package cache on. Where
+# torch._dynamo is already imported, that happens now.
+_BACKEND = fxcc_backend
+del fxcc_backend
+_started: list[bool] = []
+
+
+def __getattr__(name: str) -> Any:
+    if name == "fxcc_backend":
+        _ready()
+        globals()["fxcc_backend"] = _BACKEND
+        return _BACKEND
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if "torch._dynamo" in sys.modules:
+    _ready()

@@ -55,7 +55,8 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # Settings that say how to reach the service or how long to wait: not part of what compiles.
 # Nor where the artifacts are kept locally: entries are shared by machines (through the service).
 _SETTINGS_NOT_KEYED = {"url", "token", "trusted_keys", "allow_unsigned", "cache_dir", "compile_timeout_s",
-                       "request_timeout_s", "blocking", "precompile", "fallback", "cuda_graphs", "pre_aot_cache"}
+                       "request_timeout_s", "blocking", "precompile", "fallback", "cuda_graphs", "pre_aot_cache",
+                       "dynamo_cache", "package_key_file", "package_trusted_keys"}
 # How long a pre-AOT look-up or PUT at the service may take (capped by request_timeout_s): a slow
 # answer costs more than the AOTAutograd run it would save.
 SERVICE_TIMEOUT_S = 2.0
@@ -374,6 +375,7 @@ class Shared(Store):
                        how="skipped: pre-AOT cache hit from the service")
         if served is not None:
             super().put(key, entry)  # the next process here needs no service
+            self.served_entry = entry
         return served
 
     def _artifact(self, artifact_key: str) -> Any:

@@ -34,6 +34,15 @@ class ClientSettings:
     pre_aot_cache: serve a plain inference graph that this machine compiled before without
         running AOTAutograd again (FXCC_PRE_AOT_CACHE=1, default; 0 always runs it;
         client/pre_aot.py). Entries live under cache_dir/pre_aot.
+    dynamo_cache: a new process's first call of a compiled function runs from a saved, signed
+        Dynamo package without tracing, when its guards hold (FXCC_DYNAMO_CACHE=1, default; 0 turns
+        it off; read when fxcc's backend is first looked up; client/dynamo_cache.py).
+    package_key_file: the principal's Ed25519 key that signs and checks Dynamo packages
+        (FXCC_PACKAGE_KEY_FILE; None: cache_dir/keys/package.key, made on first use, mode 0600, so
+        one machine's own); every client of a principal that shares packages holds the same file;
+        the service never does.
+    package_trusted_keys: more public keys whose packages load (FXCC_PACKAGE_TRUSTED_KEYS: keys or
+        files, comma-separated; for rotating package_key_file).
     """
 
     url: str | None = None
@@ -47,6 +56,9 @@ class ClientSettings:
     precompile: bool = False
     cuda_graphs: bool = True
     pre_aot_cache: bool = True
+    dynamo_cache: bool = True
+    package_key_file: Path | None = None
+    package_trusted_keys: tuple[str, ...] = ()
     compile_timeout_s: float = 600.0
     request_timeout_s: float = 30.0
 
@@ -61,13 +73,17 @@ class ClientSettings:
             values["token"] = env["FXCC_TOKEN"]
         if env.get("FXCC_TRUSTED_KEYS"):
             values["trusted_keys"] = split_keys(env["FXCC_TRUSTED_KEYS"])
+        if env.get("FXCC_PACKAGE_KEY_FILE"):
+            values["package_key_file"] = Path(env["FXCC_PACKAGE_KEY_FILE"])
+        if env.get("FXCC_PACKAGE_TRUSTED_KEYS"):
+            values["package_trusted_keys"] = split_keys(env["FXCC_PACKAGE_TRUSTED_KEYS"])
         if env.get("FXCC_CACHE_DIR"):
             values["cache_dir"] = Path(env["FXCC_CACHE_DIR"])
         if env.get("FXCC_MODE"):
             values["mode"] = env["FXCC_MODE"]
         if env.get("FXCC_FALLBACK"):
             values["fallback"] = env["FXCC_FALLBACK"]
-        for name in ("blocking", "precompile", "cuda_graphs", "pre_aot_cache", "allow_unsigned"):
+        for name in ("blocking", "precompile", "cuda_graphs", "pre_aot_cache", "dynamo_cache", "allow_unsigned"):
             raw = env.get(f"FXCC_{name.upper()}")
             if raw:
                 values[name] = _flag(f"FXCC_{name.upper()}", raw)
@@ -84,8 +100,13 @@ class ClientSettings:
         if unknown:
             raise ValueError(f"unknown fxcc options {sorted(unknown)}; known: {sorted(known)}")
         values = dict(options)
-        if "cache_dir" in values:
-            values["cache_dir"] = Path(values["cache_dir"])
+        for name in ("cache_dir", "package_key_file"):
+            if values.get(name) is not None:
+                values[name] = Path(values[name])
+        if isinstance(values.get("package_trusted_keys"), str):
+            values["package_trusted_keys"] = split_keys(values["package_trusted_keys"])
+        elif "package_trusted_keys" in values:
+            values["package_trusted_keys"] = tuple(values["package_trusted_keys"])
         if isinstance(values.get("trusted_keys"), str):
             values["trusted_keys"] = split_keys(values["trusted_keys"])
         elif "trusted_keys" in values:

@@ -21,6 +21,7 @@ from fxcc.service.routes import (
     health,
     jobs,
     metrics,
+    packages,
     pre_aot,
     status,
 )
@@ -74,7 +75,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     if settings.loopback_guard:  # added last, so it runs first: a refused request costs nothing more
         app.add_middleware(LoopbackGuard, allowed_hosts=settings.allowed_hosts)
     install_handlers(app, quota_retry_after_s=settings.quota_retry_after_s)
-    for router in (compile.router, jobs.router, artifacts.router, pre_aot.router, status.router, cache.router,
+    for router in (compile.router, jobs.router, artifacts.router, pre_aot.router, packages.router, status.router, cache.router,
                    dead_letters.router, admin.router, metrics.router, health.router, dashboard.router):
         app.include_router(router)  # each router declares the role it needs
     document_raw_bodies(app)

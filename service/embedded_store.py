@@ -193,7 +193,7 @@ class EmbeddedStore:
 
     def purge_cache(self) -> int:
         n = len(self.list_artifacts(1 << 62))
-        for sub in ("manifests", "blobs", "pre_aot"):  # pre-AOT entries name only artifacts now gone
+        for sub in ("manifests", "blobs", "pre_aot", "packages"):  # pre-AOT entries name only artifacts now gone
             shutil.rmtree(self.root / sub, ignore_errors=True)
         return n
 
@@ -227,6 +227,21 @@ class EmbeddedStore:
     def get_pre_aot(self, principal: str, key: str) -> bytes | None:
         try:
             return self._pre_aot_path(principal, key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    # ------------------------------------------------------------ Dynamo packages (opaque bytes)
+
+    def _package_path(self, principal: str, key: str) -> Path:
+        folder = hashlib.sha256(principal.encode()).hexdigest()[:32]  # a name never becomes a path
+        return self.root / "packages" / folder / f"{key}.pkg"
+
+    def put_package(self, principal: str, key: str, data: bytes) -> None:
+        atomic_write(self._package_path(principal, key), data)
+
+    def get_package(self, principal: str, key: str) -> bytes | None:
+        try:
+            return self._package_path(principal, key).read_bytes()
         except FileNotFoundError:
             return None
 

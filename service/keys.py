@@ -11,6 +11,8 @@ CACHE_COUNTERS = "stats:cache"  # hash of counters: hits, misses, puts, rejected
 # a pre-AOT entry (a Dynamo graph's pre-AOT key -> the artifact it compiled to) of one principal, as
 # JSON; expires after pre_aot_ttl_s unless written again (routes/pre_aot.py)
 PRE_AOT = "preaot:{principal}:{key}"
+# a Dynamo package (opaque bytes, client code signed by the principal; routes/packages.py), same TTL
+PACKAGE = "package:{principal}:{key}"
 
 # ---- queue and jobs (FXCC_REDIS_URL)
 # hash: stage, stage times, worker, attempt, principals (comma-separated), request bytes, error, stats
@@ -65,6 +67,9 @@ class RedisKeys:
 
     def pre_aot(self, principal: str, key: str) -> str:
         return self.prefix + PRE_AOT.format(principal=principal, key=key)
+
+    def package(self, principal: str, key: str) -> str:
+        return self.prefix + PACKAGE.format(principal=principal, key=key)
 
     def job(self, job_id: str) -> str:
         return self.prefix + JOB.format(job_id=job_id)

@@ -171,7 +171,8 @@ class RedisCache:
     def purge_cache(self) -> int:
         removed = 0
         # pre-AOT entries go too: every artifact they could name is gone
-        for pattern in (self.k.manifest("*"), self.k.signature("*"), self.k.blob("*"), self.k.pre_aot("*", "*")):
+        for pattern in (self.k.manifest("*"), self.k.signature("*"), self.k.blob("*"), self.k.pre_aot("*", "*"),
+                        self.k.package("*", "*")):
             batch: list[bytes] = []
             for name in self.c.scan_iter(match=pattern, count=1000):
                 batch.append(name)
@@ -197,6 +198,13 @@ class RedisCache:
 
     def get_pre_aot(self, principal: str, key: str) -> bytes | None:
         return self.c.getex(self.k.pre_aot(principal, key), ex=self.pre_aot_ttl_s)
+
+    # Dynamo packages: opaque bytes per principal, expiring as pre-AOT entries do.
+    def put_package(self, principal: str, key: str, data: bytes) -> None:
+        self.c.set(self.k.package(principal, key), data, ex=self.pre_aot_ttl_s)
+
+    def get_package(self, principal: str, key: str) -> bytes | None:
+        return self.c.getex(self.k.package(principal, key), ex=self.pre_aot_ttl_s)
 
     def count(self, counter: str, n: int = 1) -> None:
         self.c.hincrby(self.k.cache_counters, counter, n)

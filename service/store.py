@@ -240,6 +240,15 @@ class Store(Protocol):
         """`principal`'s entry for `key` as stored (the artifact it names may be gone since)."""
         ...
 
+    # ---- Dynamo packages, opaque bytes, one namespace per principal (routes/packages.py)
+    def put_package(self, principal: str, key: str, data: bytes) -> None:
+        """Store `data` as `principal`'s package for `key` (never opened: it is client code)."""
+        ...
+
+    def get_package(self, principal: str, key: str) -> bytes | None:
+        """`principal`'s package for `key` as stored; None when it has none."""
+        ...
+
     # ---- jobs
     def submit(self, key: str, request_json: str, priority: Priority, principal: str = ANONYMOUS) -> Submitted:
         """Queue a job for `key` unless the artifact exists or a job for it is queued/running (then

@@ -12,6 +12,12 @@ from pathlib import Path
 
 import pytest
 
+# The Dynamo-skip cache (client/dynamo_cache.py) is on by default for users; here it is off unless a
+# test turns it on (tests/client/test_dynamo_skip*.py, tests/e2e/test_dynamo_skip*.py): other tests
+# compile the same functions twice and expect Dynamo to trace both times. Read when fxcc's backend
+# is first imported, and inherited by the tests' child processes.
+os.environ.setdefault("FXCC_DYNAMO_CACHE", "0")
+
 
 def _free_port() -> int:
     with socket.socket() as s:

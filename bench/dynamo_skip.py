@@ -1,0 +1,213 @@
+"""Warm first calls in fresh processes: fxcc with the Dynamo skip, Dynamo alone, Inductor warm (issue 20).
+
+    python -m bench.dynamo_skip --out $OUT                      # the H200: ResNet-50 and GPT-2
+    TRITON_INTERPRET=1 python -m bench.dynamo_skip --out /tmp/ds --tiny   # CPU check, small models
+
+Per workload (torchvision ResNet-50, batch 32 at 224²; transformers GPT-2 small, batch 8 × 512
+tokens, use_cache off; `--tiny`: fxcc's own Bottleneck and TransformerBlock at CPU sizes), every
+run a fresh process:
+- `fxcc serve` with its embedded default starts on a free port (fresh data dir);
+- fxcc cold: an empty local cache; compiles through the service, which then holds the artifacts,
+  the pre-AOT entries and the Dynamo package (signed by the principal's package key);
+- fxcc warm: another empty local cache, the same principal's key file: the package, entries and
+  artifacts come from the service (`fxcc_warm_s`; `warm_traced_frames` says whether Dynamo traced);
+- Dynamo alone (`backend="eager"`, `dynamo_only_s`);
+- Inductor cold (fills its own fresh cache dirs), then Inductor warm on them (`inductor_warm_s`).
+Times run from torch.compile(...) (where a package loads) to the synchronized result; imports of
+torch._dynamo, torch._dynamo.repro.after_dynamo (torch.compile imports it for every backend), the
+backend and (fxcc with a service) its HTTP client, and model construction, come before the clock
+(`imports_s`).
+`outputs_match`: the warm fxcc result against eager in that process (max_abs_err beside it).
+Writes OUT/h200-first-call.json (`--tag` renames it: OUT/<tag>-first-call.json) and logs to OUT/logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+WORKLOADS = ("resnet50", "gpt2")
+
+
+def build(workload: str, tiny: bool, device: str) -> tuple[Any, tuple[Any, ...]]:
+    """(model, inputs) on `device`, eval mode, seeded."""
+    import torch
+
+    torch.manual_seed(0)
+    if tiny:
+        from fxcc.client.examples import Bottleneck, TransformerBlock
+
+        if workload == "resnet50":
+            return Bottleneck(32, 8, 2).eval(), (torch.randn(2, 32, 8, 8),)
+        return TransformerBlock(64, 4).eval(), (torch.randn(2, 16, 64),)
+    if workload == "resnet50":
+        import torchvision
+
+        return torchvision.models.resnet50().to(device).eval(), (torch.randn(32, 3, 224, 224, device=device),)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(use_cache=False)).to(device).eval()
+    return model, (torch.randint(0, 50257, (8, 512), device=device),)
+
+
+def _tensor(out: Any) -> Any:
+    if hasattr(out, "logits"):
+        return out.logits
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def run_one(workload: str, compiler: str, tiny: bool, device: str) -> dict[str, Any]:
+    """One first call in this (fresh) process."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    model, inputs = build(workload, tiny, device)
+    sync = torch.cuda.synchronize if device.startswith("cuda") and not tiny else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    importlib.import_module("torch._dynamo")
+    importlib.import_module("torch._dynamo.repro.after_dynamo")  # torch.compile imports it for every backend
+    if compiler == "fxcc":
+        importlib.import_module("fxcc.client.backend")  # what torch.compile(backend="fxcc") imports
+        if os.environ.get("FXCC_URL"):
+            importlib.import_module("fxcc.client.remote")  # its HTTP client (httpx: 0.11 s on a CPU)
+    elif compiler == "eager":  # torch imports every backend module it ships to find "eager"
+        importlib.import_module("torch._dynamo.backends.registry").lookup_backend("eager")
+    imports_s = time.perf_counter() - t0
+    import torch._dynamo.utils as dynamo_utils
+
+    t0 = time.perf_counter()
+    compiled = torch.compile(model, backend={"fxcc": "fxcc", "eager": "eager", "inductor": "inductor"}[compiler])
+    wrapped_s = time.perf_counter() - t0
+    with torch.no_grad():
+        out = _tensor(compiled(*inputs))
+        sync()
+        first_call_s = time.perf_counter() - t0
+        expected = _tensor(model(*inputs))
+    err = float((out.float() - expected.float()).abs().max())
+    tol = 1e-4 if tiny or not device.startswith("cuda") else 2e-2  # TF32 on both sides on a GPU
+    res: dict[str, Any] = {"first_call_s": round(first_call_s, 4), "torch_compile_s": round(wrapped_s, 4),
+                           "imports_s": round(imports_s, 3), "max_abs_err": err,
+                           "outputs_match": bool(torch.allclose(out.float(), expected.float(), atol=tol, rtol=tol)),
+                           "traced_frames": dynamo_utils.counters["frames"]["ok"]}
+    if compiler == "fxcc":
+        from fxcc.client import backend, dynamo_cache
+
+        res.update(sources=sorted({e.source for e in backend.events()}), graphs=len(backend.events()),
+                   aot_runs=backend.aot_runs(), dynamo_cache=dynamo_cache.counters(),
+                   package_load=dynamo_cache.load_timings(),
+                   fxcc_own_s=round(sum(e.seconds for e in backend.events()), 4))
+    return res
+
+
+def _child(args: list[str], env: dict[str, str], log: Path, timeout_s: float) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "bench.dynamo_skip", "run", *args]
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
+    with log.open("a") as f:
+        f.write(f"=== {' '.join(cmd)} (exit {p.returncode})\n{p.stdout}\n{p.stderr[-20000:]}\n")
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode != 0 or not lines:
+        tail = (p.stderr or p.stdout).strip().splitlines()
+        return {"error": f"exit {p.returncode}: {tail[-1] if tail else 'no output'}"}
+    return json.loads(lines[-1])
+
+
+def bench_workload(workload: str, tiny: bool, device: str, root: Path, log: Path, timeout_s: float) -> dict[str, Any]:
+    from fxcc.client.demo import free_port, wait_healthy
+
+    t = root / workload
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("FXCC_", "TORCHINDUCTOR_", "TRITON_CACHE"))}
+    base.update(PYTHONUNBUFFERED="1", FXCC_PACKAGE_KEY_FILE=str(t / "principal" / "package.key"))
+    if tiny:
+        base["TRITON_INTERPRET"] = "1"
+    args = ["--workload", workload, "--device", device, *(["--tiny"] if tiny else [])]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    serve_env = dict(base, FXCC_DATA_DIR=str(t / "service"), TRITON_CACHE_DIR=str(t / "service-triton"))
+    row: dict[str, Any] = {"workload": workload, "tiny": tiny}
+    with (t.parent / f"{workload}-service.log").open("w") as slog:
+        server = subprocess.Popen([sys.executable, "-m", "fxcc.client.cli", "serve", "--port", str(port)],
+                                  env=serve_env, stdout=slog, stderr=subprocess.STDOUT)
+        try:
+            wait_healthy(url, server, timeout_s=120.0)
+            for run in ("fxcc_cold", "fxcc_warm"):
+                # clients trust the embedded service's own signing key (made under its data dir)
+                env = dict(base, FXCC_URL=url, FXCC_FALLBACK="error", FXCC_CACHE_DIR=str(t / f"{run}-cache"),
+                           FXCC_TRUSTED_KEYS=str(t / "service" / "keys" / "signing.pub"),
+                           TRITON_CACHE_DIR=str(t / f"{run}-triton"), TORCHINDUCTOR_CACHE_DIR=str(t / f"{run}-ind"))
+                row[run] = _child([*args, "--compiler", "fxcc"], env, log, timeout_s)
+        finally:
+            server.terminate()
+            try:
+                server.wait(15)
+            except subprocess.TimeoutExpired:
+                server.kill()
+    row["dynamo_only"] = _child([*args, "--compiler", "eager"],
+                                dict(base, TORCHINDUCTOR_CACHE_DIR=str(t / "eager-ind")), log, timeout_s)
+    ind = dict(base, TORCHINDUCTOR_CACHE_DIR=str(t / "inductor-cache"), TRITON_CACHE_DIR=str(t / "inductor-triton"))
+    for run in ("inductor_cold", "inductor_warm"):
+        row[run] = _child([*args, "--compiler", "inductor"], ind, log, timeout_s)
+    for run in ("fxcc_cold", "fxcc_warm", "dynamo_only", "inductor_cold", "inductor_warm"):
+        row[f"{run}_s"] = row[run].get("first_call_s")
+    warm = row["fxcc_warm"]
+    row["outputs_match"] = warm.get("outputs_match")
+    row["max_abs_err"] = warm.get("max_abs_err")
+    row["warm_traced_frames"] = warm.get("traced_frames")
+    if row["fxcc_warm_s"] and row["inductor_warm_s"]:
+        row["fxcc_over_inductor_warm"] = round(row["fxcc_warm_s"] / row["inductor_warm_s"], 4)
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd")
+    r = sub.add_parser("run", help="one first call in this process (the parent runs these)")
+    r.add_argument("--workload", choices=WORKLOADS, required=True)
+    r.add_argument("--compiler", choices=("fxcc", "eager", "inductor"), required=True)
+    r.add_argument("--tiny", action="store_true")
+    r.add_argument("--device", default="cuda")
+    p.add_argument("--out", type=Path, help="where h200-first-call.json and logs/ go")
+    p.add_argument("--tiny", action="store_true", help="small models on the CPU (set TRITON_INTERPRET=1)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--tag", default="h200")
+    p.add_argument("--timeout-s", type=float, default=300.0)
+    a = p.parse_args()
+    if a.cmd == "run":
+        print(json.dumps(run_one(a.workload, a.compiler, a.tiny, "cpu" if a.tiny else a.device)))
+        return
+    if a.out is None:
+        p.error("--out is required")
+    device = "cpu" if a.tiny else a.device
+    (a.out / "logs").mkdir(parents=True, exist_ok=True)
+    import tempfile
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fxcc-bench-dynamo-skip-") as tmp:
+        for workload in a.workloads.split(","):
+            row = bench_workload(workload, a.tiny, device, Path(tmp), a.out / "logs" / f"{workload}.log",
+                                 a.timeout_s)
+            rows.append(row)
+            for name in ("service.log",):
+                src = Path(tmp) / f"{workload}-{name}"
+                if src.exists():
+                    (a.out / "logs" / f"{workload}-{name}").write_text(src.read_text()[-200_000:])
+            print(json.dumps({k: v for k, v in row.items() if not isinstance(v, dict)}), flush=True)
+    path = a.out / f"{a.tag}-first-call.json"
+    path.write_text(json.dumps({"bench": "dynamo_skip", "rows": rows}, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,604 @@
+"""The Dynamo-skip cache: a new process runs a compiled function's first call from a signed package.
+
+What is left of a warm start once every graph is cached is Dynamo tracing the model again. torch's
+caching precompile (torch._dynamo.package: CompilePackage, DynamoCache) saves what tracing made —
+the transformed bytecode, its guards and the backend's compiled callables — and installs it on the
+function's code object when torch.compile wraps the function, so the first call checks the guards
+and runs without tracing. A guard that fails (another shape, dtype, device, grad mode, module
+attribute, global) traces and compiles as usual, and the retraced entry joins the package.
+
+fxcc's part:
+- `FxccCompiled` (what fxcc's backend returns for a plain inference graph, client/pre_aot.py)
+  implements torch's SerializableCallable: its bytes name the fxcc artifact by key, with the
+  graph's arity and Dynamo's own graph (the eager fallback); loading them fetches the artifact as
+  any artifact is fetched (local cache, or the service with the workers' signature checked).
+  So `torch.compile(f, backend="fxcc", fullgraph=True).aot_compile(...)` saves and loads too.
+- `PackageStore` replaces torch's DiskDynamoCache: a package is saved after each frame Dynamo
+  compiled for fxcc (only when every graph in it is an FxccCompiled), signed with the principal's
+  package key, under FXCC_CACHE_DIR/dynamo and (with FXCC_URL) PUT to the service, per principal;
+  a torch.compile(..., backend="fxcc") looks it up (local, then the service) by a key of the
+  function's code, fxcc's keyed settings and the torch, Python and fxcc versions.
+
+Note (trust): a package is a pickle (bytecode, guards): code. It is unpickled only after its
+signature verifies with the principal's package key (FXCC_PACKAGE_KEY_FILE; held by that
+principal's clients, never by the service or workers) or one of FXCC_PACKAGE_TRUSTED_KEYS; anything
+else is a miss, counted and logged once. The service stores the bytes opaquely, bounded in size.
+
+Note (safety): torch's caching precompile drops guards on object identity (ID_MATCH, CLOSURE_MATCH,
+WEAKREF_ALIVE, DICT_VERSION): ids do not survive a process. Values, tensors, shapes, dtypes,
+devices, grad mode and module attributes stay guarded. While this cache is on, caching precompile
+is on for the whole process (torch's flag is global).
+
+Note (failure): whatever fails while loading or saving a package is a miss (Dynamo traces) or
+a package not saved, logged once; the user's program never stops because of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import itertools
+import json
+import logging
+import os
+import pickle
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("fxcc.dynamo_cache")
+
+SCHEMA = 1
+MAGIC = b"FXCCPKG1\n"
+MAX_PACKAGE_BYTES = 64 * 1024 * 1024  # the service's bound too (service/routes/packages.py)
+SERVICE_TIMEOUT_S = 2.0  # a slow service costs only this optimisation
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+# ---------------------------------------------------------------- counters, log once
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.logged: set[str] = set()
+        self.counts: dict[str, int] = {}
+        self.compiled: dict[str, FxccCompiled] = {}  # Dynamo's backend id -> fxcc's callable
+        self.saved: dict[str, str] = {}  # package key -> digest of what was last written
+        self.enabled = False
+        self.load_s: dict[str, float] = {}  # where the last package load's time went (bench/)
+
+
+_state = _State()
+
+
+def load_timings() -> dict[str, float]:
+    """Seconds of the last package load: read (disk or service), verify, unpickle, artifacts, total."""
+    with _state.lock:
+        return dict(_state.load_s)
+
+
+def count(name: str) -> None:
+    with _state.lock:
+        _state.counts[name] = _state.counts.get(name, 0) + 1
+
+
+def counters() -> dict[str, int]:
+    """hits, misses, refused (bad or foreign signature), errors, saved, shared, not_saved."""
+    with _state.lock:
+        return dict(_state.counts)
+
+
+def log_once(cause: str, message: str, *args: Any) -> None:
+    with _state.lock:
+        if cause in _state.logged:
+            return
+        _state.logged.add(cause)
+    log.info("fxcc: Dynamo package cache: " + message, *args)
+
+
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+# ---------------------------------------------------------------- torch's SerializableCallable
+
+
+def _serializable_base() -> type:
+    try:
+        from torch._dynamo.aot_compile_types import SerializableCallable
+
+        return SerializableCallable
+    except ImportError:  # a torch without aot_compile: the protocol is duck-typed
+        return object
+
+
+class FxccCompiled(_serializable_base()):  # type: ignore[misc]
+    """fxcc's compiled callable of a plain inference graph, serializable by reference.
+
+    `state`: the artifact's key, the graph's arity and node count and the target it was built for;
+    `graph`: Dynamo's graph module (torch-level code), the fallback should the plan fail."""
+
+    def __init__(self, fn: Callable, state: dict[str, Any], graph: torch.fx.GraphModule,
+                 settings: Any = None) -> None:
+        self.fn = fn
+        self.state = state
+        self.graph = graph
+        self.settings = settings  # where a package holding it is saved (not serialized)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    @classmethod
+    def serialize_compile_artifacts(cls, fn: FxccCompiled) -> bytes:
+        buf = io.BytesIO()
+        buf.write(json.dumps(fn.state, sort_keys=True).encode() + b"\n")
+        pickle.dump(fn.graph, buf)
+        return buf.getvalue()
+
+    @classmethod
+    def deserialize_compile_artifacts(cls, data: bytes) -> FxccCompiled:
+        """The callable again, its artifact fetched and loaded; raises when it cannot be."""
+        from fxcc.client.settings import ClientSettings
+
+        head, _, rest = data.partition(b"\n")
+        state = json.loads(head)
+        graph = pickle.loads(rest)
+        settings = ClientSettings.from_env()
+        return cls(load_plan_for(state, graph, settings), state, graph, settings)
+
+
+def wrap(fn: Callable, entry: Any, gm: torch.fx.GraphModule, example_inputs: list[Any],
+         settings: Any) -> Callable:
+    """What fxcc's backend returns for a plain inference graph served as `entry` (a pre-AOT
+    entry): `fn` as an FxccCompiled, recorded by Dynamo's backend id for this process's package."""
+    from fxcc.client.backend import target_for
+
+    state = {"schema": SCHEMA, "artifact_key": entry.artifact_key, "inputs": entry.inputs,
+             "outputs": entry.outputs, "graph_nodes": entry.graph_nodes,
+             "target": target_for(example_inputs).model_dump(), "settings": settings_key(settings)}
+    compiled = FxccCompiled(fn, state, gm, settings)
+    backend_id = getattr(gm, "_backend_id", None)
+    if isinstance(backend_id, str):
+        with _state.lock:
+            _state.compiled[backend_id] = compiled
+    return compiled
+
+
+def load_plan_for(state: dict[str, Any], graph: torch.fx.GraphModule, settings: Any) -> Callable:
+    """The runnable plan of a serialized FxccCompiled: its artifact from the local cache or the
+    service (verified and signed as every artifact is), run as a pre-AOT hit runs it."""
+    from fxcc.client.backend import GraphCompiler, _boxed
+    from fxcc.client.pre_aot import as_aot_runtime
+    from fxcc.compiler_core.wire import Target
+
+    t0 = time.perf_counter()
+    if state.get("schema") != SCHEMA or not _HEX64.match(str(state.get("artifact_key", ""))):
+        raise ValueError("not an fxcc compiled-callable state of this schema")
+    key = state["artifact_key"]
+    target = Target.model_validate(state["target"])
+    if target.kind == "cuda":  # built for this GPU's arch only
+        if not torch.cuda.is_available():
+            raise ValueError("the package's graph was built for CUDA; no GPU here")
+        major, minor = torch.cuda.get_device_capability()
+        if target.arch != major * 10 + minor:
+            raise ValueError(f"the package's graph was built for sm_{target.arch}")
+    compiler = GraphCompiler(settings, inference=True)
+    art, source = compiler.cache.get(key), "local-hit"
+    if art is None and settings.url:
+        from fxcc.client.remote import RemoteService
+
+        remote = RemoteService.for_settings(settings)
+        try:
+            art, source = remote.get_artifact(key), "remote-hit"
+        finally:
+            remote.close()
+        if art is not None:
+            compiler.cache.put(art)
+    if art is None:
+        raise LookupError(f"artifact {key[:12]} is neither in the local cache nor on the service")
+    plan = art.manifest.plan
+    if (art.manifest.key != key or len(plan.inputs) != state["inputs"] or len(plan.outputs) != state["outputs"]
+            or plan.symbols or art.manifest.target != target):
+        raise ValueError(f"artifact {key[:12]} does not fit the package")
+    runner = compiler._ready(art, source, None, _boxed(graph), t0, None, graph_nodes=state["graph_nodes"],
+                             pre_aot="skipped: Dynamo package")
+    return as_aot_runtime(runner, state["outputs"])
+
+
+class BackendArtifact:
+    """One FxccCompiled inside a package, as torch's package install expects a backend entry."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.loaded: FxccCompiled | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"data": self.data}
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.data, self.loaded = d["data"], None
+
+    def prepare(self) -> None:
+        """Fetch and load the artifact now, so that a failure is a miss before anything installs."""
+        self.loaded = FxccCompiled.deserialize_compile_artifacts(self.data)
+
+    def after_deserialization(self) -> FxccCompiled:
+        if self.loaded is None:
+            self.prepare()
+        return self.loaded  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------- keys and signatures
+
+
+def settings_key(settings: Any) -> str:
+    """The settings that decide what compiles (the pre-AOT key's), hashed."""
+    from dataclasses import fields
+
+    from fxcc.client.pre_aot import _SETTINGS_NOT_KEYED
+
+    keyed = {f.name: str(getattr(settings, f.name)) for f in fields(settings) if f.name not in _SETTINGS_NOT_KEYED}
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()
+
+
+def _code_digest(code: Any, h: Any) -> None:
+    h.update(code.co_code)
+    h.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_argcount)).encode())
+    for c in code.co_consts:
+        if hasattr(c, "co_code"):
+            _code_digest(c, h)
+        else:
+            h.update(repr(c).encode())
+
+
+def package_key(fn: Any, settings_digest: str) -> str:
+    """A package's key: the function's qualified name, module and code; fxcc's keyed settings; the
+    torch, Python and fxcc versions. Nothing machine-local: every machine of a cluster computes it."""
+    import platform
+
+    import fxcc
+    from fxcc.client.pre_aot import _versions
+
+    h = hashlib.sha256()
+    h.update(json.dumps({"schema": SCHEMA, "qualname": getattr(fn, "__qualname__", ""),
+                         "module": getattr(fn, "__module__", ""), "settings": settings_digest,
+                         "python": platform.python_version(), "fxcc": fxcc.__version__,
+                         "versions": _versions()}, sort_keys=True).encode())
+    _code_digest(fn.__code__, h)
+    return h.hexdigest()
+
+
+class PackageKeys:
+    """The principal's package key pair (signs what this client saves) and the keys it accepts."""
+
+    def __init__(self, settings: Any) -> None:
+        from fxcc.compiler_core.signing import TrustedKeys, load_or_create, read_public_keys
+
+        private = Path(settings.package_key_file or Path(settings.cache_dir) / "keys" / "package.key").expanduser()
+        if private.exists():
+            st = private.stat()
+            if st.st_uid != os.getuid() or st.st_mode & 0o077:
+                raise PermissionError(f"{private} must be owned by this user and readable by no one else")
+        self.signer = load_or_create(private, private.with_name(private.name + ".pub"))
+        keys = [self.signer.public]
+        for entry in settings.package_trusted_keys:
+            keys += read_public_keys(entry)
+        self.trusted = TrustedKeys(keys)
+
+    def seal(self, key: str, payload: bytes) -> bytes:
+        header = {"schema": SCHEMA, "key": key, "sha256": hashlib.sha256(payload).hexdigest()}
+        signed = {**header, "signature": self.signer.sign_json(header)}
+        return MAGIC + json.dumps(signed, sort_keys=True).encode() + b"\n" + payload
+
+    def open(self, key: str, data: bytes) -> bytes:
+        """The payload of a sealed package for `key`; raises PermissionError when it is not signed
+        by a trusted key, ValueError when it is not a package of this schema."""
+        if not data.startswith(MAGIC):
+            raise ValueError("not an fxcc package")
+        head, _, payload = data[len(MAGIC):].partition(b"\n")
+        signed = json.loads(head)
+        header = {"schema": signed.get("schema"), "key": signed.get("key"), "sha256": signed.get("sha256")}
+        why = self.trusted.check(header, signed.get("signature"))
+        if why is not None:
+            raise PermissionError(f"package refused: {why}")
+        if header["schema"] != SCHEMA or header["key"] != key:
+            raise ValueError("the package is for another key or schema")
+        if hashlib.sha256(payload).hexdigest() != header["sha256"]:
+            raise PermissionError("package refused: its bytes do not match its signed digest")
+        return payload
+
+
+# ---------------------------------------------------------------- the service
+
+
+def _service_get(settings: Any, key: str) -> bytes | None:
+    from fxcc.client.remote import RemoteService
+
+    remote = RemoteService.for_settings(settings, min(SERVICE_TIMEOUT_S, settings.request_timeout_s))
+    try:
+        r = remote._request("GET", f"/v1/packages/{key}")
+    finally:
+        remote.close()
+    if r.status_code == 404:
+        return None
+    r.raise_for_status()
+    if len(r.content) > MAX_PACKAGE_BYTES:
+        raise ValueError("the service's package is over the size bound")
+    return r.content
+
+
+def _service_put(settings: Any, key: str, data: bytes) -> None:
+    from fxcc.client.remote import RemoteService
+
+    try:
+        remote = RemoteService.for_settings(settings, min(SERVICE_TIMEOUT_S, settings.request_timeout_s))
+        try:
+            r = remote._request("PUT", f"/v1/packages/{key}", content=data,
+                                headers={"Content-Type": "application/octet-stream"})
+        finally:
+            remote.close()
+        r.raise_for_status()
+        count("shared")
+    except Exception as e:  # noqa: BLE001 - only an optimisation: the next machine traces
+        log_once(f"put:{type(e).__name__}", "could not share a package through the service (%s)", _first_line(e))
+
+
+# ---------------------------------------------------------------- torch's DynamoCache, replaced
+
+
+def _fxcc_options(frame_depth: int = 2) -> tuple[bool, dict[str, Any] | None]:
+    """(whether the torch.compile looking up a package uses fxcc's backend, its options), read from
+    the caller's context (torch's _optimize_catch_errors.__call__). Unsure is (False, None)."""
+    from fxcc.client.backend import fxcc_backend
+
+    try:
+        ctx = sys._getframe(frame_depth).f_locals.get("self")
+        backend: Any = getattr(getattr(ctx, "callback", None), "_torchdynamo_orig_backend", None)
+    except (ValueError, AttributeError):
+        return False, None
+    is_fxcc, options = False, None
+    for _ in range(8):  # CatchErrorsWrapper -> ConvertFrame -> WrapBackendDebug -> _TorchCompileWrapper
+        if backend is None:
+            break
+        is_fxcc = is_fxcc or backend is fxcc_backend or getattr(backend, "compiler_name", None) == "fxcc"
+        kwargs = getattr(backend, "kwargs", None)
+        if options is None and isinstance(kwargs, dict):
+            options = kwargs.get("options")
+        backend = getattr(backend, "_torchdynamo_orig_backend", None) or getattr(backend, "compiler_fn", None)
+    return is_fxcc, options if is_fxcc else None
+
+
+def _store_class() -> type:
+    from torch._dynamo import package as pk
+
+    class PackageStore(pk.DiskDynamoCache):  # type: ignore[misc, valid-type]
+        """torch's DynamoCache for this process: fxcc's packages, signed, local and shared."""
+
+        def load(self, fn: Callable[..., Any]) -> Any:
+            is_fxcc, options = _fxcc_options()
+            if not is_fxcc:
+                return None  # another backend's torch.compile: torch's caching precompile, uncached
+            try:
+                return _load(fn, options)
+            except Exception as e:  # noqa: BLE001 - a miss: Dynamo traces
+                count("errors")
+                log_once(f"load:{type(e).__name__}", "tracing as usual (%s)", _first_line(e))
+                return None
+
+        def record_package(self, package: Any) -> None:
+            try:
+                _save(package)
+            except Exception as e:  # noqa: BLE001 - only the next process's optimisation
+                count("errors")
+                log_once(f"save:{type(e).__name__}", "a package was not saved (%s)", _first_line(e))
+
+        def save(self, package: Any) -> None:
+            self.record_package(package)
+
+    return PackageStore
+
+
+def _settings(options: dict[str, Any] | None) -> Any:
+    from fxcc.client.settings import ClientSettings
+
+    return ClientSettings.from_env().with_options(options)
+
+
+def _local_path(settings: Any, key: str) -> Path:
+    return Path(settings.cache_dir) / "dynamo" / f"{key}.pkg"
+
+
+def _load(fn: Any, options: dict[str, Any] | None) -> Any:
+    from torch._dynamo import package as pk
+    from torch._dynamo.eval_frame import innermost_fn
+
+    t0 = time.perf_counter()
+    settings = _settings(options)
+    if not settings.dynamo_cache:
+        return None
+    fn = innermost_fn(fn)
+    key = package_key(fn, settings_key(settings))
+    try:
+        data: bytes | None = _local_path(settings, key).read_bytes()
+    except FileNotFoundError:
+        data = None
+    if data is None and settings.url:
+        try:
+            data = _service_get(settings, key)
+        except Exception as e:  # noqa: BLE001
+            log_once(f"get:{type(e).__name__}", "no package from the service (%s)", _first_line(e))
+    if data is None:
+        count("misses")
+        return None
+    t_read = time.perf_counter()
+    try:
+        payload = PackageKeys(settings).open(key, data)
+    except PermissionError as e:
+        count("refused")
+        log_once(f"refused:{str(e)[:40]}", "%s; tracing as usual", e)
+        return None
+    t_verify = time.perf_counter()
+    entry = pickle.loads(payload)  # a pickle: code, unpickled only now that its signature verified
+    t_unpickle = time.perf_counter()
+    if not isinstance(entry, pk.PrecompileCacheEntry):
+        raise TypeError("the package holds no Dynamo cache entry")
+    entry.dynamo.check_versions()
+    for inlined in entry.dynamo.source_info.inlined_sources:  # torch checks these again, raising
+        module = sys.modules.get(inlined.module)
+        if module is None or pk._hash_sourcelines(module, inlined.firstlineno, inlined.lastlineno) != inlined.checksum:
+            count("misses")
+            log_once("source-changed", "source code changed since %s was saved; tracing", inlined.module)
+            return None
+    for backend in entry.backends.values():
+        if not isinstance(backend, BackendArtifact):
+            raise TypeError("the package holds another backend's graph")
+        backend.prepare()
+    with _state.lock:  # a trace after a failing guard saves the package again, these graphs in it
+        _state.compiled.update({bid: backend.loaded for bid, backend in entry.backends.items()})
+    if data is not None and not _local_path(settings, key).exists():
+        _write_local(settings, key, data)
+    with _state.lock:
+        _state.saved[key] = hashlib.sha256(payload).hexdigest()
+    count("hits")
+    t_end = time.perf_counter()
+    with _state.lock:
+        _state.load_s = {"read_s": t_read - t0, "verify_s": t_verify - t_read, "unpickle_s": t_unpickle - t_verify,
+                         "artifacts_s": t_end - t_unpickle, "total_s": t_end - t0, "bytes": float(len(data))}
+    log.info("fxcc: Dynamo package %s loaded (%d graphs): the first call skips tracing", key[:12],
+             len(entry.backends))
+    return entry
+
+
+def _write_local(settings: Any, key: str, data: bytes) -> None:
+    from fxcc.compiler_core.artifact import atomic_write
+
+    try:
+        atomic_write(_local_path(settings, key), data)
+    except OSError as e:
+        log_once(f"write:{type(e).__name__}", "cannot write %s: %s", _local_path(settings, key), e)
+
+
+def _save(package: Any) -> None:
+    from torch._dynamo import package as pk
+
+    from fxcc.client.backend import _executor
+
+    entry = package.cache_entry()
+    ids = list(entry.backend_ids)
+    with _state.lock:
+        compiled = {bid: _state.compiled.get(bid) for bid in ids}
+    if not ids or any(c is None for c in compiled.values()) or any(code.bypassed for code in entry.codes):
+        count("not_saved")
+        log.debug("fxcc: Dynamo package cache: not saving %s (a graph fxcc did not serve as a plain "
+                  "inference graph)", getattr(package, "_innermost_fn", None))
+        return
+    digests = {c.state["settings"] for c in compiled.values()}  # type: ignore[union-attr]
+    if len(digests) != 1:
+        return
+    settings = next(iter(compiled.values())).settings  # type: ignore[union-attr]
+    if settings is None or not settings.dynamo_cache:
+        return
+    backends = {bid: BackendArtifact(FxccCompiled.serialize_compile_artifacts(c))  # type: ignore[arg-type]
+                for bid, c in compiled.items()}
+    payload = pickle.dumps(pk.PrecompileCacheEntry(dynamo=entry, backends=backends))
+    key = package_key(package._innermost_fn, digests.pop())
+    digest = hashlib.sha256(payload).hexdigest()
+    with _state.lock:
+        if _state.saved.get(key) == digest:
+            return
+        _state.saved[key] = digest
+    if len(payload) > MAX_PACKAGE_BYTES:
+        log_once("too-large", "a package of %d bytes is over %d; not saved", len(payload), MAX_PACKAGE_BYTES)
+        return
+    data = PackageKeys(settings).seal(key, payload)
+    _write_local(settings, key, data)
+    count("saved")
+    if settings.url:
+        _executor().submit(_service_put, settings, key, data)
+
+
+# ---------------------------------------------------------------- turning it on
+
+
+class _DroppedGuardFilter(logging.Filter):
+    """torch warns of every identity guard caching precompile drops; fxcc documents it once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is dropped with caching_precompile" not in record.getMessage()
+
+
+def _patch_install(pk: Any) -> None:
+    """Package install, made safe to fail and to trace after (torch 2.11–2.13).
+
+    Note: a package's guards install `__builtins_dict___<n>` (and other unique names) into the
+    module's globals; Dynamo's own counter starts at 0 in a new process, so a trace after a
+    failing guard would pick a name that exists and assert. The counter is moved past every such
+    name. Any failure of install becomes the RuntimeError torch's caller turns into a fresh trace."""
+    from torch._dynamo import bytecode_transformation as bt
+
+    original = pk.CompilePackage.install
+    if getattr(original, "_fxcc", False):
+        return
+
+    def install(self: Any, backends: Any) -> None:
+        try:
+            original(self, backends)
+        except Exception as e:
+            count("errors")
+            log_once(f"install:{type(e).__name__}", "a package did not install (%s); tracing", _first_line(e))
+            try:
+                self.uninstall()
+            except Exception:  # noqa: BLE001, S110 - the trace that follows does not need it
+                pass
+            raise RuntimeError(f"fxcc: package install failed: {e}") from e
+        top = -1
+        for entry in self._codes.values():
+            module = sys.modules.get(entry.python_module)
+            for name in getattr(module, "__dict__", {}):
+                m = re.match(r"^__\w*?_(\d+)$", name)
+                if m:
+                    top = max(top, int(m.group(1)))
+        current = next(bt._unique_id_counter)
+        bt._unique_id_counter = itertools.count(max(current, top + 1))
+
+    install._fxcc = True  # type: ignore[attr-defined]
+    pk.CompilePackage.install = install
+
+
+def enable() -> bool:
+    """Turn on torch's caching precompile with fxcc's package store (once per process); False when
+    this torch lacks the pieces (said once)."""
+    with _state.lock:
+        if _state.enabled:
+            return True
+    try:
+        import torch._dynamo.config as dynamo_config
+        from torch._dynamo import package as pk
+
+        for name in ("DiskDynamoCache", "CompilePackage", "PrecompileCacheEntry", "_hash_sourcelines"):
+            if not hasattr(pk, name):
+                raise AttributeError(f"torch._dynamo.package has no {name}")
+        if not hasattr(dynamo_config, "caching_precompile"):
+            raise AttributeError("torch._dynamo.config has no caching_precompile")
+        store = _store_class()()
+        _patch_install(pk)
+        pk.DynamoCache = store
+        dynamo_config.caching_precompile = True
+        logging.getLogger("torch._dynamo.guards").addFilter(_DroppedGuardFilter())
+    except Exception as e:  # noqa: BLE001
+        log_once("enable", "off: this torch (%s) lacks caching precompile (%s)", torch.__version__, _first_line(e))
+        return False
+    with _state.lock:
+        _state.enabled = True
+    return True
+
+
+__all__ = ["BackendArtifact", "FxccCompiled", "PackageKeys", "counters", "enable", "load_plan_for", "load_timings",
+           "package_key", "settings_key", "wrap"]
