@@ -143,7 +143,8 @@ def bench_workload(workload: str, tiny: bool, device: str, root: Path, log: Path
             wait_healthy(url, server, timeout_s=120.0)
             for run in ("fxcc_cold", "fxcc_warm"):
                 # clients trust the embedded service's own signing key (made under its data dir)
-                env = dict(base, FXCC_URL=url, FXCC_FALLBACK="error", FXCC_CACHE_DIR=str(t / f"{run}-cache"),
+                env = dict(base, FXCC_URL=url, FXCC_FALLBACK="error", FXCC_DYNAMO_CACHE="1",
+                           FXCC_CACHE_DIR=str(t / f"{run}-cache"),
                            FXCC_TRUSTED_KEYS=str(t / "service" / "keys" / "signing.pub"),
                            TRITON_CACHE_DIR=str(t / f"{run}-triton"), TORCHINDUCTOR_CACHE_DIR=str(t / f"{run}-ind"))
                 row[run] = _child([*args, "--compiler", "fxcc"], env, log, timeout_s)
