@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -30,6 +31,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fxcc.service.deps import SettingsDep, StoreDep, check_role, principal_of, require
 from fxcc.service.store import Hit, Store
+
+log = logging.getLogger("fxcc.service")
 
 router = APIRouter(prefix="/v1", tags=["artifacts"], dependencies=[Depends(require("client"))])
 
@@ -77,21 +80,30 @@ async def get_artifacts(body: BatchRequest, store: StoreDep, settings: SettingsD
     if len(body.keys) > settings.batch_max_keys:
         raise HTTPException(status_code=413, detail=f"{len(body.keys)} keys in one batch, over the limit of "
                             f"{settings.batch_max_keys} (FXCC_BATCH_MAX_KEYS); split the request")
-    keys = list(dict.fromkeys(body.keys))
-    return StreamingResponse(artifact_lines(store, keys, body.blobs, settings.batch_max_bytes),
-                             media_type="application/x-ndjson")
+    return await stream_artifacts(store, list(dict.fromkeys(body.keys)), body.blobs, settings.batch_max_bytes)
 
 
-async def artifact_lines(store: Store, keys: list[str], blobs: bool, max_bytes: int) -> AsyncIterator[bytes]:
-    """The batch's lines for `keys` (already checked and bounded by the caller).
+async def stream_artifacts(store: Store, keys: list[str], blobs: bool, max_bytes: int) -> StreamingResponse:
+    """The batch answer for `keys` (checked and bounded by the caller). The first chunk is read
+    before the answer starts, so that a store that is down is a 503, not a stream cut short.
 
     Note: the hook for other key sources. A route that knows a pre-AOT or Dynamo package's
-    artifact keys (after checking the package is the caller's) streams them with this, so that
-    a warm start fetches a whole package in one request."""
+    artifact keys (after checking the package is the caller's) answers with this, so that a
+    warm start fetches a whole package in one request."""
+    first = await store.fetch_hits_async(keys[:_BATCH_CHUNK], blobs=blobs)
+    return StreamingResponse(_lines(store, keys, first, blobs, max_bytes), media_type="application/x-ndjson")
+
+
+async def _lines(store: Store, keys: list[str], first: list[Hit | None], blobs: bool,
+                 max_bytes: int) -> AsyncIterator[bytes]:
     sent = hits = missing = 0
     for start in range(0, len(keys), _BATCH_CHUNK):
         chunk = keys[start:start + _BATCH_CHUNK]
-        found = await store.fetch_hits_async(chunk, blobs=blobs)
+        try:
+            found = first if start == 0 else await store.fetch_hits_async(chunk, blobs=blobs)
+        except Exception as e:  # noqa: BLE001 - the answer has started: end it without its done line
+            log.warning("batch of %d artifacts cut short after %d: %s: %s", len(keys), start, type(e).__name__, e)
+            return
         for i, (key, hit) in enumerate(zip(chunk, found)):
             if hit is None:
                 missing += 1
