@@ -96,6 +96,8 @@ async def stream_artifacts(store: Store, keys: list[str], blobs: bool, max_bytes
 
 async def _lines(store: Store, keys: list[str], first: list[Hit | None], blobs: bool,
                  max_bytes: int) -> AsyncIterator[bytes]:
+    """The lines of each chunk of keys, one write per chunk (a write per artifact cost more than
+    the artifact)."""
     sent = hits = missing = 0
     for start in range(0, len(keys), _BATCH_CHUNK):
         chunk = keys[start:start + _BATCH_CHUNK]
@@ -104,19 +106,20 @@ async def _lines(store: Store, keys: list[str], first: list[Hit | None], blobs: 
         except Exception as e:  # noqa: BLE001 - the answer has started: end it without its done line
             log.warning("batch of %d artifacts cut short after %d: %s: %s", len(keys), start, type(e).__name__, e)
             return
+        out = []
         for i, (key, hit) in enumerate(zip(chunk, found)):
             if hit is None:
                 missing += 1
-                yield b'{"key":"%s","missing":true}\n' % key.encode()
+                out.append(b'{"key":"%s","missing":true}\n' % key.encode())
                 continue
             line = hit_json(hit, key) + b"\n"
             if sent + len(line) > max_bytes:
-                rest = keys[start + i:]
-                yield _done_line(hits, missing, rest)
+                yield b"".join(out) + _done_line(hits, missing, keys[start + i:])
                 return
             sent += len(line)
             hits += 1
-            yield line
+            out.append(line)
+        yield b"".join(out)
     yield _done_line(hits, missing, [])
 
 
