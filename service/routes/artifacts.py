@@ -5,8 +5,8 @@ service never parses or verifies them (the client checks the signature, then eve
 a strong `ETag` (a hash of manifest and signature) and `Cache-Control`, so that an ordinary HTTP
 cache in front of the service can keep them (deploy/README.md): an artifact that nothing can
 replace (tuned, or for the CPU interpreter) is `immutable`; an untuned CUDA one may still be
-superseded by its tuned copy under the same key, so a cache revalidates it (`no-cache`, a 304 when
-unchanged).
+superseded by its tuned copy under the same key, so a cache keeps it a minute, then revalidates it
+(a 304 while unchanged). `GET /v1/artifacts/access` (204) lets such a cache check a token.
 
 Note: `GET /v1/artifacts/{key}` without a query string is served by `ArtifactHits`, an ASGI
 middleware ahead of FastAPI's router, with the same authentication and answers: FastAPI's
@@ -41,8 +41,17 @@ KeyPath = Annotated[str, Path(pattern=KEY_PATTERN, description="compile key (sha
 Key = Annotated[str, Field(pattern=KEY_PATTERN)]
 
 IMMUTABLE = "public, max-age=31536000, immutable"
-REVALIDATE = "public, no-cache"  # an untuned CUDA artifact: its tuned copy may replace it
+# An untuned CUDA artifact: its tuned copy may replace it, so a cache keeps it a minute, then
+# revalidates it (If-None-Match: a 304 while it is unchanged).
+SUPERSEDABLE = "public, max-age=60"
 _BATCH_CHUNK = 16  # keys per Redis round trip while a batch streams: bounds what one request holds
+
+
+@router.get("/artifacts/access", status_code=204, response_class=Response)
+async def artifacts_access() -> Response:
+    """204 when the bearer token may read artifacts (401 or 403 otherwise): what an HTTP cache in
+    front of the service asks before it serves a cached artifact (deploy/nginx-cache.conf)."""
+    return Response(status_code=204)
 
 
 @router.get("/artifacts/{key}", responses={200: {"content": {"application/json": {}}}, 304: {}, 404: {}})
@@ -171,10 +180,10 @@ def cache_control(hit: Hit) -> str:
 
     Note: read off the manifest's bytes, not its parsed form: pydantic writes `"tuned":` once, at
     the top level, and the target first as `{"kind":...`. Anything else (a manifest written
-    otherwise) gets the safe answer, revalidation."""
+    otherwise) gets the safe answer, the short one."""
     m = hit.manifest_json
     final = b'"tuned":true' in m or b'"target":{"kind":"interpret"' in m
-    return IMMUTABLE if final else REVALIDATE
+    return IMMUTABLE if final else SUPERSEDABLE
 
 
 _HIT_PATH = re.compile(r"/v1/artifacts/[0-9a-f]{64}")

@@ -26,7 +26,7 @@ from fxcc.compiler_core.signing import PublicKey, Signer, TrustedKeys, generate
 from fxcc.compiler_core.wire import Target
 from fxcc.service.app import create_app
 from fxcc.service.redis_pipelined import Incomplete, pack, parse_reply
-from fxcc.service.routes.artifacts import IMMUTABLE, REVALIDATE
+from fxcc.service.routes.artifacts import IMMUTABLE, SUPERSEDABLE
 from fxcc.service.settings import ServiceSettings, TokenEntry
 from fxcc.service.store import TokenRecord
 from tests.service.conftest import unary_request
@@ -132,7 +132,7 @@ def _sha256(text: str) -> str:
 @pytest.mark.parametrize(("make", "cache_control"), [
     (lambda a: variant(a, 1), IMMUTABLE),  # the CPU interpreter's: never tuned
     (lambda a: cuda(a, 2, tuned=True), IMMUTABLE),
-    (lambda a: cuda(a, 3, tuned=False), REVALIDATE),  # its tuned copy may replace it
+    (lambda a: cuda(a, 3, tuned=False), SUPERSEDABLE),  # its tuned copy may replace it
 ])
 def test_http_cache_headers(client: TestClient, base_artifact: Artifact, make: Any, cache_control: str) -> None:
     key = put(client, make(base_artifact))
@@ -150,6 +150,12 @@ def test_http_cache_headers(client: TestClient, base_artifact: Artifact, make: A
         assert other.status_code == 200 and other.content == first.content
         # no 304 without a valid token: the validator is no way around authentication
         assert client.get(f"/v1/artifacts/{key}{query}", headers={"If-None-Match": tag}).status_code == 401
+
+
+def test_access_check_for_an_http_cache(client: TestClient) -> None:
+    assert client.get("/v1/artifacts/access", headers=AUTH).status_code == 204
+    assert client.get("/v1/artifacts/access").status_code == 401
+    assert client.get("/v1/artifacts/access", headers={"Authorization": "Bearer nope"}).status_code == 401
 
 
 def test_a_tuned_copy_changes_the_etag(client: TestClient, base_artifact: Artifact) -> None:
