@@ -8,7 +8,8 @@ Starts its own redis-server on a free port and stores signed artifacts (one comp
 FXCC_API_PROCESSES) and connection count: wrk on `GET /v1/artifacts/{key}` (single) and on
 `POST /v1/artifacts/batch` with `--batch-keys` keys (batched), each run followed at once by
 `redis-benchmark` GET of a value of the artifact's size on the same Redis, `--repeats` times. Each
-row has requests/s, p50/p99 and the ratio service_rps / redis_rps of that pair of runs.
+row has requests/s, p50/p99 and the ratio service_rps / redis_rps of that pair of runs. Where
+nginx is installed, single hits are measured again through deploy/nginx-cache.conf (`via`).
 
 The cluster start: `--ranks` client processes (forked, imports done) wait at a barrier, then each
 fetches a model's `--graphs` artifacts through `RemoteService` (signature and digests checked, as a
@@ -84,17 +85,44 @@ def wrk(url: str, connections: int, seconds: int, workdir: Path, body: str | Non
     out = subprocess.run([exe, "-t", "2", "-c", str(connections), "-d", f"{seconds}s", "--timeout", "10s",
                           "-s", str(script), url], check=True, capture_output=True, text=True).stdout
     report = json.loads(next(line for line in out.splitlines() if line.startswith("WRK "))[4:])
-    return {"rps": round(report["requests"] / (report["duration_us"] / 1e6), 1),
+    ok = report["requests"] - report["non2xx"]  # answers other than 2xx or 3xx count for nothing
+    return {"rps": round(ok / (report["duration_us"] / 1e6), 1),
             "p50_ms": round(report["p50_us"] / 1e3, 3), "p99_ms": round(report["p99_us"] / 1e3, 3),
             "requests": report["requests"], "errors": report["errors"], "non2xx": report["non2xx"]}
 
 
+def start_nginx(api_port: int, workdir: Path) -> tuple[subprocess.Popen, int] | None:
+    """nginx with deploy/nginx-cache.conf in front of the API on a free port; None without nginx."""
+    exe = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if exe is None:
+        return None
+    port = free_port()
+    root = workdir / "nginx"
+    (root / "cache").mkdir(parents=True)
+    # nginx's workers run as another user (nobody, under root): they must reach and write the cache
+    workdir.chmod(0o755)
+    root.chmod(0o755)
+    (root / "cache").chmod(0o777)
+    conf = (REPO / "deploy/nginx-cache.conf").read_text()
+    conf = (conf.replace("/var/cache/nginx/", f"{root}/cache/").replace("127.0.0.1:8470", f"127.0.0.1:{api_port}")
+            .replace("listen 8480", f"listen 127.0.0.1:{port}"))
+    (root / "fxcc.conf").write_text(conf)
+    (root / "nginx.conf").write_text(
+        f"worker_processes 1;\ndaemon off;\npid {root}/nginx.pid;\nerror_log {root}/error.log warn;\n"
+        f"events {{ worker_connections 8192; }}\nhttp {{ access_log off; include {root}/fxcc.conf; }}\n")
+    proc = subprocess.Popen([exe, "-p", str(root), "-c", str(root / "nginx.conf")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: _healthy(port), 10, "nginx")
+    return proc, port
+
+
 def load_rows(api_port: int, redis_port: int, keys: list[str], size: int, args: argparse.Namespace,
-              processes: int, workdir: Path) -> list[dict[str, Any]]:
+              processes: int, workdir: Path, modes: tuple[str, ...] = ("single", "batch"),
+              via: str = "api") -> list[dict[str, Any]]:
     rows = []
     batch = json.dumps({"keys": keys[:args.batch_keys]})
     for connections in args.connections:
-        for mode in ("single", "batch"):
+        for mode in modes:
             for repeat in range(args.repeats):
                 if mode == "single":
                     service = wrk(f"http://127.0.0.1:{api_port}/v1/artifacts/{keys[0]}", connections,
@@ -105,7 +133,7 @@ def load_rows(api_port: int, redis_port: int, keys: list[str], size: int, args: 
                     service["artifacts_per_request"] = args.batch_keys
                     service["artifacts_per_s"] = round(service["rps"] * args.batch_keys, 1)
                 baseline = redis_benchmark(redis_port, connections, size, max(int(args.seconds * 60_000), 200_000))
-                row = {"api_processes": processes, "connections": connections, "mode": mode, "repeat": repeat,
+                row = {"via": via, "api_processes": processes, "connections": connections, "mode": mode, "repeat": repeat,
                        "service": service, "redis_benchmark_get": baseline,
                        "service_rps / redis_rps": round(service["rps"] / baseline["rps"], 4)}
                 print(json.dumps(row), flush=True)
@@ -157,14 +185,14 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (processes, connections, mode): medians of the repeats."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["api_processes"], r["connections"], r["mode"]), []).append(r)
+        groups.setdefault((r["via"], r["api_processes"], r["connections"], r["mode"]), []).append(r)
     out = []
-    for (processes, connections, mode), rs in groups.items():
+    for (via, processes, connections, mode), rs in groups.items():
 
         def med(f: Any, rs: list[dict[str, Any]] = rs) -> float:
             return round(statistics.median(f(r) for r in rs), 4)
 
-        entry = {"api_processes": processes, "connections": connections, "mode": mode,
+        entry = {"via": via, "api_processes": processes, "connections": connections, "mode": mode,
                  "service_rps": med(lambda r: r["service"]["rps"]), "service_p50_ms": med(lambda r: r["service"]["p50_ms"]),
                  "service_p99_ms": med(lambda r: r["service"]["p99_ms"]), "redis_rps": med(lambda r: r["redis_benchmark_get"]["rps"]),
                  "service_rps / redis_rps": med(lambda r: r["service_rps / redis_rps"]),
@@ -185,6 +213,7 @@ def main() -> None:
     parser.add_argument("--batch-keys", type=int, default=64)
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--graphs", type=int, default=100)
+    parser.add_argument("--no-nginx", action="store_true", help="skip the rows through deploy/nginx-cache.conf")
     args = parser.parse_args()
     args.connections = [int(c) for c in args.connections.split(",")]
     processes_list = [int(p) for p in args.processes.split(",")]
@@ -215,6 +244,15 @@ def main() -> None:
                     c["api_processes"] = processes
                     print(json.dumps({"cluster_start": c}), flush=True)
                     cluster.append(c)
+                if processes == processes_list[-1] and not args.no_nginx:
+                    nginx = start_nginx(api_port, workdir)
+                    if nginx is not None:
+                        try:
+                            rows += load_rows(nginx[1], redis_port, keys, size, args, processes, workdir,
+                                              modes=("single",), via="nginx-cache.conf")
+                        finally:
+                            nginx[0].terminate()
+                            nginx[0].wait(timeout=10)
             finally:
                 api.terminate()
                 api.wait(timeout=60)

@@ -86,6 +86,7 @@ class RemoteService:
         misses and the keys the service left for another request."""
         import json
 
+        asked = set(keys)
         try:
             with self.http.stream("POST", "/v1/artifacts/batch", json={"keys": keys}) as r:
                 if r.status_code >= 400:
@@ -97,10 +98,10 @@ class RemoteService:
                         continue
                     item = json.loads(line)
                     if item.get("done"):
-                        return answered, [k for k in item.get("not_sent", []) if k in keys]
+                        return answered, [k for k in item.get("not_sent", []) if k in asked]
                     answered += 1
                     key = item.get("key")
-                    if key not in keys:
+                    if key not in asked:
                         raise ServiceError(f"service answered key {str(key)[:12]} it was not asked for")
                     if not item.get("missing"):
                         found[key] = self._verified(key, item)

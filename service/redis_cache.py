@@ -225,7 +225,7 @@ class RedisCache:
 def _hit(reply: list[bytes], blobs: bool) -> Hit | None:
     if not reply:
         return None
-    signature = reply[1].decode() or None
+    signature = reply[1].decode(errors="replace") or None  # garbage there: the client refuses it
     if not blobs:
         return Hit(reply[0], signature, None)
     return Hit(reply[0], signature, [(reply[i].decode(), reply[i + 1]) for i in range(2, len(reply), 2)])

@@ -188,6 +188,18 @@ def test_batch_streams_hits_and_misses_in_order(client: TestClient, base_artifac
     assert all("blobs" not in g for g in manifests_only[:-1]) and manifests_only[0]["manifest"]["key"] == keys[0]
 
 
+def test_batch_never_lets_a_stored_manifest_split_its_line(client: TestClient, base_artifact: Artifact) -> None:
+    """Whoever can write the cache's Redis may store any bytes; a manifest with a newline would
+    make two lines of one (the client would still refuse what they say, but lose the batch)."""
+    keys = [put(client, variant(base_artifact, n)) for n in (50, 51)]
+    store = client.app.state.store
+    raw = store.c.get(store.k.manifest(keys[0]))
+    store.c.set(store.k.manifest(keys[0]), raw.replace(b',"plan":', b',\n"plan":', 1))
+    got = lines(client.post("/v1/artifacts/batch", json={"keys": keys}, headers=AUTH))
+    assert got[0] == {"key": keys[0], "missing": True} and got[1]["key"] == keys[1]
+    assert got[-1]["hits"] == 1 and got[-1]["missing"] == 1
+
+
 @pytest.mark.parametrize(("body", "status"), [
     ({"keys": []}, 422), ({"keys": ["A" * 64]}, 422), ({"keys": ["a" * 63]}, 422), ({}, 422),
     ({"keys": ["a" * 64], "more": 1}, 422), ({"keys": "a" * 64}, 422), ({"keys": ["a" * 64] * 9}, 413),
