@@ -255,6 +255,9 @@ def test_embedded_store_serves_the_same_answers(embedded_settings: ServiceSettin
         assert c.get(f"/v1/artifacts/{key}", headers={"If-None-Match": single.headers["etag"]}).status_code == 304
         got = lines(c.post("/v1/artifacts/batch", json={"keys": [key, "7" * 64]}))
         assert got[0] == {"key": key, **single.json()} and got[1]["missing"] and got[2]["hits"] == 1
+        # the fast path sits inside the loopback guard: a DNS-rebound Host gets nothing
+        rebound = c.get(f"/v1/artifacts/{key}", headers={"Host": "evil.example"})
+        assert rebound.status_code == 421 and b"manifest" not in rebound.content
 
 
 def test_pipelined_client_survives_redis_going_and_coming_back(tmp_path: Path, base_artifact: Artifact) -> None:
