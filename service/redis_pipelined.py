@@ -82,6 +82,7 @@ class _Connection(asyncio.Protocol):
         self.pending: collections.deque[tuple[asyncio.Future, float]] = collections.deque()
         self.buf = bytearray()
         self.closed = False
+        self.out: list[bytes] = []  # commands of this event-loop iteration, written together
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -90,8 +91,16 @@ class _Connection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in range(count)]
         self.pending.extend((f, deadline) for f in futures)
-        self.transport.write(data)  # type: ignore[union-attr]
+        if not self.out:
+            loop.call_soon(self._flush)
+        self.out.append(data)
         return futures
+
+    def _flush(self) -> None:
+        """One write (one system call) for every hit that sent a command since the last one."""
+        data, self.out = b"".join(self.out), []
+        if not self.closed:
+            self.transport.write(data)  # type: ignore[union-attr]
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
