@@ -3,9 +3,10 @@
 
 `python -m bench.service_load [--seconds 10] [--connections 64] [--processes 1] [--clients 4]`
 starts its own redis-server on a free port, stores one compiled artifact, starts the API
-(`fxcc serve`, or uvicorn with --processes API processes), drives it with --clients load
+(`fxcc serve` with --processes API processes), drives it with --clients load
 processes (asyncio, keep-alive HTTP/1.1, the connections split between them) and prints one JSON
-line: requests/s, p50 and p99 latency for both, and the ratios service / Redis.
+line: requests/s, p50 and p99 latency for both, and the ratios service / Redis. The load generator is Python: `python -m bench.service_hits`
+measures with wrk, a C load generator, instead.
 """
 
 from __future__ import annotations
@@ -122,10 +123,12 @@ def summary(rps: float, latencies_ns: list[int]) -> dict[str, float]:
 
 
 def redis_benchmark(port: int, connections: int, value_bytes: int, requests: int) -> dict[str, float]:
+    """redis-benchmark's GET of a `value_bytes` value (its SET test runs first and stores it: GET
+    alone would read a missing key, a nil reply of 5 bytes)."""
     exe = shutil.which("redis-benchmark")
     if exe is None:
         raise SystemExit("redis-benchmark is not on PATH (Debian: apt-get install redis-tools)")
-    out = subprocess.run([exe, "-h", "127.0.0.1", "-p", str(port), "-t", "get", "-c", str(connections),
+    out = subprocess.run([exe, "-h", "127.0.0.1", "-p", str(port), "-t", "set,get", "-c", str(connections),
                           "-n", str(requests), "-d", str(value_bytes), "--csv"],
                          check=True, capture_output=True, text=True).stdout
     row = next(r for r in csv.DictReader(io.StringIO(out)) if r["test"] == "GET")
@@ -133,14 +136,12 @@ def redis_benchmark(port: int, connections: int, value_bytes: int, requests: int
             "requests": requests}
 
 
-def start_api(redis_url: str, port: int, processes: int, log: Path) -> subprocess.Popen:
+def start_api(redis_url: str, port: int, processes: int, log: Path, **settings: str) -> subprocess.Popen:
+    """`fxcc serve` with `processes` API processes (FXCC_API_PROCESSES) and FXCC_<settings>."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FXCC_")}
-    env.update(FXCC_REDIS_URL=redis_url, FXCC_TOKEN=TOKEN, FXCC_PORT=str(port))
-    if processes == 1:  # exactly what `fxcc serve` runs
-        cmd = [sys.executable, "-c", f"from fxcc.service.server import serve_main; serve_main('127.0.0.1', {port})"]
-    else:
-        cmd = [sys.executable, "-m", "uvicorn", "fxcc.service.app:create_app", "--factory", "--host", "127.0.0.1",
-               "--port", str(port), "--workers", str(processes), "--no-access-log", "--log-level", "warning"]
+    env.update(FXCC_REDIS_URL=redis_url, FXCC_TOKEN=TOKEN, FXCC_PORT=str(port), FXCC_API_PROCESSES=str(processes),
+               **{f"FXCC_{k.upper()}": v for k, v in settings.items()})
+    cmd = [sys.executable, "-c", f"from fxcc.service.server import serve_main; serve_main('127.0.0.1', {port})"]
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 

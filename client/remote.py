@@ -18,6 +18,8 @@ from fxcc.compiler_core.wire import CompileRequest
 
 log = logging.getLogger("fxcc.remote")
 
+BATCH_MAX_KEYS = 256  # keys per batch request (the service's FXCC_BATCH_MAX_KEYS defaults to 512)
+
 
 class ServiceError(FxccError):
     """The service could not be reached or answered with an error."""
@@ -59,7 +61,57 @@ class RemoteService:
         if r.status_code == 404:
             return None
         _check(r)
-        body = r.json()
+        return self._verified(key, r.json())
+
+    def get_artifacts(self, keys: list[str]) -> dict[str, Artifact]:
+        """The artifacts of `keys` that the shared cache holds, each verified as get_artifact does,
+        in as few requests as the service's batch limits allow (POST /v1/artifacts/batch): a warm
+        start asks once for a whole model's graphs. Keys it lacks are absent from the answer; an
+        artifact refused (signature, digest) raises ArtifactError, as get_artifact does."""
+        found: dict[str, Artifact] = {}
+        todo = list(dict.fromkeys(keys))
+        while todo:
+            batch, todo = todo[:BATCH_MAX_KEYS], todo[BATCH_MAX_KEYS:]
+            sent, not_sent = self._batch(batch, found)
+            if not sent and not_sent:  # the first artifact alone is over the service's byte limit
+                art = self.get_artifact(not_sent[0])
+                if art is not None:
+                    found[not_sent[0]] = art
+                not_sent = not_sent[1:]
+            todo = not_sent + todo
+        return found
+
+    def _batch(self, keys: list[str], found: dict[str, Artifact]) -> tuple[int, list[str]]:
+        """One batch request: adds its hits to `found`; returns how many lines were artifacts or
+        misses and the keys the service left for another request."""
+        import json
+
+        asked = set(keys)
+        try:
+            with self.http.stream("POST", "/v1/artifacts/batch", json={"keys": keys}) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    _check(r)
+                answered = 0
+                for line in r.iter_lines():
+                    if not line:
+                        continue
+                    item = json.loads(line)
+                    if item.get("done"):
+                        return answered, [k for k in item.get("not_sent", []) if k in asked]
+                    answered += 1
+                    key = item.get("key")
+                    if key not in asked:
+                        raise ServiceError(f"service answered key {str(key)[:12]} it was not asked for")
+                    if not item.get("missing"):
+                        found[key] = self._verified(key, item)
+        except httpx.HTTPError as e:
+            raise ServiceError(f"service {self.url} unreachable: {type(e).__name__}: {e}") from None
+        raise ServiceError(f"service {self.url} cut a batch of {len(keys)} artifacts short")
+
+    def _verified(self, key: str, body: dict[str, Any]) -> Artifact:
+        """The artifact in a hit's answer, once its signature (before anything else is decoded) and
+        every blob's digest check out."""
         if self.trusted is not None:  # before anything of the artifact is decoded, let alone loaded
             why = self.trusted.check(body.get("manifest"), body.get("signature"))
             if why is not None:
@@ -72,6 +124,24 @@ class RemoteService:
             raise ArtifactError(f"service returned artifact {art.manifest.key[:12]} for key {key[:12]}")
         art.verify()
         return art
+
+    def prefetch(self, keys: list[str], cache: Any) -> int:
+        """Put the artifacts of `keys` that `cache` (a LocalCache) lacks into it, from one batch
+        request; returns how many arrived. The warm-start hook: whoever knows a model's keys at once
+        (a Dynamo or pre-AOT package lists its graphs') calls this before the graphs are traced, so
+        that each graph then hits the local cache. Never raises (only an optimisation)."""
+        wanted = [k for k in dict.fromkeys(keys) if cache.get(k) is None]
+        if not wanted:
+            return 0
+        try:
+            found = self.get_artifacts(wanted)
+        except Exception as e:  # noqa: BLE001 - each graph still fetches its own artifact
+            _warn_once(f"fxcc: batch fetch of {len(wanted)} artifacts from {self.url} failed "
+                       f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); fetching one by one")
+            return 0
+        for art in found.values():
+            cache.put(art)
+        return len(found)
 
     def get_pre_aot(self, key: str) -> dict[str, Any] | None:
         """This principal's pre-AOT entry for `key` (JSON, unchecked); None when there is none."""

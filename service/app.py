@@ -71,6 +71,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
 
     app = FastAPI(title="fxcc", version="1", lifespan=lifespan,
                   description="Compiler-as-a-service for PyTorch 2. Bearer tokens with roles client and admin.")
+    app.add_middleware(artifacts.ArtifactHits)  # innermost: the guards below check a hit first
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     if settings.loopback_guard:  # added last, so it runs first: a refused request costs nothing more
         app.add_middleware(LoopbackGuard, allowed_hosts=settings.allowed_hosts)

@@ -19,8 +19,6 @@ from fxcc.service.store import ANONYMOUS, Store, TokenRecord
 
 ROLE_RANK: dict[str, int] = {"client": 1, "admin": 2}
 
-_CACHE_S = 5.0  # a token made or revoked over the API takes effect on every replica within this
-
 
 @dataclass(frozen=True)
 class Principal:
@@ -62,6 +60,8 @@ class Authenticator:
         self.configured = settings_tokens(settings)
         self.anonymous = (Principal(ANONYMOUS, settings.effective_anonymous_role, anonymous=True)
                           if settings.anonymous_allowed else None)
+        # A token made or revoked over the API takes effect on every process within this.
+        self.cache_s = settings.token_cache_s
         self._cache: dict[str, tuple[float, TokenRecord | None]] = {}
         self._lock = threading.Lock()
 
@@ -93,7 +93,7 @@ class Authenticator:
         with self._lock:
             if len(self._cache) > 10_000:
                 self._cache.clear()
-            self._cache[digest] = (now + _CACHE_S, record)
+            self._cache[digest] = (now + self.cache_s, record)
         return record
 
     def forget(self) -> None:

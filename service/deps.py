@@ -40,17 +40,32 @@ _bearer = HTTPBearer(auto_error=False, description="an fxcc API token (role clie
 async def authenticate(auth: AuthDep, request: Request,
                        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
     """401 unless the request carries a known bearer token (or none at all, with anonymous access on)."""
-    if credentials is not None:
-        token = credentials.credentials.strip()
+    del credentials  # declared for the OpenAPI document; principal_of reads the header as _bearer does
+    return await principal_of(auth, request.headers.get("authorization"))
+
+
+async def principal_of(auth: Authenticator, authorization: str | None) -> Principal:
+    """The principal of an Authorization header (the cache-hit route calls this without FastAPI)."""
+    scheme, _, credentials = (authorization or "").partition(" ")
+    if authorization and scheme.lower() == "bearer" and credentials:
+        token = credentials.strip()
         known, principal = auth.known(token) if token else (True, None)
         if not known:  # a token made over the API, not looked up lately: ask the store
             principal = await run_in_threadpool(auth.principal, token)
     else:
         # No header: anonymous, if allowed. Another scheme (Basic ...) is a wrong credential, not none.
-        principal = None if request.headers.get("authorization") else auth.principal(None)
+        principal = None if authorization else auth.principal(None)
     if principal is None:
         raise HTTPException(status_code=401, detail="missing or unknown bearer token",
                             headers={"WWW-Authenticate": "Bearer"})
+    return principal
+
+
+def check_role(principal: Principal, role: Role) -> Principal:
+    """403 unless `principal` has `role` or above."""
+    if not principal.may(role):
+        raise HTTPException(status_code=403, detail=f"this needs the {role} role; "
+                            f"token {principal.name!r} has {principal.role}")
     return principal
 
 
@@ -58,10 +73,7 @@ def require(role: Role):
     """A dependency that admits principals with `role` or above: 401 without a token, 403 below it."""
 
     async def check(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
-        if not principal.may(role):
-            raise HTTPException(status_code=403, detail=f"this needs the {role} role; "
-                                f"token {principal.name!r} has {principal.role}")
-        return principal
+        return check_role(principal, role)
 
     return check
 

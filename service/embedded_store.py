@@ -33,6 +33,7 @@ from fxcc.service.store import (
     ArtifactTooLarge,
     CancelOutcome,
     Claim,
+    Hit,
     JobError,
     JobRecord,
     JobStage,
@@ -147,8 +148,16 @@ class EmbeddedStore:
             self.count("hits")
         return StoredArtifact(art.manifest, data or b"", art.blobs if blobs else None, self.get_signature(key))
 
-    async def fetch_artifact_async(self, key: str, *, blobs: bool = True) -> StoredArtifact | None:
-        return await asyncio.to_thread(self.fetch_artifact, key, blobs=blobs)
+    async def fetch_hits_async(self, keys: list[str], *, blobs: bool = True) -> list[Hit | None]:
+        # Note: files on a local disk, one user: these hits are parsed and checked (fetch_artifact),
+        # which Redis's hot path skips.
+        return await asyncio.to_thread(lambda: [self._hit(key, blobs) for key in keys])
+
+    def _hit(self, key: str, blobs: bool) -> Hit | None:
+        found = self.fetch_artifact(key, blobs=blobs)
+        if found is None:
+            return None
+        return Hit(found.manifest_json, found.signature, None if found.blobs is None else list(found.blobs.items()))
 
     async def aclose(self) -> None:
         """Nothing to close: files only."""

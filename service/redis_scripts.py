@@ -221,8 +221,9 @@ return redis.call('PEXPIRE', inflight, ARGV[3])
 """
 
 # A cache look-up in one round trip: the manifest, its signature ('' for none) and, when ARGV[2]
-# is '1', digest/blob pairs for the digests the manifest names (found by pattern; the caller checks
-# them against the parsed manifest). A manifest whose blobs are gone (evicted from an allkeys-lru
+# is '1', digest/blob pairs for the digests the manifest names (found by pattern; fetch_artifact
+# checks them against the parsed manifest, the hit routes pass them on as they are and the client
+# checks them against the signed manifest). A manifest whose blobs are gone (evicted from an allkeys-lru
 # cache) is a miss. Counted as a hit or miss unless ARGV[3] is '0'.
 # KEYS: manifest, signature, counters. ARGV: blob key prefix, want blobs, count.
 LOOKUP = """
@@ -236,7 +237,7 @@ if not m then
 end
 local out = {m, redis.call('GET', KEYS[2]) or ''}
 local seen = {}
-for d in string.gmatch(m, '"digest":"(%x+)"') do
+for d in string.gmatch(m, '"digest"%s*:%s*"(%x+)"') do
   if not seen[d] then
     seen[d] = true
     if ARGV[2] == '1' then

@@ -63,6 +63,17 @@ class ServiceSettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8470, ge=0, le=65535)
+    # ---- serving cache hits (issue 24). API processes of `fxcc serve` with Redis: 0 is half the
+    # CPUs (at least 1, at most 8), leaving the rest to Redis and the network; embedded mode is one.
+    api_processes: int = Field(default=0, ge=0, le=64)
+    access_log: bool = False  # uvicorn's access log, one line per request (about 7% of a hit's cost)
+    # A token made over the API and looked up in the store is trusted (or refused) this long per
+    # process: a revoked one is refused everywhere within it.
+    token_cache_s: float = Field(default=5.0, ge=0, le=300)
+    # POST /v1/artifacts/batch: at most this many keys a request, and this many bytes of artifacts
+    # streamed (the keys past it are listed as not sent, for another request).
+    batch_max_keys: int = Field(default=512, ge=1, le=10_000)
+    batch_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
 
     # ---- limits
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1)

@@ -133,6 +133,19 @@ class StoredArtifact:
 
 
 @dataclass(frozen=True)
+class Hit:
+    """A cache hit as the artifacts routes serve it: the stored bytes, unparsed and unchecked.
+
+    Note: the service never needs to parse or verify what it serves: the client checks the
+    signature over `manifest_json`, then every blob against the manifest's digests, before it
+    decodes anything. A manifest whose blobs are not all there is a miss, never a Hit."""
+
+    manifest_json: bytes
+    signature: str | None
+    blobs: list[tuple[str, bytes]] | None  # (digest, bytes); None when only the manifest was asked for
+
+
+@dataclass(frozen=True)
 class Submitted:
     """What submitting a request gave: the cached manifest, or the job that will produce it."""
 
@@ -197,12 +210,13 @@ class Store(Protocol):
 
     def get_signature(self, key: str) -> str | None: ...
 
-    async def fetch_artifact_async(self, key: str, *, blobs: bool = True) -> StoredArtifact | None:
-        """fetch_artifact for the event loop (counted)."""
+    async def fetch_hits_async(self, keys: list[str], *, blobs: bool = True) -> list[Hit | None]:
+        """The stored hits of `keys` (None for a miss), in order, for the event loop, counted as
+        hits and misses: one Redis round trip for all of them, nothing parsed (see Hit)."""
         ...
 
     async def aclose(self) -> None:
-        """Close what fetch_artifact_async opened (from the event loop that used it)."""
+        """Close what fetch_hits_async opened (from the event loop that used it)."""
         ...
 
     def fetch_artifact(self, key: str, *, blobs: bool = True, count: bool = True) -> StoredArtifact | None:
