@@ -136,11 +136,12 @@ class ServiceSettings(BaseSettings):
     compile_process_warm: bool = True
     # Request checks (service/checker.py): a POST /v1/compile is parsed, its ops, key and shapes
     # checked in one of check_processes warm checker processes of the API, never in the API process
-    # itself (a large graph would stall every other answer, the health check's included). A check
+    # itself (a large graph would stall every other answer, the health check's included); in each
+    # API process (FXCC_API_PROCESSES). A check
     # past check_timeout_s or over check_memory_mb of resident memory is a 422 (the graph is too
     # costly to accept); a principal with check_per_principal different requests in the checkers
     # gets 429 for one more. compile_process_warm starts them with the service too.
-    check_processes: int = Field(default=2, ge=1, le=64)
+    check_processes: int = Field(default=0, ge=0, le=64)  # 0: 2 with one API process, else 1 in each
     check_timeout_s: float = Field(default=60.0, gt=0)
     check_memory_mb: int = Field(default=4096, ge=256)
     check_per_principal: int = Field(default=4, ge=1)

@@ -55,7 +55,12 @@ def checker_pool(settings: ServiceSettings) -> Any:
 
 
 def check_limits(settings: ServiceSettings) -> CheckLimits:
-    return CheckLimits(processes=settings.check_processes, timeout_s=settings.check_timeout_s,
+    """The checkers' limits; FXCC_CHECK_PROCESSES=0 (default) means 2 in a lone API process and 1
+    in each of several (each checker holds torch: about 0.5 GB at rest)."""
+    from fxcc.service.server import api_processes
+
+    processes = settings.check_processes or (2 if api_processes(settings) == 1 else 1)
+    return CheckLimits(processes=processes, timeout_s=settings.check_timeout_s,
                        memory_mb=settings.check_memory_mb, per_principal=settings.check_per_principal,
                        max_nodes=settings.max_nodes)
 
