@@ -10,6 +10,7 @@ compile, loading, a first run), the graph runs eagerly and fxcc warns once per c
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 import threading
@@ -108,9 +109,11 @@ def warn_once(cause: str, message: str) -> None:
     log.warning("fxcc: %s", message)
 
 
-def target_for(example_inputs: list[Any]) -> Target:
-    """Where the graph's kernels will run, from the devices of its inputs."""
-    for t in example_inputs:
+def target_for(example_inputs: list[Any], gm: fx.GraphModule | None = None) -> Target:
+    """Where the graph's kernels will run, from the devices of its inputs; for a graph without a
+    CUDA input (factory ops alone: torch.arange(n, device="cuda")), from the tensors it makes."""
+    made = (n.meta.get("val", n.meta.get("example_value")) for n in gm.graph.nodes) if gm is not None else ()
+    for t in itertools.chain(example_inputs, made):
         if isinstance(t, torch.Tensor) and t.device.type == "cuda":
             major, minor = torch.cuda.get_device_capability(t.device)
             return Target(kind="cuda", arch=major * 10 + minor)
@@ -137,7 +140,7 @@ class GraphCompiler:
 
             request = CompileRequest(
                 graph=capture.spec,
-                options=CompileOptions(mode=self.settings.mode, target=target_for(example_inputs),
+                options=CompileOptions(mode=self.settings.mode, target=target_for(example_inputs, gm),
                                        allow_tf32=matmul_allows_tf32()),
                 priority="precompile" if self.settings.precompile else "interactive",
                 hints=capture.hints,

@@ -162,7 +162,7 @@ def wrap(fn: Callable, entry: Any, gm: torch.fx.GraphModule, example_inputs: lis
 
     state = {"schema": SCHEMA, "artifact_key": entry.artifact_key, "inputs": entry.inputs,
              "outputs": entry.outputs, "graph_nodes": entry.graph_nodes,
-             "target": target_for(example_inputs).model_dump(), "settings": settings_key(settings)}
+             "target": target_for(example_inputs, gm).model_dump(), "settings": settings_key(settings)}
     compiled = FxccCompiled(fn, state, gm, settings)
     backend_id = getattr(gm, "_backend_id", None)
     if isinstance(backend_id, str):

@@ -110,7 +110,7 @@ def graph_key(gm: fx.GraphModule, example_inputs: list[Any], settings: Any) -> s
         "state": _global_state(),
         "settings": {f.name: str(getattr(settings, f.name)) for f in fields(settings)
                      if f.name not in _SETTINGS_NOT_KEYED},
-        "target": target_for(example_inputs).model_dump(),
+        "target": target_for(example_inputs, gm).model_dump(),
         "runtime": CompileOptions().runtime.model_dump(),
         "versions": _versions(),
     }
@@ -539,7 +539,7 @@ def serve(entry: Entry, gm: fx.GraphModule, example_inputs: list[Any], compiler:
     plan = art.manifest.plan
     if (art.manifest.key != entry.artifact_key or len(plan.inputs) != entry.inputs
             or len(example_inputs) != entry.inputs or len(plan.outputs) != entry.outputs
-            or plan.symbols or art.manifest.target != target_for(example_inputs)):
+            or plan.symbols or art.manifest.target != target_for(example_inputs, gm)):
         log_once("mismatch", "the artifact %s does not fit its entry", entry.artifact_key[:12])
         return None
     settings = compiler.settings

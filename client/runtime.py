@@ -241,10 +241,17 @@ class PlanRunner:
             i = next((i for i, a in enumerate(args) if isinstance(a, torch.Tensor)), None)
             if i is not None:
                 self._first_tensor = i
-            env["__device__"] = torch.device("cpu") if i is None else args[i].device
+            env["__device__"] = self._no_input_device() if i is None else args[i].device
         if self._symbols is not None:
             env[SYMS] = self._symbols(args)
         return env
+
+    def _no_input_device(self) -> torch.device:
+        """Where a plan without tensor inputs (factory ops alone) allocates: the current CUDA
+        device for a CUDA artifact, else the CPU."""
+        if self.manifest.target.kind == "cuda":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
 
     def run_steps(self, env: dict[str, Any], start: int, stop: int | None = None) -> None:
         """Run the plan's steps [start, stop) over `env` (a CUDA graph runs a prefix, then the rest)."""

@@ -65,7 +65,19 @@ def _batch_norm_inference(x: TensorValue, weight: TensorValue | None, bias: Tens
     def rstd(index: Sequence[Expr]) -> Any:
         return ops.rsqrt(ops.add(ops.to_dtype(rv(index), acc), ops.constant(float(eps), acc)))
     y = _normalize(x, mean, rstd, _channel(weight), _channel(bias), acc, out.dtype)
-    return y, _empty(save_mean), _empty(save_rstd)
+    if 0 in sizes_of(save_mean):  # a CPU tensor's: empty
+        return y, _empty(save_mean), _empty(save_rstd)
+    # Note: on any other device (CUDA) torch returns the running mean and 1 / sqrt(running_var + eps)
+    # per channel (torch._decomp's native_batch_norm_helper: "CPU and CUDA give different shapes").
+    rm_c, rv_c = make_loader(running_mean), make_loader(running_var)
+
+    def per_channel(val: torch.Tensor, fn: Loader) -> Lazy:
+        return Lazy(val.dtype, sizes_of(val), lambda index: ops.to_dtype(fn(index), compute_dtype(val.dtype)))
+
+    def rstd_c(index: Sequence[Expr]) -> Any:
+        return ops.rsqrt(ops.add(ops.to_dtype(rv_c(index), acc), ops.constant(float(eps), acc)))
+    return (y, per_channel(save_mean, lambda index: ops.to_dtype(rm_c(index), acc)),
+            per_channel(save_rstd, rstd_c))
 
 
 @register_lowering(aten._native_batch_norm_legit_functional.default)

@@ -30,6 +30,27 @@ def test_batch_norm_inference_all_outputs():
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
 
+def test_batch_norm_inference_on_cuda_returns_the_running_statistics() -> None:
+    """On CUDA, _native_batch_norm_legit_no_training's second and third outputs are the running mean
+    and 1 / sqrt(running_var + eps) per channel (on a CPU, empty): the graph's tensors are CUDA
+    ones here (faked: compiled for the interpreter, run on CPU tensors), as the H200 sweep found."""
+    from fxcc.client.capture import capture_graph
+    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.wire import CompileRequest
+
+    def f(x, w, b, rm, rv):
+        return aten._native_batch_norm_legit_no_training(x, w, b, rm, rv, 0.1, 1e-5)
+    inputs = [X, W, B, RM, RV]
+    spec = capture_graph(torch.fx.experimental.proxy_tensor.make_fx(f)(*inputs), inputs).spec
+    spec = spec.model_copy(update={"placeholders": [p.model_copy(update={"spec": p.spec.model_copy(
+        update={"device": "cuda"})}) for p in spec.placeholders]})
+    art = compile_request(CompileRequest(graph=spec))
+    out, save_mean, save_rstd = run(art, X, W, B, RM, RV)
+    torch.testing.assert_close(out, f(X, W, B, RM, RV)[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(save_mean, RM)
+    torch.testing.assert_close(save_rstd, 1 / torch.sqrt(RV + 1e-5))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_batch_norm_training_functional(dtype: torch.dtype) -> None:
     x, w, b, rm, rv = (t.to(dtype) for t in (X, W, B, RM, RV))
