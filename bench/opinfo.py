@@ -192,7 +192,7 @@ def compile_with_fxcc(aot: AotGraph) -> tuple[Callable[[list[Any]], Any], Any, l
         cap = capture_graph(aot.gm, aot.example_inputs)
     except UnsupportedOp as e:
         raise _Skip(f"fxcc runs it eagerly: {str(e)[:160]}") from None
-    options = CompileOptions(target=target_for(aot.example_inputs), allow_tf32=matmul_allows_tf32())
+    options = CompileOptions(target=target_for(aot.example_inputs, aot.gm), allow_tf32=matmul_allows_tf32())
     with _compiler_warnings() as notes:
         try:
             art = compile_and_build(CompileRequest(graph=cap.spec, options=options))
