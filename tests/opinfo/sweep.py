@@ -45,7 +45,10 @@ KNOWN_ROUNDING = ["cross", "linalg.cross", "logit"]
 # "ops_failing" in bench/results/h200-opinfo.json (python -c "import json; d = json.load(open(
 # 'bench/results/h200-opinfo.json'))['dtypes']; print(sorted({o for v in d.values() for o in
 # v.get('ops_failing', [])}))"). They run here on CPU once fixed, so the fix stays.
-GPU_FAILING: list[str] = []
+# Session 9's run: native_batch_norm (CUDA's inference statistics) and the factory ops (graphs
+# without tensor inputs ran on the CPU) were fixed; _softmax_backward_data (bf16/fp16) and the
+# flash / efficient attention forwards still error there (issue 26).
+GPU_FAILING: list[str] = ["native_batch_norm", "arange", "full", "linspace", "ones", "zeros", "scalar_tensor"]
 
 
 def ci_ops() -> list[str]:
