@@ -270,20 +270,41 @@ def judge_mismatch(fn: Callable[..., Any], tensors: list[Any], got: list[Any], e
     if not isinstance(e, torch.Tensor) or not isinstance(g, torch.Tensor) or g.shape != e.shape \
             or g.dtype != e.dtype:
         return {"output": index}, "wrong"
-    with torch.no_grad():
-        truth = _flat(fn)(*float64_inputs(_clones(tensors)))[index]
+    truth, reference = reference_result(fn, tensors, index, e)
     results: dict[str, Any] = {"fxcc": g, "eager": e, "aot_eager": aot_eager[index]}
     try:
         results["inductor"] = inductor_result(fn, tensors)[index]
     except Exception as err:  # noqa: BLE001 - Inductor failing leaves eager as the only yardstick
         log.info("inductor failed: %s", err)
         results["inductor"] = None
-    errors: dict[str, Any] = {"output": index}
+    errors: dict[str, Any] = {"output": index, "reference": reference}
     for name, r in results.items():
         abs_err, in_tol = max_error(r, truth) if r is not None else (None, None)
         errors[name], errors[f"{name}_in_tol"] = abs_err, in_tol
     yardsticks = [errors[f"{k}_in_tol"] for k in ("eager", "inductor") if errors[f"{k}_in_tol"] is not None]
     return errors, "wrong" if errors["fxcc_in_tol"] > max(yardsticks) + 1 else "rounding"
+
+
+def reference_result(fn: Callable[..., Any], tensors: list[Any], index: int, eager: Any) -> tuple[Any, str]:
+    """Output `index` computed as exactly as this op allows, and how: float64 on the sample's
+    device; else float64 on the CPU (CUDA kernels without float64, or that check an argument's
+    dtype that the upcast leaves, as _softmax_backward_data's input_dtype); else float32 on the
+    device (kernels of half types and fp32 only); else eager's own result (flash attention: fp16
+    and bf16 only), against which eager's error is 0 and fxcc's is judged by Inductor's."""
+    import torch
+
+    attempts = [("float64", torch.float64, None), ("float64 on cpu", torch.float64, "cpu"),
+                ("float32", torch.float32, None)]
+    for name, dtype, device in attempts:
+        try:
+            ins = [t.to(device=device or t.device, dtype=dtype if t.is_floating_point() else t.dtype)
+                   for t in _clones(tensors)]
+            with torch.no_grad():
+                out = _flat(fn)(*ins)[index]
+            return out.to(eager.device), name
+        except Exception as err:  # noqa: BLE001 - the next way, or eager's result
+            log.info("reference in %s failed: %s", name, str(err).splitlines()[0][:200] if str(err) else err)
+    return eager, "eager"
 
 
 def run_sample(op: str, dtype: str, index: int, fn: Callable[..., Any], tensors: list[Any]) -> Outcome:

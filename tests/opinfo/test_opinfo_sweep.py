@@ -52,6 +52,28 @@ def test_a_result_far_from_float64_is_wrong_and_one_as_close_as_inductor_is_roun
     assert opinfo.judge_mismatch(fn, tensors, wrong_dtype, expected, aot_eager, 0)[1] == "wrong"
 
 
+def test_an_op_without_float64_kernels_is_judged_against_the_next_best_reference():
+    """On the H200, _softmax_backward_data (bf16 input_dtype left by the upcast) and the attention
+    forwards (no float64) made the float64 reference raise, and the sample was counted errored."""
+    fn, tensors, expected, aot_eager, truth = _bf16_sample()
+
+    def no_float64(x, y):
+        if x.dtype == torch.float64:
+            raise RuntimeError("no float64 kernel")
+        return fn(x, y)
+
+    errors, verdict = opinfo.judge_mismatch(no_float64, tensors, [truth.to(torch.bfloat16)], expected, aot_eager, 0)
+    assert errors["reference"] == "float32" and verdict == "rounding"
+
+    def half_only(x, y):
+        if x.dtype != torch.bfloat16:
+            raise RuntimeError("bf16 only")
+        return fn(x, y)
+
+    errors, verdict = opinfo.judge_mismatch(half_only, tensors, [expected[0] + 0.25], expected, aot_eager, 0)
+    assert errors["reference"] == "eager" and errors["eager"] == 0.0 and verdict == "wrong"
+
+
 def test_a_worker_killed_mid_task_costs_that_task_only(tmp_path, monkeypatch):
     give = opinfo_pool._Worker.give
 
