@@ -56,6 +56,9 @@ NONDETERMINISTIC = {
     "resize_", "resize_as_",
     # Their samples use dropout_p > 0: eager and compiled draw different random masks.
     "nn.functional.scaled_dot_product_attention", "nn.functional.multi_head_attention_forward",
+    # The same, and their outputs include the RNG state drawn (philox seed and offset): on the H200
+    # fxcc's and Inductor's differ from eager's alike (session 9).
+    "torch.ops.aten._flash_attention_forward", "torch.ops.aten._efficient_attention_forward",
 }
 
 # torch.testing.assert_close's default (rtol, atol) per floating dtype; other dtypes compare exactly.
