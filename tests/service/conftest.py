@@ -60,6 +60,30 @@ def store(request: pytest.FixtureRequest, embedded_settings: ServiceSettings) ->
         yield EmbeddedStore(embedded_settings.data_dir)
 
 
+# Two client principals of one app, for the per-principal routes (pre-AOT entries, Dynamo packages).
+PRINCIPAL_TOKENS = {"ci-a": "secret-a", "ci-b": "secret-b"}
+
+
+def principal_auth(principal: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {PRINCIPAL_TOKENS[principal]}"}
+
+
+@pytest.fixture(params=["redis", "embedded"])
+def two_principals(request: pytest.FixtureRequest, embedded_settings: ServiceSettings) -> Iterator:
+    """The real app on both stores with the client tokens of PRINCIPAL_TOKENS (no anonymous access)."""
+    from fastapi.testclient import TestClient
+    from pydantic import SecretStr
+
+    from fxcc.service.app import create_app
+    from fxcc.service.settings import TokenEntry
+
+    base = request.getfixturevalue("redis_settings") if request.param == "redis" else embedded_settings
+    settings = base.model_copy(update={"anonymous": None, "tokens": [
+        TokenEntry(name=name, role="client", token=SecretStr(token)) for name, token in PRINCIPAL_TOKENS.items()]})
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
 def contiguous(sizes: tuple[int, ...], dtype: str = "float32") -> TensorSpec:
     strides, acc = [], 1
     for s in reversed(sizes):

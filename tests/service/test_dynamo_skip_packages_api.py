@@ -3,33 +3,23 @@ and returned as they came, 422 for bad keys and empty bodies, 413 over the bound
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from fastapi.testclient import TestClient
-from pydantic import SecretStr
 
-from fxcc.service.app import create_app
 from fxcc.service.routes.packages import MAX_PACKAGE_BYTES
-from fxcc.service.settings import ServiceSettings, TokenEntry
+from tests.service.conftest import principal_auth
 
-TOKENS = {"ci-a": "secret-a", "ci-b": "secret-b"}
 KEY = "0123456789abcdef" * 4
 # Not a package the service could open: it never tries (pickle opcodes, NUL bytes, invalid UTF-8).
 BYTES = b"FXCCPKG1\n\x80\x04\x95cos\nsystem\n\x00\xff" * 100
 
 
-def auth(principal: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {TOKENS[principal]}"}
+auth = principal_auth
 
 
-@pytest.fixture(params=["redis", "embedded"])
-def client(request: pytest.FixtureRequest, embedded_settings: ServiceSettings) -> Iterator[TestClient]:
-    base = request.getfixturevalue("redis_settings") if request.param == "redis" else embedded_settings
-    settings = base.model_copy(update={"anonymous": None, "tokens": [
-        TokenEntry(name=name, role="client", token=SecretStr(token)) for name, token in TOKENS.items()]})
-    with TestClient(create_app(settings)) as c:
-        yield c
+@pytest.fixture
+def client(two_principals: TestClient) -> TestClient:
+    return two_principals
 
 
 def put(client: TestClient, key: str, data: bytes, principal: str = "ci-a"):

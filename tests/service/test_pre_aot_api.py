@@ -5,33 +5,25 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from pydantic import SecretStr
 
 from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.wire import CompileRequest
-from fxcc.service.app import create_app
-from fxcc.service.settings import ServiceSettings, TokenEntry
+from tests.service.conftest import principal_auth
 
-TOKENS = {"ci-a": "secret-a", "ci-b": "secret-b"}
 KEY = "0123456789abcdef" * 4
 
 
-def auth(principal: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {TOKENS[principal]}"}
+auth = principal_auth
 
 
-@pytest.fixture(params=["redis", "embedded"])
-def client(request: pytest.FixtureRequest, embedded_settings: ServiceSettings) -> Iterator[TestClient]:
-    base = request.getfixturevalue("redis_settings") if request.param == "redis" else embedded_settings
-    settings = base.model_copy(update={"anonymous": None, "tokens": [
-        TokenEntry(name=name, role="client", token=SecretStr(token)) for name, token in TOKENS.items()]})
-    with TestClient(create_app(settings)) as c:
-        yield c
+@pytest.fixture
+def client(two_principals: TestClient) -> TestClient:
+    return two_principals
 
 
 @pytest.fixture
