@@ -124,7 +124,7 @@ def _child(args: list[str], env: dict[str, str], log: Path, timeout_s: float) ->
 
 
 def bench_workload(workload: str, tiny: bool, device: str, root: Path, log: Path, timeout_s: float) -> dict[str, Any]:
-    from fxcc.client.demo import free_port, wait_healthy
+    from fxcc.client.demo import free_port, stop, wait_healthy
 
     t = root / workload
     base = {k: v for k, v in os.environ.items() if not k.startswith(("FXCC_", "TORCHINDUCTOR_", "TRITON_CACHE"))}
@@ -149,11 +149,7 @@ def bench_workload(workload: str, tiny: bool, device: str, root: Path, log: Path
                            TRITON_CACHE_DIR=str(t / f"{run}-triton"), TORCHINDUCTOR_CACHE_DIR=str(t / f"{run}-ind"))
                 row[run] = _child([*args, "--compiler", "fxcc"], env, log, timeout_s)
         finally:
-            server.terminate()
-            try:
-                server.wait(15)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            stop(server, 15)
     row["dynamo_only"] = _child([*args, "--compiler", "eager"],
                                 dict(base, TORCHINDUCTOR_CACHE_DIR=str(t / "eager-ind")), log, timeout_s)
     ind = dict(base, TORCHINDUCTOR_CACHE_DIR=str(t / "inductor-cache"), TRITON_CACHE_DIR=str(t / "inductor-triton"))

@@ -109,13 +109,18 @@ def main(args: argparse.Namespace) -> int:
             print(f"\npass 2 was not served entirely from the shared cache: {second}")
             return 1
     finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop(server, 10)
         log.close()
     return 0
+
+
+def stop(proc: subprocess.Popen, wait_s: float) -> None:
+    """SIGTERM, then SIGKILL if `proc` has not gone after `wait_s`."""
+    proc.terminate()
+    try:
+        proc.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 if __name__ == "__main__":

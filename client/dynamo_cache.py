@@ -52,6 +52,8 @@ from typing import Any
 
 import torch
 
+from fxcc.client.pre_aot import Once
+
 log = logging.getLogger("fxcc.dynamo_cache")
 
 SCHEMA = 1
@@ -67,7 +69,7 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 class _State:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.logged: set[str] = set()
+        self.once = Once()
         self.counts: dict[str, int] = {}
         self.compiled: dict[str, FxccCompiled] = {}  # Dynamo's backend id -> fxcc's callable
         self.saved: dict[str, str] = {}  # package key -> digest of what was last written
@@ -96,11 +98,8 @@ def counters() -> dict[str, int]:
 
 
 def log_once(cause: str, message: str, *args: Any) -> None:
-    with _state.lock:
-        if cause in _state.logged:
-            return
-        _state.logged.add(cause)
-    log.info("fxcc: Dynamo package cache: " + message, *args)
+    if _state.once.first(cause):
+        log.info("fxcc: Dynamo package cache: " + message, *args)
 
 
 def _first_line(e: BaseException) -> str:

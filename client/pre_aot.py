@@ -72,22 +72,30 @@ class Entry:
     graph_nodes: int
 
 
-class _Counters:
+class Once:
+    """The causes already logged in this process: each is logged once (the pre-AOT and the Dynamo
+    package caches: a miss is normal, a broken entry worth one line)."""
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.logged: set[str] = set()
 
+    def first(self, cause: str) -> bool:
+        """True the first time `cause` is asked for."""
+        with self.lock:
+            if cause in self.logged:
+                return False
+            self.logged.add(cause)
+            return True
 
-_counters = _Counters()
+
+_once = Once()
 
 
 def log_once(cause: str, message: str, *args: Any) -> None:
-    """Log at INFO once per cause: a miss is normal, a broken entry worth one line."""
-    with _counters.lock:
-        if cause in _counters.logged:
-            return
-        _counters.logged.add(cause)
-    log.info("fxcc: pre-AOT cache: " + message, *args)
+    """Log at INFO once per cause."""
+    if _once.first(cause):
+        log.info("fxcc: pre-AOT cache: " + message, *args)
 
 
 # ---------------------------------------------------------------- the key
