@@ -11,6 +11,7 @@ run a fresh process:
   the pre-AOT entries and the Dynamo package (signed by the principal's package key);
 - fxcc warm: another empty local cache, the same principal's key file: the package, entries and
   artifacts come from the service (`fxcc_warm_s`; `warm_traced_frames` says whether Dynamo traced);
+- fxcc warm2: a third machine, after the warm one (which saves again what it had to trace);
 - Dynamo alone (`backend="eager"`, `dynamo_only_s`);
 - Inductor cold (fills its own fresh cache dirs), then Inductor warm on them (`inductor_warm_s`).
 Times run from torch.compile(...) (where a package loads) to the synchronized result; imports of
@@ -84,6 +85,13 @@ def run_one(workload: str, compiler: str, tiny: bool, device: str) -> dict[str, 
     imports_s = time.perf_counter() - t0
     import torch._dynamo.utils as dynamo_utils
 
+    profile_to = os.environ.get("FXCC_BENCH_PROFILE")  # --profile: where this run's cProfile goes
+    profiler = None
+    if profile_to:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     t0 = time.perf_counter()
     compiled = torch.compile(model, backend={"fxcc": "fxcc", "eager": "eager", "inductor": "inductor"}[compiler])
     wrapped_s = time.perf_counter() - t0
@@ -91,6 +99,9 @@ def run_one(workload: str, compiler: str, tiny: bool, device: str) -> dict[str, 
         out = _tensor(compiled(*inputs))
         sync()
         first_call_s = time.perf_counter() - t0
+        if profiler is not None:
+            profiler.disable()
+            _write_profile(profiler, Path(profile_to))
         expected = _tensor(model(*inputs))
     err = float((out.float() - expected.float()).abs().max())
     tol = 1e-4 if tiny or not device.startswith("cuda") else 2e-2  # TF32 on both sides on a GPU
@@ -108,6 +119,18 @@ def run_one(workload: str, compiler: str, tiny: bool, device: str) -> dict[str, 
     return res
 
 
+def _write_profile(profiler: Any, path: Path) -> None:
+    """The profile's top functions by cumulative and by own time, as text."""
+    import io
+    import pstats
+
+    buf = io.StringIO()
+    stats = pstats.Stats(profiler, stream=buf)
+    stats.sort_stats("cumulative").print_stats(80)
+    stats.sort_stats("tottime").print_stats(40)
+    path.write_text(buf.getvalue())
+
+
 def _child(args: list[str], env: dict[str, str], log: Path, timeout_s: float) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "bench.dynamo_skip", "run", *args]
     try:
@@ -123,7 +146,8 @@ def _child(args: list[str], env: dict[str, str], log: Path, timeout_s: float) ->
     return json.loads(lines[-1])
 
 
-def bench_workload(workload: str, tiny: bool, device: str, root: Path, log: Path, timeout_s: float) -> dict[str, Any]:
+def bench_workload(workload: str, tiny: bool, device: str, root: Path, log: Path, timeout_s: float,
+                   profile: bool = False, others: bool = True) -> dict[str, Any]:
     from fxcc.client.demo import free_port, stop, wait_healthy
 
     t = root / workload
@@ -141,21 +165,27 @@ def bench_workload(workload: str, tiny: bool, device: str, root: Path, log: Path
                                   env=serve_env, stdout=slog, stderr=subprocess.STDOUT)
         try:
             wait_healthy(url, server, timeout_s=120.0)
-            for run in ("fxcc_cold", "fxcc_warm"):
+            for run in ("fxcc_cold", "fxcc_warm", "fxcc_warm2"):
                 # clients trust the embedded service's own signing key (made under its data dir)
                 env = dict(base, FXCC_URL=url, FXCC_FALLBACK="error", FXCC_DYNAMO_CACHE="1",
                            FXCC_CACHE_DIR=str(t / f"{run}-cache"),
                            FXCC_TRUSTED_KEYS=str(t / "service" / "keys" / "signing.pub"),
                            TRITON_CACHE_DIR=str(t / f"{run}-triton"), TORCHINDUCTOR_CACHE_DIR=str(t / f"{run}-ind"))
+                if profile and run != "fxcc_cold":
+                    env.update(FXCC_BENCH_PROFILE=str(log.parent / f"{workload}-{run}-profile.txt"), TORCH_LOGS="dynamo")
                 row[run] = _child([*args, "--compiler", "fxcc"], env, log, timeout_s)
         finally:
             stop(server, 15)
+    if not others:
+        for run in ("fxcc_warm", "fxcc_warm2"):
+            row[f"{run}_s"] = row[run].get("first_call_s")
+        return row
     row["dynamo_only"] = _child([*args, "--compiler", "eager"],
                                 dict(base, TORCHINDUCTOR_CACHE_DIR=str(t / "eager-ind")), log, timeout_s)
     ind = dict(base, TORCHINDUCTOR_CACHE_DIR=str(t / "inductor-cache"), TRITON_CACHE_DIR=str(t / "inductor-triton"))
     for run in ("inductor_cold", "inductor_warm"):
         row[run] = _child([*args, "--compiler", "inductor"], ind, log, timeout_s)
-    for run in ("fxcc_cold", "fxcc_warm", "dynamo_only", "inductor_cold", "inductor_warm"):
+    for run in ("fxcc_cold", "fxcc_warm", "fxcc_warm2", "dynamo_only", "inductor_cold", "inductor_warm"):
         row[f"{run}_s"] = row[run].get("first_call_s")
     warm = row["fxcc_warm"]
     row["outputs_match"] = warm.get("outputs_match")
@@ -180,6 +210,9 @@ def main() -> None:
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--tag", default="h200")
     p.add_argument("--timeout-s", type=float, default=300.0)
+    p.add_argument("--fxcc-only", action="store_true", help="only fxcc's cold and warm runs (no Dynamo-alone, no Inductor)")
+    p.add_argument("--profile", action="store_true",
+                   help="cProfile the warm fxcc run (logs/<workload>-warm-profile.txt) and log what Dynamo traces")
     a = p.parse_args()
     if a.cmd == "run":
         print(json.dumps(run_one(a.workload, a.compiler, a.tiny, "cpu" if a.tiny else a.device)))
@@ -194,7 +227,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fxcc-bench-dynamo-skip-") as tmp:
         for workload in a.workloads.split(","):
             row = bench_workload(workload, a.tiny, device, Path(tmp), a.out / "logs" / f"{workload}.log",
-                                 a.timeout_s)
+                                 a.timeout_s, a.profile, not a.fxcc_only)
             rows.append(row)
             for name in ("service.log",):
                 src = Path(tmp) / f"{workload}-{name}"

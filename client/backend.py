@@ -563,9 +563,9 @@ def _enable_dynamo_cache() -> None:
     try:
         if not ClientSettings.from_env().dynamo_cache:
             return
-        from fxcc.client import dynamo_cache
+        from fxcc.client import dynamo_precompile
 
-        dynamo_cache.enable()
+        dynamo_precompile.enable()
     except Exception as e:  # noqa: BLE001 - only an optimisation
         log.info("fxcc: Dynamo package cache off (%s)", _cause_text(e))
 

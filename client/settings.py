@@ -35,9 +35,9 @@ class ClientSettings:
         running AOTAutograd again (FXCC_PRE_AOT_CACHE=1, default; 0 always runs it;
         client/pre_aot.py). Entries live under cache_dir/pre_aot.
     dynamo_cache: a new process's first call of a compiled function runs from a saved, signed
-        Dynamo package without tracing, when its guards hold (FXCC_DYNAMO_CACHE=1; off by default,
-        since torch's caching precompile drops identity guards process-wide; read when fxcc's
-        backend is first looked up; client/dynamo_cache.py).
+        Dynamo package without tracing, when its guards hold (FXCC_DYNAMO_CACHE=1, default; 0
+        keeps Dynamo's guards on object identity, which packages leave out; only fxcc's
+        torch.compile calls get packages; client/dynamo_cache.py).
     package_key_file: the principal's Ed25519 key that signs and checks Dynamo packages
         (FXCC_PACKAGE_KEY_FILE; None: cache_dir/keys/package.key, made on first use, mode 0600, so
         one machine's own); every client of a principal that shares packages holds the same file;
@@ -57,7 +57,7 @@ class ClientSettings:
     precompile: bool = False
     cuda_graphs: bool = True
     pre_aot_cache: bool = True
-    dynamo_cache: bool = False
+    dynamo_cache: bool = True
     package_key_file: Path | None = None
     package_trusted_keys: tuple[str, ...] = ()
     compile_timeout_s: float = 600.0

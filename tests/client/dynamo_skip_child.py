@@ -13,6 +13,9 @@ import fxcc
 from fxcc.client import backend, dynamo_cache
 from fxcc.client.settings import ClientSettings
 
+sys.path.insert(0, str(Path(__file__).parent))
+from dynamo_skip_decorators import as_tuple
+
 FACTOR = 1.0
 
 
@@ -54,6 +57,48 @@ def for_aot_compile(x):
     return torch.relu(x) * 0.5 + x
 
 
+def plus_one(x):
+    return x + 1
+
+
+def plus_two(x):
+    return x + 2
+
+
+ACT = plus_one  # a global function: Dynamo guards it by identity
+
+
+def uses_act(x):
+    return torch.sin(ACT(x))
+
+
+def uses_act_eager(x):
+    return torch.cos(ACT(x))
+
+
+class Decorated(torch.nn.Module):
+    """A model whose forward is wrapped by a decorator of another module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 4)
+
+    @as_tuple
+    def forward(self, x):
+        return torch.tanh(self.lin(x))
+
+
+class Act(torch.nn.Module):
+    """A module holding a function (`self.act`), as models pick their activation."""
+
+    def __init__(self, act) -> None:
+        super().__init__()
+        self.act = act
+
+    def forward(self, x):
+        return self.act(x) * 2
+
+
 def call(fn, *args, grad: bool = False):
     """(result, frames Dynamo traced, graphs handed to fxcc's backend) of one call."""
     frames, graphs = dynamo_utils.counters["frames"]["ok"], len(backend.events())
@@ -81,8 +126,15 @@ if phase == "save":
         case(out, fn.__name__, torch.compile(fn, backend="fxcc"), fn, x)
     case(out, "with_options", torch.compile(with_options, backend="fxcc", options={"cuda_graphs": False}),
          with_options, x)
-    aot = torch.compile(for_aot_compile, backend="fxcc", fullgraph=True).aot_compile(((x,), {}))
-    aot.save_compiled_function(str(aot_path))
+    case(out, "uses_act", torch.compile(uses_act, backend="fxcc"), uses_act, x)
+    decorated = Decorated()
+    case(out, "decorated", torch.compile(decorated, backend="fxcc"), decorated, x)
+    gelu = Act(torch.nn.functional.gelu)
+    case(out, "module_function", torch.compile(gelu, backend="fxcc"), gelu, x)
+    full = torch.compile(for_aot_compile, backend="fxcc", fullgraph=True)
+    if hasattr(full, "aot_compile"):  # torch 2.13 has it, 2.11 does not
+        aot = full.aot_compile(((x,), {}))
+        aot.save_compiled_function(str(aot_path))
 elif phase == "guards":
     compiled = torch.compile(net, backend="fxcc")
     case(out, "hit", compiled, net, x)
@@ -100,9 +152,27 @@ elif phase == "guards":
     case(out, "dtype", compiled_pointwise, pointwise, x.double())
     if torch.cuda.is_available():
         case(out, "device", compiled_pointwise, pointwise, x.cuda())
-    with open(aot_path, "rb") as f:
-        loaded = torch.compiler.load_compiled_function(f)
-    case(out, "aot_compile_loaded", loaded, for_aot_compile, x, grad=True)
+    # identity guards travel with the package: another function where the saved one was traces
+    ACT = plus_two
+    compiled_act = torch.compile(uses_act, backend="fxcc")
+    case(out, "rebound_function", compiled_act, uses_act, x)
+    ACT = plus_one
+    case(out, "function_back", compiled_act, uses_act, x)
+    decorated = Decorated()
+    case(out, "decorated_hit", torch.compile(decorated, backend="fxcc"), decorated, x)
+    relu = Act(torch.nn.functional.relu)
+    case(out, "module_function_other", torch.compile(relu, backend="fxcc"), relu, x)
+    # another backend's frames keep Dynamo's identity guards while fxcc's cache is on
+    eager_compiled = torch.compile(uses_act_eager, backend="eager")
+    first = eager_compiled(x)
+    ACT = plus_two
+    out["other_backend"] = {"noticed": bool(torch.allclose(eager_compiled(x), torch.cos(x + 2))),
+                            "first_right": bool(torch.allclose(first, torch.cos(x + 1)))}
+    ACT = plus_one
+    if aot_path.exists():
+        with open(aot_path, "rb") as f:
+            loaded = torch.compiler.load_compiled_function(f)
+        case(out, "aot_compile_loaded", loaded, for_aot_compile, x, grad=True)
 elif phase == "trust":
     real_fxcc = fxcc.__version__
     fxcc.__version__ = real_fxcc + "+another"

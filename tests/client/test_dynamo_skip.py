@@ -1,6 +1,7 @@
 """The Dynamo-skip cache (client/dynamo_cache.py): a new process's first call runs from the saved,
 signed package without tracing; every guard that fails there (shape, dtype, grad mode, module
-attribute, global; torch and fxcc versions and fxcc's settings through the package's key; device
+attribute, global, a global function or a module's function replaced by another (identity
+guards, which packages carry in another form); torch and fxcc versions and fxcc's settings through the package's key; device
 on a GPU machine only) traces and compiles as usual; a package not signed by this principal's key is a miss.
 
 Three child processes for the module (tests/client/dynamo_skip_child.py): one saves, one checks the
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 CHILD = Path(__file__).with_name("dynamo_skip_child.py")
 REPO = Path(__file__).parents[2]
@@ -44,7 +46,7 @@ def test_the_first_process_traces_and_saves_a_signed_package(saved):
         assert (case["traced"], case["graphs"]) == (1, 1)
     assert out["with_options"]["counters"] == {"misses": 7, "saved": 7}
     packages = sorted((Path(env["FXCC_CACHE_DIR"]) / "dynamo").glob("*.pkg"))
-    assert len(packages) == 7
+    assert len(packages) == 10
     assert all(p.read_bytes().startswith(b"FXCCPKG1\n") for p in packages)
     key = Path(env["FXCC_PACKAGE_KEY_FILE"])
     assert key.stat().st_mode & 0o077 == 0 and Path(f"{key}.pub").is_file()
@@ -54,7 +56,9 @@ def test_a_new_process_skips_tracing_and_every_failing_guard_traces(saved):
     env, _ = saved
     out = _child("guards", env)
     # the saved state: no frame traced, no graph handed to fxcc's backend (no AOTAutograd, no compile)
-    for name in ("hit", "pointwise_hit", "back_to_saved", "aot_compile_loaded"):
+    aot_compile = ("aot_compile_loaded",) if hasattr(torch.compile(lambda x: x, fullgraph=True), "aot_compile") else ()
+    assert ("aot_compile_loaded" in out) == bool(aot_compile)  # torch 2.11 has no aot_compile
+    for name in ("hit", "pointwise_hit", "back_to_saved", "decorated_hit", *aot_compile):
         assert (out[name]["traced"], out[name]["graphs"]) == (0, 0), name
     assert out["hit"]["counters"] == {"hits": 1}
     # each guard that fails traces and compiles as usual (the child checked every result against eager)
@@ -62,6 +66,13 @@ def test_a_new_process_skips_tracing_and_every_failing_guard_traces(saved):
         assert out[name]["traced"] == 1 and out[name]["graphs"] >= 1, name
     assert out["grad_mode"]["graphs"] == 2  # a training graph: forward and backward
     assert out["dtype"]["counters"]["hits"] == 2
+    # identity guards, kept in another form: another global function or a module's other function
+    # where the package saw one traces; the saved function again runs from the package
+    assert out["rebound_function"]["traced"] == 1 and out["rebound_function"]["counters"]["hits"] == 3
+    assert out["function_back"]["traced"] == 0 and out["function_back"]["graphs"] == 0
+    assert out["module_function_other"]["traced"] == 1
+    assert out["module_function_other"]["counters"]["hits"] == 5
+    assert out["other_backend"] == {"noticed": True, "first_right": True}
 
 
 def test_other_versions_and_foreign_or_tampered_packages_are_misses(saved):

@@ -1,0 +1,437 @@
+"""Torch's caching precompile, turned to fxcc's packages: only fxcc's torch.compile calls get one.
+
+client/dynamo_cache.py is the package (what it holds, its key and signature, where it is stored,
+loading and saving it); this module is where torch's Dynamo is hooked to use it, one function per
+hook, each with the torch issue it works around (README, "Skipping Dynamo on a warm start"):
+- `_patch_optimize`: a package for fxcc's torch.compile calls, loaded when the function is wrapped;
+- `_patch_convert`, `_patch_guards`: caching precompile on only while such a frame compiles; its
+  guards built whole for this process and filtered, with identities carried, for the package;
+- `_patch_pickler`, `_patch_globals`: what a decorated `forward`'s frame needs restored;
+- `_patch_install`, `_patch_guard_loading`, `_patch_tensor_unpickling`: install safe to fail and
+  to trace after, identity guards back on loaded frames, guards built once with one FakeTensorMode.
+Every hook checks that the torch piece it wraps exists; where one is missing the cache is off, said
+once (`enable`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fxcc.client.dynamo_cache import _first_line, _load, _save, _settings, _state, count, log, log_once
+
+# ---------------------------------------------------------------- torch's DynamoCache, replaced
+
+
+def _fxcc_backend_options(backend: Any) -> tuple[bool, dict[str, Any] | None]:
+    """(whether `backend`, as torch.compile hands it to Dynamo's `_optimize`, is fxcc's, its options)."""
+    from fxcc.client.backend import fxcc_backend
+
+    is_fxcc, options = False, None
+    for _ in range(8):  # _TorchCompileWrapper -> WrapBackendDebug -> ... -> fxcc_backend
+        if backend is None:
+            break
+        is_fxcc = is_fxcc or backend is fxcc_backend or backend == "fxcc" \
+            or getattr(backend, "compiler_name", None) == "fxcc"
+        kwargs = getattr(backend, "kwargs", None)
+        if options is None and isinstance(kwargs, dict):
+            options = kwargs.get("options")
+        backend = getattr(backend, "_torchdynamo_orig_backend", None) or getattr(backend, "compiler_fn", None)
+    return is_fxcc, options if is_fxcc else None
+
+
+def _store_class() -> type:
+    from torch._dynamo import package as pk
+
+    class PackageStore(pk.DiskDynamoCache):  # type: ignore[misc, valid-type]
+        """torch's DynamoCache for this process: saves fxcc's packages, signed, local and shared.
+
+        fxcc's packages are loaded by the torch.compile that made them (`_load_into`), before torch
+        would ask this store; what torch asks it to load is another backend's: never a hit."""
+
+        def load(self, fn: Callable[..., Any]) -> Any:
+            return None
+
+        def record_package(self, package: Any) -> None:
+            if not getattr(package, "_fxcc", False):
+                return  # another backend's package (torch's caching precompile turned on by the user)
+            try:
+                _save(package)
+            except Exception as e:  # noqa: BLE001 - only the next process's optimisation
+                count("errors")
+                log_once(f"save:{type(e).__name__}", "a package was not saved (%s)", _first_line(e))
+
+        def save(self, package: Any) -> None:
+            self.record_package(package)
+
+    return PackageStore
+
+
+def _load_into(package: Any, fn: Any) -> None:
+    """Initialize the fxcc package of a torch.compile that wraps `fn`: from a saved package (its
+    frames installed, so the first call skips tracing) or empty (tracing fills it)."""
+    import torch._dynamo.config as dynamo_config
+
+    fn_key = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        result = _load(fn_key, package._fxcc_options)
+    except Exception as e:  # noqa: BLE001 - a miss: Dynamo traces
+        count("errors")
+        log_once(f"load:{type(e).__name__}", "tracing as usual (%s)", _first_line(e))
+        result = None
+    if result is not None:
+        try:
+            package.initialize(fn_key, result.dynamo, ignore_inlined_sources=False)
+            # The saved guards were filtered when they were made: built once here, unfiltered.
+            with dynamo_config.patch(caching_precompile=False):
+                package.install(result.backends)
+            return
+        except RuntimeError:  # said once by the patched install
+            package._initialized, package._codes = False, {}  # what a failed install left, dropped
+    package.initialize(fn_key, None, ignore_inlined_sources=False)
+
+
+# ---------------------------------------------------------------- turning it on
+
+
+class _DroppedGuardFilter(logging.Filter):
+    """torch warns of every identity guard a package leaves out; fxcc's packages carry them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is dropped with caching_precompile" not in record.getMessage()  # kept: dynamo_identity
+
+
+def _patch_install(pk: Any) -> None:
+    """Package install, made safe to fail and to trace after (torch 2.11–2.13).
+
+    Note: a package's guards install `__builtins_dict___<n>` (and other unique names) into the
+    module's globals; Dynamo's own counter starts at 0 in a new process, so a trace after a
+    failing guard would pick a name that exists and assert. The counter is moved past every such
+    name. Any failure of install becomes the RuntimeError torch's caller turns into a fresh trace."""
+    from torch._dynamo import bytecode_transformation as bt
+
+    original = pk.CompilePackage.install
+    if getattr(original, "_fxcc", False):
+        return
+
+    def install(self: Any, backends: Any) -> None:
+        try:
+            original(self, backends)
+        except Exception as e:
+            count("errors")
+            log_once(f"install:{type(e).__name__}", "a package did not install (%s); tracing", _first_line(e))
+            try:
+                self.uninstall()
+            except Exception:  # noqa: BLE001, S110 - the trace that follows does not need it
+                pass
+            raise RuntimeError(f"fxcc: package install failed: {e}") from e
+        top = -1
+        for entry in self._codes.values():
+            module = sys.modules.get(entry.python_module)
+            for name in getattr(module, "__dict__", {}):
+                m = re.match(r"^__\w*?_(\d+)$", name)
+                if m:
+                    top = max(top, int(m.group(1)))
+        current = next(bt._unique_id_counter)
+        bt._unique_id_counter = itertools.count(max(current, top + 1))
+
+    install._fxcc = True  # type: ignore[attr-defined]
+    pk.CompilePackage.install = install
+    _patch_guard_loading(pk)
+
+
+def _patch_guard_loading(pk: Any) -> None:
+    """A package's frames get back the identity guards it carries (client/dynamo_identity.py):
+    install reads each guarded entry's guards state, then builds its guard manager."""
+    from fxcc.client import dynamo_identity
+
+    load_state, load_manager = pk.load_guards_state, pk.load_guard_manager
+    if getattr(load_state, "_fxcc", False):
+        return
+    pending = threading.local()
+
+    def load_guards_state(guards_state: bytes) -> Any:
+        pending.identities, rest = dynamo_identity.split(guards_state)
+        pending.loading, pending.fake_mode = True, None
+        try:
+            return load_state(rest)
+        finally:
+            pending.loading, pending.fake_mode = False, None
+
+    def load_guard_manager(guards_state: Any, target_code: Any, runtime_global_scope: Any) -> Any:
+        manager = load_manager(guards_state, target_code, runtime_global_scope)
+        identities, pending.identities = getattr(pending, "identities", []), []
+        if identities:
+            dynamo_identity.add_guard(manager, identities, target_code, runtime_global_scope)
+        return manager
+
+    load_guards_state._fxcc = True  # type: ignore[attr-defined]
+    pk.load_guards_state, pk.load_guard_manager = load_guards_state, load_guard_manager
+    _patch_tensor_unpickling(pending)
+
+
+def _patch_tensor_unpickling(pending: Any) -> None:
+    """A guard state's tensors unpickled under one FakeTensorMode per state, not one each.
+
+    Note: torch makes a FakeTensorMode for every tensor of a guard state (each records a stack
+    trace): 268 of them for ResNet-50's parameters and buffers, 0.08 s of a warm start on the H200.
+    The tensors only carry metadata for the guards to be rebuilt from, which one mode serves."""
+    from torch._dynamo import guards
+    from torch._subclasses import fake_tensor
+
+    cls = getattr(guards, "GuardsStatePickler", None)
+    original = getattr(cls, "_unpickle_tensor", None)
+    if original is None or getattr(original, "_fxcc", False) or not hasattr(fake_tensor, "FakeTensorConverter"):
+        return
+
+    def _unpickle_tensor(klass: Any, meta_tensor: Any, device: Any, pytype: Any, dispatch_keys_raw: int,
+                         grad: Any) -> Any:
+        if not getattr(pending, "loading", False):  # not inside fxcc's load: torch's own way
+            return original.__func__(klass, meta_tensor, device, pytype, dispatch_keys_raw, grad)
+        if pending.fake_mode is None:
+            pending.fake_mode = fake_tensor.FakeTensorMode()
+        tensor = fake_tensor.FakeTensorConverter().from_meta_and_device(
+            pending.fake_mode, meta_tensor, device, pytype, torch._C.DispatchKeySet.from_raw_repr(dispatch_keys_raw))
+        tensor.grad = grad
+        return tensor
+
+    _unpickle_tensor._fxcc = True  # type: ignore[attr-defined]
+    cls._unpickle_tensor = classmethod(_unpickle_tensor)
+
+
+def _patch_optimize(ef: Any, pk: Any) -> None:
+    """Give every torch.compile with fxcc's backend (and only those) a package of its own.
+
+    Note: torch's caching precompile is one process-wide flag (torch._dynamo.config.caching_precompile)
+    that gives every torch.compile a package and drops identity guards from every frame's guards,
+    whatever its backend. fxcc leaves the flag off: its torch.compile calls get a package here (a
+    `package` torch's `_optimize` takes as it is), that torch.compile's context loads it
+    (`_load_into`, when the function is wrapped), and the flag is on only while a frame of such a
+    package compiles (`_patch_convert`). Other backends' frames keep every guard."""
+    original = ef._optimize
+    if getattr(original, "_fxcc", False):
+        return
+    contexts: dict[type, type] = {}
+
+    def context_class(base: type) -> type:
+        if base not in contexts:
+            def __call__(self: Any, fn: Any) -> Any:
+                package = getattr(self, "_package", None)
+                if package is not None and getattr(package, "_fxcc", False) and not package.is_initialized():
+                    _load_into(package, fn)
+                return base.__call__(self, fn)
+
+            contexts[base] = type(base.__name__, (base,), {"__call__": __call__, "__module__": base.__module__})
+        return contexts[base]
+
+    def _optimize(rebuild_ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        backend = args[0] if args else kwargs.get("backend", "inductor")
+        try:
+            is_fxcc, options = _fxcc_backend_options(backend)
+            on = is_fxcc and kwargs.get("package") is None and _settings(options).dynamo_cache
+        except Exception:  # noqa: BLE001 - torch.compile goes on without a package
+            on = False
+        if not on:
+            return original(rebuild_ctx, *args, **kwargs)
+        package = pk.CompilePackage(fn=None, dynamo=None, ignore_inlined_sources=False)
+        package._fxcc, package._fxcc_options = True, options
+        ctx = original(rebuild_ctx, *args, **{**kwargs, "package": package})
+        if getattr(ctx, "_package", None) is package:
+            ctx.__class__ = context_class(type(ctx))
+        return ctx
+
+    _optimize._fxcc = True  # type: ignore[attr-defined]
+    ef._optimize = _optimize
+
+
+def _patch_convert(cf: Any) -> None:
+    """Torch's caching precompile on while a frame of an fxcc package compiles (its guards made
+    serializable, the package recorded after the frame), under Dynamo's compile lock so that no
+    other thread's frame compiles meanwhile; and the frame's guards built twice (`_patch_guards`)."""
+    import torch._dynamo.config as dynamo_config
+
+    cls = cf.ConvertFrameAssert
+    original = cls.__call__
+    if getattr(original, "_fxcc", False):
+        return
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        package = getattr(self, "_package", None)
+        if package is None or not getattr(package, "_fxcc", False) or dynamo_config.caching_precompile:
+            return original(self, *args, **kwargs)
+        with cf.compile_lock, dynamo_config.patch(caching_precompile=True):
+            _state.compiling.active = True
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                _state.compiling.active = False
+
+    __call__._fxcc = True  # type: ignore[attr-defined]
+    cls.__call__ = __call__
+    _patch_guards(cf)
+
+
+def _patch_guards(cf: Any) -> None:
+    """In the process that traces, an fxcc frame keeps every guard; only its package leaves out
+    the identity guards.
+
+    Note: with caching precompile on, torch builds a frame's guards without the identity ones and
+    both installs and serializes that set. For a frame of an fxcc package the set is built twice:
+    filtered for the package, and whole (caching precompile off, nothing serialized) for this
+    process, whose frame then notices a reassigned global function as tracing does."""
+    import torch._dynamo.config as dynamo_config
+
+    original = cf.CheckFunctionManager
+    if getattr(original, "_fxcc", False):
+        return
+
+    import inspect
+
+    from fxcc.client import dynamo_identity
+
+    signature = inspect.signature(original)
+
+    def check_function_manager(*args: Any, **kwargs: Any) -> Any:
+        if not (kwargs.get("save_guards") and getattr(_state.compiling, "active", False)
+                and dynamo_config.caching_precompile):
+            return original(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs).arguments
+        user_filter = bound.get("guard_filter_fn")
+        identities: list[Any] = []
+        saved = original(**{**bound, "guard_filter_fn": lambda entries: dynamo_identity.observe(
+            entries, user_filter, identities)})
+        with dynamo_config.patch(caching_precompile=False):
+            whole = original(**{**bound, "save_guards": False})
+        whole.guards_state = dynamo_identity.attach(saved.guards_state, identities)
+        return whole
+
+    check_function_manager._fxcc = True  # type: ignore[attr-defined]
+    cf.CheckFunctionManager = check_function_manager
+    _patch_pickler()
+    _patch_globals()
+
+
+# What torch itself restores of the globals a frame's bytecode reads: its compiled graphs, resume
+# functions, builtins dict and imports (torch._dynamo.package).
+_RESTORED_GLOBALS = ("__compiled_fn", "__resume_at", "__builtins_dict__", "__import_")
+
+
+def _patch_globals() -> None:
+    """Every global a package's bytecode reads is restored in the next process, or the frame stays
+    out of the package.
+
+    Note: Dynamo installs some globals by a name that holds an id (a module its bytecode loads
+    that the frame's globals lack by name: `___module_collections_<id>_c0`) and torch's package
+    does not record them: loaded, such bytecode raised NameError in the user's program. A module
+    is recorded as an import of the frame; any other global torch does not restore keeps the
+    frame out of the package (it is traced in the next process)."""
+    import types
+
+    from torch._dynamo import output_graph
+
+    cls = output_graph.OutputGraph
+    original = cls.install_global_unsafe
+    if getattr(original, "_fxcc", False):
+        return
+
+    def install_global_unsafe(self: Any, name: str, value: Any) -> None:
+        original(self, name, value)
+        package = getattr(self, "package", None)
+        if package is None or not getattr(package, "_fxcc", False) or name.startswith(_RESTORED_GLOBALS):
+            return
+        try:
+            if isinstance(value, types.ModuleType):
+                package.add_import_source(name, value.__name__)
+            else:
+                log.debug("fxcc: Dynamo package cache: a frame's global %s is not restored; not packaged", name)
+                package.bypass_current_entry()
+        except Exception as e:  # noqa: BLE001 - this frame's entry stays out of the package
+            log.debug("fxcc: Dynamo package cache: global %s: %s", name, _first_line(e))
+            try:
+                package.bypass_current_entry()
+            except Exception:  # noqa: BLE001, S110 - no entry being compiled: nothing to keep out
+                pass
+
+    install_global_unsafe._fxcc = True  # type: ignore[attr-defined]
+    cls.install_global_unsafe = install_global_unsafe
+
+
+def _patch_pickler() -> None:
+    """A decorated function's inner function (a frame's closure variable, as transformers'
+    `check_model_inputs` holds `forward`) travels in a package by its code and closure.
+
+    Note: torch pickles a function in a package's guard state by module and qualified name, and
+    one whose name leads to another object (the decorator's wrapper has taken the name) becomes
+    `_Missing`: then a guard on what its closure holds cannot be rebuilt in the next process, the
+    package does not install, and the model is traced on every warm start (transformers' GPT-2).
+    Only while a frame of an fxcc package compiles; its identity is checked by fxcc's identity
+    guard (client/dynamo_identity.py)."""
+    import inspect
+
+    from torch._dynamo import guards
+
+    from fxcc.client import dynamo_identity
+
+    cls = getattr(guards, "GuardsStatePickler", None)
+    original = getattr(cls, "reducer_override", None)
+    if original is None or getattr(original, "_fxcc", False) or not hasattr(guards, "_Missing"):
+        return
+
+    def reducer_override(self: Any, obj: Any) -> Any:
+        reduced = original(self, obj)
+        if (getattr(_state.compiling, "active", False) and inspect.isfunction(obj) and isinstance(reduced, tuple)
+                and reduced[0] is guards._Missing and reduced[1] == ("fqn mismatch",)):
+            return dynamo_identity.reduce_function(obj)
+        return reduced
+
+    reducer_override._fxcc = True  # type: ignore[attr-defined]
+    cls.reducer_override = reducer_override
+
+
+def enable() -> bool:
+    """Packages for fxcc's torch.compile calls, in fxcc's package store (once per process); False
+    when this torch lacks the pieces (said once)."""
+    import inspect
+
+    with _state.lock:
+        if _state.enabled:
+            return True
+    try:
+        import torch._dynamo.config as dynamo_config
+        from torch._dynamo import convert_frame as cf
+        from torch._dynamo import eval_frame as ef
+        from torch._dynamo import package as pk
+
+        for name in ("DiskDynamoCache", "CompilePackage", "PrecompileCacheEntry", "_hash_sourcelines",
+                     "load_guards_state", "load_guard_manager"):
+            if not hasattr(pk, name):
+                raise AttributeError(f"torch._dynamo.package has no {name}")
+        if not hasattr(dynamo_config, "caching_precompile"):
+            raise AttributeError("torch._dynamo.config has no caching_precompile")
+        if "package" not in inspect.signature(ef._optimize).parameters:
+            raise AttributeError("torch._dynamo.eval_frame._optimize takes no package")
+        for module, name in ((cf, "ConvertFrameAssert"), (cf, "compile_lock")):
+            if not hasattr(module, name):
+                raise AttributeError(f"{module.__name__} has no {name}")
+        pk.DynamoCache = _store_class()()
+        _patch_install(pk)
+        _patch_convert(cf)
+        _patch_optimize(ef, pk)
+        logging.getLogger("torch._dynamo.guards").addFilter(_DroppedGuardFilter())
+    except Exception as e:  # noqa: BLE001
+        log_once("enable", "off: this torch (%s) lacks what fxcc's packages need (%s)", torch.__version__,
+                 _first_line(e))
+        return False
+    with _state.lock:
+        _state.enabled = True
+    return True
+
+
+__all__ = ["enable"]
