@@ -13,6 +13,7 @@ import torch
 from pydantic import ValidationError
 from torch import fx
 
+from fxcc.client.opaque_ops import is_opaque, opaque_refusal, unfunctionalized
 from fxcc.compiler_core.errors import InvalidGraph, UnsupportedOp
 from fxcc.compiler_core.symbolic import from_torch, size_symbol
 from fxcc.compiler_core.symexpr import dump
@@ -30,6 +31,7 @@ from fxcc.compiler_core.wire import (
     Node,
     NodeRef,
     NoneArg,
+    OpaqueOp,
     Placeholder,
     StrArg,
     SymArg,
@@ -155,6 +157,24 @@ def _sym_arg(v: torch.SymInt, symbols: Symbols) -> Arg:
     return IntArg(value=text) if isinstance(text, int) else SymArg(expr=text)
 
 
+def opaque_node(n: fx.Node, symbols: Symbols) -> Node:
+    """The wire node of an op outside aten/prims (client/opaque_ops.py): its arguments as data,
+    its schema, and its outputs' specs from the node's FakeTensors (the op's fake kernel made them)."""
+    op, args, kwargs, functional = unfunctionalized(n)
+    why = opaque_refusal(op)
+    if why is not None:
+        raise UnsupportedOp(f"op {op} cannot run as an opaque step: {why}", op=str(op), node=n.name)
+    val = n.meta.get("val")
+    vals = list(val) if isinstance(val, (tuple, list)) else [val]
+    if any(v is not None and not isinstance(v, torch.Tensor) for v in vals):
+        raise UnsupportedOp(f"op {op} returns a non-tensor", op=str(op), node=n.name)
+    outputs = [None if v is None else tensor_spec(v, symbols) for v in vals]
+    return Node(name=n.name, target=target_name(op),
+                args=[encode_arg(a, n.name, symbols) for a in args],
+                kwargs={k: encode_arg(v, n.name, symbols) for k, v in kwargs.items()},
+                opaque=OpaqueOp(op_schema=str(op._schema), functional=functional, outputs=outputs))
+
+
 def capture_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
     """The GraphSpec of `gm`. get_attr constants become extra placeholders after the inputs.
 
@@ -194,6 +214,8 @@ def _capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
             const_placeholders.append(Placeholder(name=n.name, spec=tensor_spec(value)))
         elif n.op == "call_function" and isinstance(n.meta.get("val"), torch.SymInt):
             continue  # a size computation (sym_size, s0 * 64): its users carry its expression
+        elif n.op == "call_function" and is_opaque(n):
+            nodes.append(opaque_node(n, symbols))
         elif n.op == "call_function":
             if n.target is not operator.getitem and not isinstance(n.target, torch._ops.OpOverload):
                 raise UnsupportedOp(f"call of {n.target} is not an aten op", node=n.name)

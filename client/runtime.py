@@ -120,6 +120,8 @@ class PlanRunner:
 
     @staticmethod
     def _extern(step: ExternStep) -> Callable[[dict[str, Any]], None]:
+        if step.opaque is not None:
+            return _opaque_step(step)
         op = resolve_target(step.op, node=step.out)
         if not step.kwargs:
             op = VIEW_METHODS.get(step.op, op)
@@ -263,6 +265,22 @@ class PlanRunner:
         if self._output_names is not None:
             return tuple([env[n] for n in self._output_names])
         return tuple(decode_arg(a, env, env.get(SYMS)) for a in self._outputs)
+
+
+def _opaque_step(step: ExternStep) -> Callable[[dict[str, Any]], None]:
+    """An op outside aten/prims, from this process's registry, its results checked (client/opaque_ops.py)."""
+    from fxcc.client.opaque_ops import opaque_call
+
+    call = opaque_call(step.op, step.opaque)
+    out = step.out
+    args = [_arg_reader(a) for a in step.args]
+    kwargs = {k: _arg_reader(v) for k, v in step.kwargs.items()}
+
+    def run(env: dict[str, Any]) -> None:
+        syms = env.get(SYMS)
+        env[out] = call([_read(kind, x, env, syms) for kind, x in args],
+                        {k: _read(kind, x, env, syms) for k, (kind, x) in kwargs.items()}, syms)
+    return run
 
 
 # Note: the same aten view ops through the Tensor method binding, which parses its arguments

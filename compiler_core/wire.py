@@ -3,7 +3,8 @@
 Note: nothing here is ever unpickled, eval'd, exec'd or sympified. Node targets resolve only to
 `torch.ops.aten` / `torch.ops.prims` overloads (plus `getitem` for tuple outputs) by attribute
 lookup on those namespaces, after the name has been checked against a strict grammar, and only
-to the functional ones compiler_core.op_policy allows.
+to the functional ones compiler_core.op_policy allows. A node of an op outside them (`opaque`,
+a torch.library custom op) resolves to nothing here: it is data, checked by compiler_core.opaque.
 """
 
 from __future__ import annotations
@@ -222,11 +223,31 @@ class SymbolSpec(_Model):
     hi: int | None = Field(default=None, ge=0, le=MAX_DIM)
 
 
+class OpaqueOp(_Model):
+    """What the worker knows of an op outside aten/prims (a torch.library custom op), which only
+    the client runs (compiler_core.opaque): its schema text, parsed by fxcc's grammar and never
+    looked up, and its outputs' specs as the client's fake kernel made them (None: no tensor)."""
+
+    op_schema: str = Field(max_length=4096)
+    functional: bool = False  # AOTAutograd's auto_functionalized form of an op that writes arguments
+    outputs: list[TensorSpec | None] = Field(max_length=MAX_LIST)
+
+
 class Node(_Model):
     name: Name
     target: str = Field(max_length=200)
     args: list[Arg] = Field(default_factory=list, max_length=64)
     kwargs: dict[Name, Arg] = Field(default_factory=dict)
+    opaque: OpaqueOp | None = None  # set for (and only for) an op outside aten/prims
+
+    @model_validator(mode="after")
+    def _opaque(self) -> Node:
+        if self.opaque is not None:
+            from fxcc.compiler_core.opaque import check_opaque_node
+
+            check_opaque_node(self.target, self.opaque.op_schema, self.opaque.functional, len(self.opaque.outputs),
+                              [o is not None for o in self.opaque.outputs])
+        return self
 
 
 class GraphSpec(_Model):
@@ -297,6 +318,9 @@ def _check_symbols(graph: GraphSpec) -> None:
             texts += [x for x in (*p.spec.sizes, *p.spec.strides) if isinstance(x, str)]
     for n in graph.nodes:
         texts += _sym_texts([*n.args, *n.kwargs.values()])
+        if n.opaque is not None:
+            texts += [x for o in n.opaque.outputs if o is not None for x in (*o.sizes, *o.strides)
+                      if isinstance(x, str)]
     texts += _sym_texts(graph.outputs)
     for t in texts:
         unknown = size_symbols(check_size_expr(t)) - known
@@ -433,6 +457,9 @@ def target_name(fn: Any) -> str:
     """The wire name of an OpOverload (inverse of resolve_target)."""
     if fn is operator.getitem:
         return "getitem"
+    wire = getattr(fn, "wire_name", None)  # compiler_core.opaque.OpaqueTarget
+    if isinstance(wire, str):
+        return wire
     ns = fn.namespace
     return f"{ns}.{fn._opname}.{fn._overloadname}"
 
