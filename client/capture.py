@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from torch import fx
 
 from fxcc.client.opaque_ops import is_opaque, opaque_refusal, unfunctionalized
+from fxcc.client.user_kernels import is_user_kernel, kernel_of, remember
 from fxcc.compiler_core.errors import InvalidGraph, UnsupportedOp
 from fxcc.compiler_core.symbolic import from_torch, size_symbol
 from fxcc.compiler_core.symexpr import dump
@@ -37,6 +38,7 @@ from fxcc.compiler_core.wire import (
     SymArg,
     SymbolSpec,
     TensorSpec,
+    UserKernel,
     dtype_name,
     target_name,
 )
@@ -175,6 +177,23 @@ def opaque_node(n: fx.Node, symbols: Symbols) -> Node:
                 opaque=OpaqueOp(op_schema=str(op._schema), functional=functional, outputs=outputs))
 
 
+def user_kernel_node(n: fx.Node, symbols: Symbols) -> Node:
+    """The wire node of a user's Triton kernel (client/user_kernels.py): its identity, grid and
+    arguments (tensors and constants as data), and the specs of the tensors it returns."""
+    jit, constants = kernel_of(n)
+    module, qualname, sha = remember(jit)
+    tensors = dict(n.kwargs["kwargs"])
+    cloned = [k for k in tensors if k in n.kwargs["tensors_to_clone"]]
+    val = n.meta.get("val") or {}
+    outputs = [tensor_spec(val[k], symbols) for k in cloned]
+    args = {k: encode_arg(v, n.name, symbols) for k, v in {**tensors, **constants}.items()}
+    (grid,) = n.kwargs["grid"]
+    return Node(name=n.name, target=f"triton_kernel.{jit.fn.__name__}", kwargs=args,
+                triton=UserKernel(module=module, qualname=qualname, source_sha256=sha, cloned=cloned,
+                                  outputs=outputs,
+                                  grid=[symbols.text(g.meta["val"] if isinstance(g, fx.Node) else g) for g in grid]))
+
+
 def capture_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
     """The GraphSpec of `gm`. get_attr constants become extra placeholders after the inputs.
 
@@ -193,6 +212,7 @@ def _capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
     constants: list[torch.Tensor] = []
     const_placeholders: list[Placeholder] = []
     symbols = Symbols()
+    kernel_results: dict[str, list[str]] = {}  # user Triton kernels' nodes: the names of their results
     inputs = iter(example_inputs)
     for n in gm.graph.nodes:
         if n.op == "placeholder":
@@ -216,6 +236,13 @@ def _capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
             continue  # a size computation (sym_size, s0 * 64): its users carry its expression
         elif n.op == "call_function" and is_opaque(n):
             nodes.append(opaque_node(n, symbols))
+        elif n.op == "call_function" and is_user_kernel(n):
+            nodes.append(user_kernel_node(n, symbols))
+            kernel_results[n.name] = nodes[-1].triton.cloned
+        elif n.op == "call_function" and n.target is operator.getitem and n.args[0].name in kernel_results:
+            # Note: the kernel's value is a dict by argument name in FX, a tuple in that order on the wire.
+            index = kernel_results[n.args[0].name].index(n.args[1])
+            nodes.append(Node(name=n.name, target="getitem", args=[NodeRef(name=n.args[0].name), IntArg(value=index)]))
         elif n.op == "call_function":
             if n.target is not operator.getitem and not isinstance(n.target, torch._ops.OpOverload):
                 raise UnsupportedOp(f"call of {n.target} is not an aten op", node=n.name)

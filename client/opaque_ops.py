@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch._prims_common import clone_preserve_strides
 
 from fxcc.compiler_core.errors import ArtifactError, UnsupportedOp
-from fxcc.compiler_core.opaque import NAMESPACES_NOT_OPAQUE, OPAQUE_TARGET_RE, parse_schema, returns_tuple
+from fxcc.compiler_core.opaque import NAMESPACES_NOT_OPAQUE, OPAQUE_TARGET_RE, parse_schema, value_form
 from fxcc.compiler_core.symexpr import compile_exprs
 from fxcc.compiler_core.wire import torch_dtype
 
@@ -124,12 +125,11 @@ def opaque_call(name: str, opaque: Any) -> Callable[[list[Any], dict[str, Any], 
     op = resolve_opaque(name, opaque.op_schema)
     written = [a.name for a in op._schema.arguments if _written(a)] if opaque.functional else []
     check = _result_check(name, opaque.outputs)
-    single = not returns_tuple(parse_schema(opaque.op_schema), opaque.functional)
+    single = value_form(parse_schema(opaque.op_schema), opaque.functional) == "one"
 
     def call(args: list[Any], kwargs: dict[str, Any], syms: Any) -> Any:
         if written:
-            # Note: clone keeps a dense tensor's strides (preserve_format), as auto_functionalized's does.
-            clones = [kwargs[w].clone() for w in written]
+            clones = [clone_preserve_strides(kwargs[w]) for w in written]  # as auto_functionalized's
             kwargs = {**kwargs, **dict(zip(written, clones))}
             out = op(*args, **kwargs)
             value: Any = (*out, *clones) if isinstance(out, tuple) else (out, *clones)

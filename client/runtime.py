@@ -120,7 +120,7 @@ class PlanRunner:
 
     @staticmethod
     def _extern(step: ExternStep) -> Callable[[dict[str, Any]], None]:
-        if step.opaque is not None:
+        if step.opaque is not None or step.triton is not None:
             return _opaque_step(step)
         op = resolve_target(step.op, node=step.out)
         if not step.kwargs:
@@ -268,10 +268,16 @@ class PlanRunner:
 
 
 def _opaque_step(step: ExternStep) -> Callable[[dict[str, Any]], None]:
-    """An op outside aten/prims, from this process's registry, its results checked (client/opaque_ops.py)."""
-    from fxcc.client.opaque_ops import opaque_call
+    """An op outside aten/prims, from this process's registry, its results checked (client/opaque_ops.py),
+    or a user's Triton kernel of this process (client/user_kernels.py)."""
+    if step.triton is not None:
+        from fxcc.client.user_kernels import kernel_call
 
-    call = opaque_call(step.op, step.opaque)
+        call = kernel_call(step.triton)
+    else:
+        from fxcc.client.opaque_ops import opaque_call
+
+        call = opaque_call(step.op, step.opaque)
     out = step.out
     args = [_arg_reader(a) for a in step.args]
     kwargs = {k: _arg_reader(v) for k, v in step.kwargs.items()}

@@ -30,6 +30,8 @@ def canonical_graph(graph: GraphSpec) -> dict[str, Any]:
              "kwargs": {k: arg(v) for k, v in sorted(n.kwargs.items())}}
         if n.opaque is not None:  # its schema and output specs (absent otherwise: older keys stay)
             d["opaque"] = n.opaque.model_dump()
+        if n.triton is not None:  # the kernel's identity, grid and output specs
+            d["triton"] = n.triton.model_dump()
         return d
 
     return {

@@ -211,25 +211,43 @@ def check_opaque_node(target: str, schema_text: str, functional: bool, n_outputs
     return schema
 
 
-def returns_tuple(schema: OpSchema, functional: bool) -> bool:
-    """Whether the node's value is a tuple or list of results (else one tensor)."""
-    return functional or len(schema.returns) != 1 or schema.returns[0].is_list
+USER_KERNEL_TARGET_RE = re.compile(rf"triton_kernel\.({_IDENT})")
+
+
+def check_user_kernel(target: str, cloned: list[str], n_outputs: int, kwargs: list[str], args: list[Any]) -> None:
+    """ValueError unless a user Triton kernel's node is one the plan can run: named
+    `triton_kernel.<function name>`, its arguments all by name, one output spec per cloned one."""
+    if USER_KERNEL_TARGET_RE.fullmatch(target) is None:
+        raise ValueError(f"Triton kernel target {target!r} is not of the form triton_kernel.<name>")
+    if args:
+        raise ValueError(f"{target}: a Triton kernel takes its arguments by name")
+    if len(set(cloned)) != len(cloned) or not set(cloned) <= set(kwargs):
+        raise ValueError(f"{target}: its cloned tensors {cloned} are not distinct arguments of it")
+    if n_outputs != len(cloned):
+        raise ValueError(f"{target} has {n_outputs} output specs for {len(cloned)} cloned tensors")
+
+
+def value_form(schema: OpSchema, functional: bool) -> str:
+    """How an opaque node's results make its value: "one" tensor, a "tuple" or a "list" of them."""
+    if schema.returns and schema.returns[0].is_list:
+        return "list"
+    return "tuple" if functional or len(schema.returns) != 1 else "one"
 
 
 # ---------------------------------------------------------------- the worker's FX target
 
 
 class OpaqueTarget:
-    """The FX target of an opaque node in a rebuilt graph: called on FakeTensors it gives the
-    node's fakes, made from the client's specs by `make_outputs`; it never computes (the op is
-    the client's). `wire_name` is the node's target on the wire (wire.target_name returns it)."""
+    """The FX target of an opaque node or a user Triton kernel in a rebuilt graph: called on
+    FakeTensors it gives the node's fakes, made from the client's specs by `make_outputs`, in
+    `form` ("one", "tuple" or "list"); it never computes (the op or kernel is the client's).
+    `wire_name` is the node's target on the wire (wire.target_name returns it)."""
 
-    def __init__(self, schema: OpSchema, functional: bool, make_outputs: Callable[[], list[Any]]) -> None:
-        self.schema = schema
-        self.wire_name = schema.wire_name
-        self.functional = functional
+    def __init__(self, wire_name: str, make_outputs: Callable[[], list[Any]], form: str) -> None:
+        self.wire_name = wire_name
+        self.form = form
         self._make_outputs = make_outputs
-        self.__name__ = f"opaque_{schema.namespace}_{schema.name}_{schema.overload}"
+        self.__name__ = "opaque_" + re.sub(r"\W", "_", wire_name)
 
     def __repr__(self) -> str:
         return f"opaque[{self.wire_name}]"
@@ -240,8 +258,6 @@ class OpaqueTarget:
 
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         if any(not isinstance(t, FakeTensor) for t in tensors):
-            raise InvalidGraph(f"opaque op {self.wire_name} runs only on the client", op=self.wire_name)
+            raise InvalidGraph(f"{self.wire_name} runs only on the client", op=self.wire_name)
         vals = self._make_outputs()
-        if not returns_tuple(self.schema, self.functional):
-            return vals[0]
-        return list(vals) if self.schema.returns and self.schema.returns[0].is_list else tuple(vals)
+        return vals[0] if self.form == "one" else list(vals) if self.form == "list" else tuple(vals)

@@ -233,20 +233,39 @@ class OpaqueOp(_Model):
     outputs: list[TensorSpec | None] = Field(max_length=MAX_LIST)
 
 
+class UserKernel(_Model):
+    """A user's @triton.jit kernel (Dynamo's triton_kernel_wrapper_functional), which only the client
+    launches: named by a stable identity, never shipped as code (compiler_core.opaque). The node's
+    kwargs are the kernel's arguments; its value is the tuple of the `cloned` ones after the launch,
+    whose specs `outputs` gives (as their inputs are laid out)."""
+
+    module: str = Field(max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")
+    qualname: str = Field(max_length=256, pattern=r"^[A-Za-z_<>][A-Za-z0-9_.<>]*$")
+    source_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    grid: list[SizeValue] = Field(min_length=1, max_length=3)
+    cloned: list[Name] = Field(max_length=64)
+    outputs: list[TensorSpec] = Field(max_length=64)
+
+
 class Node(_Model):
     name: Name
     target: str = Field(max_length=200)
     args: list[Arg] = Field(default_factory=list, max_length=64)
     kwargs: dict[Name, Arg] = Field(default_factory=dict)
     opaque: OpaqueOp | None = None  # set for (and only for) an op outside aten/prims
+    triton: UserKernel | None = None  # set for (and only for) a user's Triton kernel
 
     @model_validator(mode="after")
     def _opaque(self) -> Node:
-        if self.opaque is not None:
-            from fxcc.compiler_core.opaque import check_opaque_node
+        from fxcc.compiler_core.opaque import check_opaque_node, check_user_kernel
 
+        if self.opaque is not None and self.triton is not None:
+            raise ValueError(f"node {self.name} is both an opaque op and a Triton kernel")
+        if self.opaque is not None:
             check_opaque_node(self.target, self.opaque.op_schema, self.opaque.functional, len(self.opaque.outputs),
                               [o is not None for o in self.opaque.outputs])
+        if self.triton is not None:
+            check_user_kernel(self.target, self.triton.cloned, len(self.triton.outputs), list(self.kwargs), self.args)
         return self
 
 
@@ -318,9 +337,10 @@ def _check_symbols(graph: GraphSpec) -> None:
             texts += [x for x in (*p.spec.sizes, *p.spec.strides) if isinstance(x, str)]
     for n in graph.nodes:
         texts += _sym_texts([*n.args, *n.kwargs.values()])
-        if n.opaque is not None:
-            texts += [x for o in n.opaque.outputs if o is not None for x in (*o.sizes, *o.strides)
-                      if isinstance(x, str)]
+        outs = n.opaque.outputs if n.opaque is not None else n.triton.outputs if n.triton is not None else []
+        texts += [x for o in outs if o is not None for x in (*o.sizes, *o.strides) if isinstance(x, str)]
+        if n.triton is not None:
+            texts += [x for x in n.triton.grid if isinstance(x, str)]
     texts += _sym_texts(graph.outputs)
     for t in texts:
         unknown = size_symbols(check_size_expr(t)) - known

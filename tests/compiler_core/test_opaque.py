@@ -20,6 +20,7 @@ from fxcc.compiler_core.wire import (
     StrArg,
     SymbolSpec,
     TensorSpec,
+    UserKernel,
 )
 
 SCHEMAS = [
@@ -194,3 +195,39 @@ def test_schema_and_output_specs_are_in_the_key():
     keys = {compile_key(r) for r in (base, other_schema, other_out)}
     assert len(keys) == 3
     assert compile_key(base) == compile_key(CompileRequest(graph=_graph(OpaqueOp(op_schema=SCALE, outputs=[_t(8, 4)]))))
+
+
+def _kernel_graph(**overrides) -> GraphSpec:
+    """x → sin, cos → a user Triton kernel writing `out` → exp: a kernel no process here has."""
+    kernel = {"module": "users.kernels", "qualname": "add_kernel", "source_sha256": "ab" * 32, "grid": [4],
+              "cloned": ["out_ptr"], "outputs": [_t(64)]} | overrides
+    return GraphSpec(
+        placeholders=[Placeholder(name="x", spec=_t(64))],
+        nodes=[Node(name="a", target="aten.sin.default", args=[NodeRef(name="x")]),
+               Node(name="b", target="aten.cos.default", args=[NodeRef(name="x")]),
+               Node(name="o", target="aten.empty_like.default", args=[NodeRef(name="a")]),
+               Node(name="k", target="triton_kernel.add_kernel", triton=UserKernel(**kernel),
+                    kwargs={"x_ptr": NodeRef(name="a"), "y_ptr": NodeRef(name="b"), "out_ptr": NodeRef(name="o"),
+                            "n": IntArg(value=64), "BLOCK": IntArg(value=16)}),
+               Node(name="r", target="getitem", args=[NodeRef(name="k"), IntArg(value=0)]),
+               Node(name="e", target="aten.exp.default", args=[NodeRef(name="r")])],
+        outputs=[NodeRef(name="e")],
+    )
+
+
+def test_worker_compiles_around_a_user_kernel_it_never_sees():
+    art = compile_request(CompileRequest(graph=_kernel_graph()))
+    (step,) = [s for s in art.manifest.plan.steps if isinstance(s, ExternStep) and s.triton is not None]
+    assert step.triton.qualname == "add_kernel" and step.triton.grid == [4]
+    assert art.manifest.stats.kernels == 2  # sin and cos in one kernel, exp in the other
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"cloned": ["nothing"]}, "not distinct arguments"),
+    ({"outputs": []}, "output specs"),
+    ({"module": "os; rm"}, "pattern"),
+    ({"source_sha256": "print(1)"}, "pattern"),
+])
+def test_bad_user_kernel_nodes_are_refused(overrides, match):
+    with pytest.raises(ValidationError, match=match):
+        _kernel_graph(**overrides)
