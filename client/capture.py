@@ -21,6 +21,7 @@ from fxcc.compiler_core.symexpr import dump
 from fxcc.compiler_core.wire import (
     Arg,
     BoolArg,
+    ControlFlow,
     DeviceArg,
     DtypeArg,
     FloatArg,
@@ -194,6 +195,35 @@ def user_kernel_node(n: fx.Node, symbols: Symbols) -> Node:
                                   grid=[symbols.text(g.meta["val"] if isinstance(g, fx.Node) else g) for g in grid]))
 
 
+def is_control(n: fx.Node) -> bool:
+    return isinstance(n.target, torch._ops.HigherOrderOperator) and n.target.name() in ("cond", "while_loop")
+
+
+def control_node(n: fx.Node, gm: fx.GraphModule, symbols: Symbols) -> Node:
+    """The wire node of torch.cond or while_loop: its operands, and its subgraphs captured as graphs
+    of their own (compiler_core.control_flow)."""
+    kind = n.target.name()
+    if kind == "cond":
+        pred, if_true, if_false, operands = n.args
+        if not isinstance(pred, fx.Node) or not isinstance(pred.meta.get("val"), torch.Tensor):
+            raise UnsupportedOp("cond on a predicate that is not a tensor", node=n.name)
+        args, graphs, carried = [pred, *operands], [if_true, if_false], 0
+    else:
+        cond_fn, body_fn, carried_inputs, additional = n.args
+        args, graphs, carried = [*carried_inputs, *additional], [cond_fn, body_fn], len(carried_inputs)
+    subs = [operator.attrgetter(g.target)(gm) for g in graphs]
+    captured = [_capture(sub, [p.meta["val"] for p in sub.graph.nodes if p.op == "placeholder"]) for sub in subs]
+    if any(c.constants for c in captured):
+        raise UnsupportedOp(f"a {kind} subgraph holds constants", node=n.name)
+    val = n.meta.get("val")
+    vals = list(val) if isinstance(val, (tuple, list)) else [val]
+    if not all(isinstance(v, torch.Tensor) for v in vals):
+        raise UnsupportedOp(f"{kind} gives a non-tensor", node=n.name)
+    return Node(name=n.name, target=f"control.{kind}", args=[encode_arg(a, n.name, symbols) for a in args],
+                control=ControlFlow(kind=kind, graphs=[c.spec for c in captured], hints=[c.hints for c in captured],
+                                    carried=carried, outputs=[tensor_spec(v, symbols) for v in vals]))
+
+
 def capture_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
     """The GraphSpec of `gm`. get_attr constants become extra placeholders after the inputs.
 
@@ -228,6 +258,8 @@ def _capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
             placeholders.append(Placeholder(name=n.name, spec=tensor_spec(ex, symbols)))
         elif n.op == "get_attr":
             value = operator.attrgetter(n.target)(gm)
+            if isinstance(value, fx.GraphModule):
+                continue  # a control flow subgraph: its node captures it (control_node)
             if not isinstance(value, torch.Tensor):
                 raise UnsupportedOp(f"graph attribute {n.target} is not a tensor", node=n.name)
             constants.append(value)
@@ -236,6 +268,8 @@ def _capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
             continue  # a size computation (sym_size, s0 * 64): its users carry its expression
         elif n.op == "call_function" and is_opaque(n):
             nodes.append(opaque_node(n, symbols))
+        elif n.op == "call_function" and is_control(n):
+            nodes.append(control_node(n, gm, symbols))
         elif n.op == "call_function" and is_user_kernel(n):
             nodes.append(user_kernel_node(n, symbols))
             kernel_results[n.name] = nodes[-1].triton.cloned

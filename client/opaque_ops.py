@@ -124,7 +124,7 @@ def opaque_call(name: str, opaque: Any) -> Callable[[list[Any], dict[str, Any], 
     arguments and the call's size symbols, its results checked against the plan's specs."""
     op = resolve_opaque(name, opaque.op_schema)
     written = [a.name for a in op._schema.arguments if _written(a)] if opaque.functional else []
-    check = _result_check(name, opaque.outputs)
+    check = result_check(name, opaque.outputs)
     single = value_form(parse_schema(opaque.op_schema), opaque.functional) == "one"
 
     def call(args: list[Any], kwargs: dict[str, Any], syms: Any) -> Any:
@@ -140,7 +140,7 @@ def opaque_call(name: str, opaque: Any) -> Callable[[list[Any], dict[str, Any], 
     return call
 
 
-def _result_check(name: str, specs: list[Any]) -> Callable[[list[Any], Any], None]:
+def result_check(name: str, specs: list[Any]) -> Callable[[list[Any], Any], None]:
     """A check of an opaque op's results against the plan's specs (sizes and strides may be
     size expressions, evaluated with the call's symbols)."""
     texts = [str(x) for s in specs if s is not None for x in (*s.sizes, *s.strides)]

@@ -26,6 +26,7 @@ from fxcc.compiler_core.artifact import (
     FreeStep,
     KernelInfo,
     KernelStep,
+    Plan,
     atomic_write,
 )
 from fxcc.compiler_core.errors import ArtifactError
@@ -85,10 +86,12 @@ def load_kernel(info: KernelInfo, source: bytes, interpret: bool = False) -> Any
 class PlanRunner:
     """A callable over input tensors that runs one artifact's plan and returns its outputs."""
 
-    def __init__(self, artifact: Artifact) -> None:
-        artifact.verify()
+    def __init__(self, artifact: Artifact, plan: Plan | None = None) -> None:
+        """`plan`: one of the artifact's control flow subplans (else its plan; verified once, here)."""
+        if plan is None:
+            artifact.verify()
         self.manifest = artifact.manifest
-        plan = self.manifest.plan
+        plan = plan or self.manifest.plan
         self.inputs = plan.inputs
         infos = {k.name: k for k in self.manifest.kernels}
         interpret = self.manifest.target.kind == "interpret"
@@ -97,7 +100,11 @@ class PlanRunner:
         self._steps: list[Callable[[dict[str, Any]], None]] = []
         self._symbols = SymbolReader(plan) if plan.symbols else None
         for step in plan.steps:
-            if isinstance(step, ExternStep):
+            if isinstance(step, ExternStep) and step.control is not None:
+                from fxcc.client.control_flow import control_step
+
+                self._steps.append(control_step(step, lambda sub: PlanRunner(artifact, sub), SYMS))
+            elif isinstance(step, ExternStep):
                 self._steps.append(self._extern(step))
             elif isinstance(step, KernelStep):
                 info = infos.get(step.kernel)

@@ -76,6 +76,7 @@ class ExternStep(_Model):
     opaque: OpaqueOp | None = None
     # A user's Triton kernel: the client launches its own function of that identity (client/user_kernels.py).
     triton: UserKernel | None = None
+    control: ControlPlan | None = None  # torch.cond / while_loop: its subgraphs' plans (client/control_flow.py)
 
 
 class AllocStep(_Model):
@@ -146,6 +147,21 @@ class Plan(_Model):
     # With size symbols: each input's strides as the plan's code assumes them (None: an integer
     # input), checked per call with the guards (dims of size 1 excepted).
     input_strides: list[list[int | SizeText] | None] = Field(default_factory=list, max_length=MAX_INPUTS)
+
+
+class ControlPlan(_Model):
+    """A control flow step (wire.ControlFlow) with its subgraphs compiled as plans of their own, over
+    the artifact's kernels: cond runs plans[0] or plans[1] on its operands as its predicate says;
+    while_loop runs its body plans[1] while its cond plans[0] gives true, carrying `carried` values."""
+
+    kind: Literal["cond", "while_loop"]
+    plans: list[Plan] = Field(min_length=2, max_length=2)
+    carried: int = Field(default=0, ge=0)
+    outputs: list[TensorSpec]
+
+
+ExternStep.model_rebuild()
+Plan.model_rebuild()
 
 
 class TuningRecord(_Model):

@@ -32,6 +32,9 @@ def canonical_graph(graph: GraphSpec) -> dict[str, Any]:
             d["opaque"] = n.opaque.model_dump()
         if n.triton is not None:  # the kernel's identity, grid and output specs
             d["triton"] = n.triton.model_dump()
+        if n.control is not None:  # its subgraphs, canonical too (their hints are not in the key)
+            d["control"] = {**n.control.model_dump(exclude={"graphs", "hints"}),
+                            "graphs": [canonical_graph(g) for g in n.control.graphs]}
         return d
 
     return {

@@ -247,6 +247,56 @@ class UserKernel(_Model):
     outputs: list[TensorSpec] = Field(max_length=64)
 
 
+MAX_DEPTH = 4  # graphs nested in control flow, the outer one included
+
+
+class ControlFlow(_Model):
+    """torch.cond or while_loop: its subgraphs, compiled as graphs of their own, which the plan picks
+    or loops over at run time. cond: args [pred, *operands], graphs [true, false]; while_loop: args
+    [*carried, *additional], graphs [cond, body], the first `carried` args carried. `outputs`: the
+    specs of the node's results (each subgraph's outputs match them; the client checks)."""
+
+    kind: Literal["cond", "while_loop"]
+    graphs: list[GraphSpec] = Field(min_length=2, max_length=2)
+    # Per graph, its size symbols' example values (for the compiler's heuristics; not in the key).
+    hints: list[dict[str, int]] = Field(default_factory=list, max_length=2)
+    carried: int = Field(default=0, ge=0, le=MAX_LIST)
+    outputs: list[TensorSpec] = Field(max_length=MAX_LIST)
+
+    def check(self, target: str, n_args: int) -> None:
+        """ValueError unless the node's target, arguments and subgraphs fit together."""
+        if target != f"control.{self.kind}":
+            raise ValueError(f"control flow target {target!r} is not control.{self.kind}")
+        first, second = self.graphs
+        if self.kind == "cond":
+            if n_args < 1 or any(len(g.placeholders) != n_args - 1 for g in self.graphs):
+                raise ValueError("cond's branches take other inputs than its operands")
+            if any(len(g.outputs) != len(self.outputs) for g in self.graphs):
+                raise ValueError("cond's branches give other outputs than the node")
+        else:
+            if any(len(g.placeholders) != n_args for g in self.graphs) or not 0 < self.carried <= n_args:
+                raise ValueError("while_loop's graphs take other inputs than its carried and additional ones")
+            if len(first.outputs) != 1 or len(second.outputs) != self.carried or len(self.outputs) != self.carried:
+                raise ValueError("while_loop's cond must give one value and its body the carried ones")
+        depth, nodes = nested_size(first)
+        depth2, nodes2 = nested_size(second)
+        if 1 + max(depth, depth2) > MAX_DEPTH:
+            raise ValueError(f"control flow nested deeper than {MAX_DEPTH} graphs")
+        if nodes + nodes2 > MAX_NODES:
+            raise ValueError(f"control flow subgraphs hold more than {MAX_NODES} nodes")
+
+
+def nested_size(graph: GraphSpec) -> tuple[int, int]:
+    """(depth, nodes) of `graph` with the subgraphs of its control flow nodes."""
+    depth, nodes = 1, len(graph.nodes)
+    for n in graph.nodes:
+        if n.control is not None:
+            for g in n.control.graphs:
+                d, k = nested_size(g)
+                depth, nodes = max(depth, 1 + d), nodes + k
+    return depth, nodes
+
+
 class Node(_Model):
     name: Name
     target: str = Field(max_length=200)
@@ -254,13 +304,16 @@ class Node(_Model):
     kwargs: dict[Name, Arg] = Field(default_factory=dict)
     opaque: OpaqueOp | None = None  # set for (and only for) an op outside aten/prims
     triton: UserKernel | None = None  # set for (and only for) a user's Triton kernel
+    control: ControlFlow | None = None  # set for (and only for) torch.cond / while_loop
 
     @model_validator(mode="after")
     def _opaque(self) -> Node:
         from fxcc.compiler_core.opaque import check_opaque_node, check_user_kernel
 
-        if self.opaque is not None and self.triton is not None:
-            raise ValueError(f"node {self.name} is both an opaque op and a Triton kernel")
+        if sum(x is not None for x in (self.opaque, self.triton, self.control)) > 1:
+            raise ValueError(f"node {self.name} is more than one of an opaque op, a Triton kernel, control flow")
+        if self.control is not None:
+            self.control.check(self.target, len(self.args))
         if self.opaque is not None:
             check_opaque_node(self.target, self.opaque.op_schema, self.opaque.functional, len(self.opaque.outputs),
                               [o is not None for o in self.opaque.outputs])
@@ -301,6 +354,10 @@ class GraphSpec(_Model):
         return self
 
 
+ControlFlow.model_rebuild()
+Node.model_rebuild()
+
+
 def check_size_expr(text: str) -> str:
     """`text` if it is a size expression in fxcc's grammar (no relation), else ValueError."""
     from fxcc.compiler_core.symexpr import Rel, SymExprError, parse
@@ -337,7 +394,7 @@ def _check_symbols(graph: GraphSpec) -> None:
             texts += [x for x in (*p.spec.sizes, *p.spec.strides) if isinstance(x, str)]
     for n in graph.nodes:
         texts += _sym_texts([*n.args, *n.kwargs.values()])
-        outs = n.opaque.outputs if n.opaque is not None else n.triton.outputs if n.triton is not None else []
+        outs = n.opaque.outputs if n.opaque else n.triton.outputs if n.triton else n.control.outputs if n.control else []
         texts += [x for o in outs if o is not None for x in (*o.sizes, *o.strides) if isinstance(x, str)]
         if n.triton is not None:
             texts += [x for x in n.triton.grid if isinstance(x, str)]

@@ -1,5 +1,6 @@
 """End to end, real processes: graphs holding ops only the client has (a torch.library custom op, a
-user's Triton kernel) compile on a real worker, which never registered or saw them, and hit the
+user's Triton kernel) compile on a real worker, which never registered or saw them, as do graphs
+with torch.cond and while_loop (subgraphs compiled as graphs of their own), and all hit the
 shared cache from a second machine. The `cluster` fixture is in conftest.py; the Triton kernel is
 made as tests/client/test_user_kernels.py says why."""
 
@@ -37,6 +38,16 @@ def user_kernel(x):
     KERNEL[0][(triton.cdiv(a.numel(), 16),)](a, b, out, a.numel(), BLOCK=16)
     return out.exp() - x
 
+def branchy(x):
+    y = x.sigmoid() * 2
+    return torch.cond(y.sum() > 8, lambda a: (a.sin() * a + 1,), lambda a: (a.cos() * 2 - a,), (y,))[0] + x
+
+def loop(x):
+    from torch._higher_order_ops.while_loop import while_loop
+    i, a = while_loop(lambda i, a: a.sum() < 100, lambda i, a: (i + 1, (a * 1.5 + a.sin()).abs() + 1),
+                      (torch.tensor(0), x.abs()))
+    return a + i
+
 @torch.library.custom_op("fxcc_e2e::scale", mutates_args=())
 def scale(x: torch.Tensor, k: int, group: str) -> torch.Tensor:
     return x * k
@@ -64,7 +75,7 @@ def mutating(x):
 err = 0.0
 with torch.no_grad():
     x = torch.randn(16, 8)
-    for fn in (custom, mutating, user_kernel):
+    for fn in (custom, mutating, user_kernel, branchy, loop):
         got = torch.compile(fn, backend="fxcc")(x)
         KERNEL[0] = InterpretedFunction(add_kernel.fn)  # eager's reference
         err = max(err, (got - fn(x)).abs().max().item())
@@ -83,17 +94,20 @@ def _client(env: dict[str, str], script: Path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_custom_ops_and_user_kernels_compile_on_a_worker_that_lacks_them(cluster, client_env, tmp_path):
+def test_opaque_ops_and_control_flow_compile_on_a_worker(cluster, client_env, tmp_path):
     env = dict(client_env, FXCC_FALLBACK="error")
     first = _client(dict(env, FXCC_CACHE_DIR=str(tmp_path / "a")), tmp_path / "client.py")
     assert first["max_abs_err"] < 1e-5, first
-    assert [e["source"] for e in first["events"]] == ["remote-compiled"] * 3, first
+    assert [e["source"] for e in first["events"]] == ["remote-compiled"] * 5, first
     ops = [e["extern_ops"] for e in first["events"]]
     assert ops[:2] == [["fxcc_e2e.scale.default"], ["fxcc_e2e.accumulate.default"]], first
     assert "triton_kernel.add_kernel" in ops[2], first
-    assert [e["kernels"] for e in first["events"]] == [2, 2, 2], first  # the rest of each graph fused
+    assert ops[3:] == [["control.cond"], ["control.while_loop"]], first
+    # the rest of each graph fused; the control flow counts include their subgraphs' kernels (one
+    # per branch; the loop's test, and its body's two results)
+    assert [e["kernels"] for e in first["events"]] == [2, 2, 2, 4, 6], first
 
     second = _client(dict(env, FXCC_CACHE_DIR=str(tmp_path / "b")), tmp_path / "client.py")
-    assert [e["source"] for e in second["events"]] == ["remote-hit"] * 3, second
+    assert [e["source"] for e in second["events"]] == ["remote-hit"] * 5, second
     assert [e["key"] for e in second["events"]] == [e["key"] for e in first["events"]]
     assert second["max_abs_err"] < 1e-5, second
