@@ -215,3 +215,37 @@ def test_unregistered_or_non_opaque_names_are_refused():
         resolve_opaque("aten.sin.default", str(torch.ops.aten.sin.default._schema))
     with pytest.raises(ArtifactError, match="not an opaque op"):
         resolve_opaque("os.system.__call__", "os::system(str cmd) -> Tensor")
+
+
+@torch.library.custom_op("fxcc_test::cube", mutates_args=())
+def cube(x: torch.Tensor) -> torch.Tensor:
+    return x * x * x
+
+
+@cube.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def _cube_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    return grad * 3 * scale(x, 1, "times") * x  # the backward calls a custom op too
+
+
+cube.register_autograd(_cube_backward, setup_context=lambda ctx, inputs, output: ctx.save_for_backward(inputs[0]))
+
+
+def test_training_through_a_custom_op_with_autograd():
+    w = torch.randn(8, requires_grad=True)
+    x = torch.randn(4, 8)
+
+    def loss(w, x):
+        return cube((x * w).sin()).cos().sum()
+
+    loss(w, x).backward()
+    expected, w.grad = w.grad.clone(), None
+    torch.compile(loss, backend="fxcc")(w, x).backward()
+    torch.testing.assert_close(w.grad, expected)
+    forward, backward = _plans()
+    assert forward.stats.extern_ops == ["fxcc_test.cube.default"]
+    assert "fxcc_test.scale.default" in backward.stats.extern_ops and backward.stats.kernels >= 1
