@@ -23,7 +23,7 @@ def control_step(step: ExternStep, runner: Callable[[Plan], Callable[[list[Any]]
     where a plan's environment holds the call's size symbols."""
     flow = step.control
     first, second = (runner(p) for p in flow.plans)
-    check = result_check(step.op, flow.outputs)
+    check = result_check(step.op, flow.outputs, "its trace")
     out, args = step.out, step.args
 
     def operands(env: dict[str, Any]) -> list[Any]:

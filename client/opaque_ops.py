@@ -140,7 +140,7 @@ def opaque_call(name: str, opaque: Any) -> Callable[[list[Any], dict[str, Any], 
     return call
 
 
-def result_check(name: str, specs: list[Any]) -> Callable[[list[Any], Any], None]:
+def result_check(name: str, specs: list[Any], source: str = "its fake kernel") -> Callable[[list[Any], Any], None]:
     """A check of an opaque op's results against the plan's specs (sizes and strides may be
     size expressions, evaluated with the call's symbols)."""
     texts = [str(x) for s in specs if s is not None for x in (*s.sizes, *s.strides)]
@@ -151,12 +151,12 @@ def result_check(name: str, specs: list[Any]) -> Callable[[list[Any], Any], None
 
     def check(values: list[Any], syms: Any) -> None:
         if len(values) != len(specs):
-            raise OpaqueMismatch(f"op {name} returned {len(values)} results, its fake kernel {len(specs)}", op=name)
+            raise OpaqueMismatch(f"op {name} returned {len(values)} results, {source} {len(specs)}", op=name)
         numbers = iter(fixed if evaluate is None else evaluate(syms))
         for i, (v, spec, dtype) in enumerate(zip(values, specs, dtypes)):
             if spec is None:
                 if v is not None:
-                    raise OpaqueMismatch(f"op {name} result {i} is a tensor, its fake kernel said None", op=name)
+                    raise OpaqueMismatch(f"op {name} result {i} is a tensor, {source} said None", op=name)
                 continue
             sizes = [next(numbers) for _ in spec.sizes]
             strides = [next(numbers) for _ in spec.strides]
@@ -166,6 +166,6 @@ def result_check(name: str, specs: list[Any]) -> Callable[[list[Any], Any], None
                     any(n > 1 and a != b for n, a, b in zip(sizes, v.stride(), strides)):
                 raise OpaqueMismatch(
                     f"op {name} result {i} is {v.dtype} {v.device.type} {list(v.shape)} strides "
-                    f"{list(v.stride())}; its fake kernel said {dtype} {spec.device} {sizes} strides {strides}",
+                    f"{list(v.stride())}; {source} said {dtype} {spec.device} {sizes} strides {strides}",
                     op=name)
     return check
