@@ -13,12 +13,15 @@ import torch
 from pydantic import ValidationError
 from torch import fx
 
+from fxcc.client.opaque_ops import is_opaque, opaque_refusal, unfunctionalized
+from fxcc.client.user_kernels import is_user_kernel, kernel_of, remember
 from fxcc.compiler_core.errors import InvalidGraph, UnsupportedOp
 from fxcc.compiler_core.symbolic import from_torch, size_symbol
 from fxcc.compiler_core.symexpr import dump
 from fxcc.compiler_core.wire import (
     Arg,
     BoolArg,
+    ControlFlow,
     DeviceArg,
     DtypeArg,
     FloatArg,
@@ -30,11 +33,13 @@ from fxcc.compiler_core.wire import (
     Node,
     NodeRef,
     NoneArg,
+    OpaqueOp,
     Placeholder,
     StrArg,
     SymArg,
     SymbolSpec,
     TensorSpec,
+    UserKernel,
     dtype_name,
     target_name,
 )
@@ -155,6 +160,70 @@ def _sym_arg(v: torch.SymInt, symbols: Symbols) -> Arg:
     return IntArg(value=text) if isinstance(text, int) else SymArg(expr=text)
 
 
+def opaque_node(n: fx.Node, symbols: Symbols) -> Node:
+    """The wire node of an op outside aten/prims (client/opaque_ops.py): its arguments as data,
+    its schema, and its outputs' specs from the node's FakeTensors (the op's fake kernel made them)."""
+    op, args, kwargs, functional = unfunctionalized(n)
+    why = opaque_refusal(op)
+    if why is not None:
+        raise UnsupportedOp(f"op {op} cannot run as an opaque step: {why}", op=str(op), node=n.name)
+    val = n.meta.get("val")
+    vals = list(val) if isinstance(val, (tuple, list)) else [val]
+    if any(v is not None and not isinstance(v, torch.Tensor) for v in vals):
+        raise UnsupportedOp(f"op {op} returns a non-tensor", op=str(op), node=n.name)
+    outputs = [None if v is None else tensor_spec(v, symbols) for v in vals]
+    return Node(name=n.name, target=target_name(op),
+                args=[encode_arg(a, n.name, symbols) for a in args],
+                kwargs={k: encode_arg(v, n.name, symbols) for k, v in kwargs.items()},
+                opaque=OpaqueOp(op_schema=str(op._schema), functional=functional, outputs=outputs))
+
+
+def user_kernel_node(n: fx.Node, symbols: Symbols) -> Node:
+    """The wire node of a user's Triton kernel (client/user_kernels.py): its identity, grid and
+    arguments (tensors and constants as data), and the specs of the tensors it returns."""
+    jit, constants = kernel_of(n)
+    module, qualname, sha = remember(jit)
+    tensors = dict(n.kwargs["kwargs"])
+    cloned = [k for k in tensors if k in n.kwargs["tensors_to_clone"]]
+    val = n.meta.get("val") or {}
+    outputs = [tensor_spec(val[k], symbols) for k in cloned]
+    args = {k: encode_arg(v, n.name, symbols) for k, v in {**tensors, **constants}.items()}
+    (grid,) = n.kwargs["grid"]
+    return Node(name=n.name, target=f"triton_kernel.{jit.fn.__name__}", kwargs=args,
+                triton=UserKernel(module=module, qualname=qualname, source_sha256=sha, cloned=cloned,
+                                  outputs=outputs,
+                                  grid=[symbols.text(g.meta["val"] if isinstance(g, fx.Node) else g) for g in grid]))
+
+
+def is_control(n: fx.Node) -> bool:
+    return isinstance(n.target, torch._ops.HigherOrderOperator) and n.target.name() in ("cond", "while_loop")
+
+
+def control_node(n: fx.Node, gm: fx.GraphModule, symbols: Symbols) -> Node:
+    """The wire node of torch.cond or while_loop: its operands, and its subgraphs captured as graphs
+    of their own (compiler_core.control_flow)."""
+    kind = n.target.name()
+    if kind == "cond":
+        pred, if_true, if_false, operands = n.args
+        if not isinstance(pred, fx.Node) or not isinstance(pred.meta.get("val"), torch.Tensor):
+            raise UnsupportedOp("cond on a predicate that is not a tensor", node=n.name)
+        args, graphs, carried = [pred, *operands], [if_true, if_false], 0
+    else:
+        cond_fn, body_fn, carried_inputs, additional = n.args
+        args, graphs, carried = [*carried_inputs, *additional], [cond_fn, body_fn], len(carried_inputs)
+    subs = [operator.attrgetter(g.target)(gm) for g in graphs]
+    captured = [_capture(sub, [p.meta["val"] for p in sub.graph.nodes if p.op == "placeholder"]) for sub in subs]
+    if any(c.constants for c in captured):
+        raise UnsupportedOp(f"a {kind} subgraph holds constants", node=n.name)
+    val = n.meta.get("val")
+    vals = list(val) if isinstance(val, (tuple, list)) else [val]
+    if not all(isinstance(v, torch.Tensor) for v in vals):
+        raise UnsupportedOp(f"{kind} gives a non-tensor", node=n.name)
+    return Node(name=n.name, target=f"control.{kind}", args=[encode_arg(a, n.name, symbols) for a in args],
+                control=ControlFlow(kind=kind, graphs=[c.spec for c in captured], hints=[c.hints for c in captured],
+                                    carried=carried, outputs=[tensor_spec(v, symbols) for v in vals]))
+
+
 def capture_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
     """The GraphSpec of `gm`. get_attr constants become extra placeholders after the inputs.
 
@@ -173,6 +242,7 @@ def _capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
     constants: list[torch.Tensor] = []
     const_placeholders: list[Placeholder] = []
     symbols = Symbols()
+    kernel_results: dict[str, list[str]] = {}  # user Triton kernels' nodes: the names of their results
     inputs = iter(example_inputs)
     for n in gm.graph.nodes:
         if n.op == "placeholder":
@@ -188,12 +258,25 @@ def _capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
             placeholders.append(Placeholder(name=n.name, spec=tensor_spec(ex, symbols)))
         elif n.op == "get_attr":
             value = operator.attrgetter(n.target)(gm)
+            if isinstance(value, fx.GraphModule):
+                continue  # a control flow subgraph: its node captures it (control_node)
             if not isinstance(value, torch.Tensor):
                 raise UnsupportedOp(f"graph attribute {n.target} is not a tensor", node=n.name)
             constants.append(value)
             const_placeholders.append(Placeholder(name=n.name, spec=tensor_spec(value)))
         elif n.op == "call_function" and isinstance(n.meta.get("val"), torch.SymInt):
             continue  # a size computation (sym_size, s0 * 64): its users carry its expression
+        elif n.op == "call_function" and is_opaque(n):
+            nodes.append(opaque_node(n, symbols))
+        elif n.op == "call_function" and is_control(n):
+            nodes.append(control_node(n, gm, symbols))
+        elif n.op == "call_function" and is_user_kernel(n):
+            nodes.append(user_kernel_node(n, symbols))
+            kernel_results[n.name] = nodes[-1].triton.cloned
+        elif n.op == "call_function" and n.target is operator.getitem and n.args[0].name in kernel_results:
+            # Note: the kernel's value is a dict by argument name in FX, a tuple in that order on the wire.
+            index = kernel_results[n.args[0].name].index(n.args[1])
+            nodes.append(Node(name=n.name, target="getitem", args=[NodeRef(name=n.args[0].name), IntArg(value=index)]))
         elif n.op == "call_function":
             if n.target is not operator.getitem and not isinstance(n.target, torch._ops.OpOverload):
                 raise UnsupportedOp(f"call of {n.target} is not an aten op", node=n.name)

@@ -26,6 +26,7 @@ from fxcc.compiler_core.artifact import (
     FreeStep,
     KernelInfo,
     KernelStep,
+    Plan,
     atomic_write,
 )
 from fxcc.compiler_core.errors import ArtifactError
@@ -85,10 +86,12 @@ def load_kernel(info: KernelInfo, source: bytes, interpret: bool = False) -> Any
 class PlanRunner:
     """A callable over input tensors that runs one artifact's plan and returns its outputs."""
 
-    def __init__(self, artifact: Artifact) -> None:
-        artifact.verify()
+    def __init__(self, artifact: Artifact, plan: Plan | None = None) -> None:
+        """`plan`: one of the artifact's control flow subplans (else its plan; verified once, here)."""
+        if plan is None:
+            artifact.verify()
         self.manifest = artifact.manifest
-        plan = self.manifest.plan
+        plan = plan or self.manifest.plan
         self.inputs = plan.inputs
         infos = {k.name: k for k in self.manifest.kernels}
         interpret = self.manifest.target.kind == "interpret"
@@ -97,7 +100,11 @@ class PlanRunner:
         self._steps: list[Callable[[dict[str, Any]], None]] = []
         self._symbols = SymbolReader(plan) if plan.symbols else None
         for step in plan.steps:
-            if isinstance(step, ExternStep):
+            if isinstance(step, ExternStep) and step.control is not None:
+                from fxcc.client.control_flow import control_step
+
+                self._steps.append(control_step(step, lambda sub: PlanRunner(artifact, sub), SYMS))
+            elif isinstance(step, ExternStep):
                 self._steps.append(self._extern(step))
             elif isinstance(step, KernelStep):
                 info = infos.get(step.kernel)
@@ -120,6 +127,8 @@ class PlanRunner:
 
     @staticmethod
     def _extern(step: ExternStep) -> Callable[[dict[str, Any]], None]:
+        if step.opaque is not None or step.triton is not None:
+            return _opaque_step(step)
         op = resolve_target(step.op, node=step.out)
         if not step.kwargs:
             op = VIEW_METHODS.get(step.op, op)
@@ -263,6 +272,28 @@ class PlanRunner:
         if self._output_names is not None:
             return tuple([env[n] for n in self._output_names])
         return tuple(decode_arg(a, env, env.get(SYMS)) for a in self._outputs)
+
+
+def _opaque_step(step: ExternStep) -> Callable[[dict[str, Any]], None]:
+    """An op outside aten/prims, from this process's registry, its results checked (client/opaque_ops.py),
+    or a user's Triton kernel of this process (client/user_kernels.py)."""
+    if step.triton is not None:
+        from fxcc.client.user_kernels import kernel_call
+
+        call = kernel_call(step.triton)
+    else:
+        from fxcc.client.opaque_ops import opaque_call
+
+        call = opaque_call(step.op, step.opaque)
+    out = step.out
+    args = [_arg_reader(a) for a in step.args]
+    kwargs = {k: _arg_reader(v) for k, v in step.kwargs.items()}
+
+    def run(env: dict[str, Any]) -> None:
+        syms = env.get(SYMS)
+        env[out] = call([_read(kind, x, env, syms) for kind, x in args],
+                        {k: _read(kind, x, env, syms) for k, (kind, x) in kwargs.items()}, syms)
+    return run
 
 
 # Note: the same aten view ops through the Tensor method binding, which parses its arguments

@@ -18,7 +18,18 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from fxcc.compiler_core.errors import ArtifactError
-from fxcc.compiler_core.wire import Arg, IntArg, Name, NodeRef, SizeText, SymArg, Target, TensorSpec
+from fxcc.compiler_core.wire import (
+    Arg,
+    IntArg,
+    Name,
+    NodeRef,
+    OpaqueOp,
+    SizeText,
+    SymArg,
+    Target,
+    TensorSpec,
+    UserKernel,
+)
 
 # Note: 2 lets AllocStep.reuse name a fresh extern result, taken at its data pointer (a kernel
 # writing in place of torch's tensor). A version-1 plan means the same under version 2 (it reuses
@@ -60,6 +71,12 @@ class ExternStep(_Model):
     # Strides the plan's kernels assume for the result (fresh tensors only): the client copies a
     # result laid out otherwise into them, so a layout the op chose differently never misreads.
     expect_strides: list[int | SizeText] | None = Field(default=None, max_length=64)
+    # An op outside aten/prims: the client resolves `op` from its own registry, refuses one whose
+    # schema differs from this one's and checks its results against `opaque.outputs`.
+    opaque: OpaqueOp | None = None
+    # A user's Triton kernel: the client launches its own function of that identity (client/user_kernels.py).
+    triton: UserKernel | None = None
+    control: ControlPlan | None = None  # torch.cond / while_loop: its subgraphs' plans (client/control_flow.py)
 
 
 class AllocStep(_Model):
@@ -130,6 +147,21 @@ class Plan(_Model):
     # With size symbols: each input's strides as the plan's code assumes them (None: an integer
     # input), checked per call with the guards (dims of size 1 excepted).
     input_strides: list[list[int | SizeText] | None] = Field(default_factory=list, max_length=MAX_INPUTS)
+
+
+class ControlPlan(_Model):
+    """A control flow step (wire.ControlFlow) with its subgraphs compiled as plans of their own, over
+    the artifact's kernels: cond runs plans[0] or plans[1] on its operands as its predicate says;
+    while_loop runs its body plans[1] while its cond plans[0] gives true, carrying `carried` values."""
+
+    kind: Literal["cond", "while_loop"]
+    plans: list[Plan] = Field(min_length=2, max_length=2)
+    carried: int = Field(default=0, ge=0)
+    outputs: list[TensorSpec]
+
+
+ExternStep.model_rebuild()
+Plan.model_rebuild()
 
 
 class TuningRecord(_Model):

@@ -28,6 +28,7 @@ from typing import Any
 from fxcc.compiler_core.artifact import (
     AllocStep,
     Artifact,
+    ExternStep,
     KernelInfo,
     KernelStep,
     Plan,
@@ -175,11 +176,8 @@ def kernel_signatures(plan: Plan, request: CompileRequest) -> dict[str, KernelSi
     A kernel launched with different argument types by different steps gets no entry (no
     binary can serve all of them).
     """
-    dtypes = _BufferDtypes(plan, request)
     found: dict[str, KernelSignature | None] = {}
-    for step in plan.steps:
-        if not isinstance(step, KernelStep):
-            continue
+    for step, dtypes in _kernel_steps(plan, request):
         sig = _step_signature(step, dtypes)
         if step.kernel not in found:
             found[step.kernel] = sig
@@ -190,6 +188,20 @@ def kernel_signatures(plan: Plan, request: CompileRequest) -> dict[str, KernelSi
         else:
             found[step.kernel] = KernelSignature(sig.types, prev.divisible16 & sig.divisible16)
     return {k: s for k, s in found.items() if s is not None}
+
+
+def _kernel_steps(plan: Plan, request: CompileRequest) -> Iterator[tuple[KernelStep, _BufferDtypes]]:
+    """Every KernelStep of the plan and of its control flow steps' plans, with its plan's dtypes."""
+    dtypes = _BufferDtypes(plan, request)
+    subgraphs = {n.name: n.control for n in request.graph.nodes if n.control is not None}
+    for step in plan.steps:
+        if isinstance(step, KernelStep):
+            yield step, dtypes
+        elif isinstance(step, ExternStep) and step.control is not None and step.out in subgraphs:
+            flow = subgraphs[step.out]
+            for i, (sub_plan, graph) in enumerate(zip(step.control.plans, flow.graphs)):
+                hints = flow.hints[i] if i < len(flow.hints) else {}
+                yield from _kernel_steps(sub_plan, request.model_copy(update={"graph": graph, "hints": hints}))
 
 
 def _step_signature(step: KernelStep, dtypes: _BufferDtypes) -> KernelSignature | None:

@@ -16,6 +16,7 @@ from fxcc.compiler_core.artifact import (
     Artifact,
     ArtifactManifest,
     CompileStats,
+    ControlPlan,
     ExternStep,
     FreeStep,
     KernelInfo,
@@ -26,6 +27,7 @@ from fxcc.compiler_core.artifact import (
 )
 from fxcc.compiler_core.codegen.attention import render_template
 from fxcc.compiler_core.codegen.triton import RenderedKernel, render_kernel
+from fxcc.compiler_core.control_flow import compile_control_flow, merged_kernels, merged_stats
 from fxcc.compiler_core.errors import InvalidGraph, UnsupportedOp
 from fxcc.compiler_core.graph import rebuild_graph
 from fxcc.compiler_core.keys import compile_key, compiler_fingerprint
@@ -53,24 +55,32 @@ def compile_request(request: CompileRequest) -> Artifact:
     """Compile one graph for its target. Raises FxccError subclasses on bad input."""
     t0 = time.perf_counter()
     key = compile_key(request)
-    gm = rebuild_graph(request.graph, request.hints)
-    blobs: dict[str, bytes] = {}
-    try:
-        plan, kernels, stats = compile_graph(gm, request.graph, request.options.target.kind, blobs,
-                                             allow_tf32=request.options.allow_tf32, title=f"key {key[:12]}")
-    except InvalidGraph:
-        raise
-    except UnsupportedOp as e:
-        log.info("whole graph runs as extern calls: %s", e)
-        (plan, stats), kernels, blobs = extern_plan(request.graph), [], {}
-    except Exception as e:  # noqa: BLE001 - the user's program never dies because of fxcc
-        # Note: reaching this is a compiler bug; the graph still runs, every node as its aten op.
-        log.warning("compiling failed, the whole graph runs as extern calls: %s: %s", type(e).__name__, e)
-        (plan, stats), kernels, blobs = extern_plan(request.graph), [], {}
+    plan, kernels, stats, blobs = compile_or_extern(request.graph, request.hints, request.options.target.kind,
+                                                    request.options.allow_tf32, f"key {key[:12]}")
     stats = stats.model_copy(update={"compile_s": round(time.perf_counter() - t0, 4)})
     manifest = ArtifactManifest(key=key, versions=local_versions(), target=request.options.target,
                                 plan=plan, kernels=kernels, stats=stats)
     return Artifact(manifest, blobs)
+
+
+def compile_or_extern(graph: GraphSpec, hints: dict[str, int], target: str, allow_tf32: bool,
+                      title: str) -> tuple[Plan, list[KernelInfo], CompileStats, dict[str, bytes]]:
+    """The graph compiled (its plan, kernels, stats and blobs), or where the compiler cannot, run
+    node by node as extern calls. Raises InvalidGraph for a graph that is wrong."""
+    gm = rebuild_graph(graph, hints)
+    blobs: dict[str, bytes] = {}
+    try:
+        plan, kernels, stats = compile_graph(gm, graph, target, blobs, allow_tf32=allow_tf32, title=title)
+        return plan, kernels, stats, blobs
+    except InvalidGraph:
+        raise
+    except UnsupportedOp as e:
+        log.info("whole graph runs as extern calls: %s", e)
+    except Exception as e:  # noqa: BLE001 - the user's program never dies because of fxcc
+        # Note: reaching this is a compiler bug; the graph still runs, every node as its aten op.
+        log.warning("compiling failed, the whole graph runs as extern calls: %s: %s", type(e).__name__, e)
+    plan, stats = extern_plan(graph)
+    return plan, [], stats, {}
 
 
 def compile_graph(gm: fx.GraphModule, graph: GraphSpec, target: str, blobs: dict[str, bytes],
@@ -90,6 +100,8 @@ def compile_graph(gm: fx.GraphModule, graph: GraphSpec, target: str, blobs: dict
         emit("ir", title, lambda: format_ir(lowered))
         items = schedule(lowered)
         emit("schedule", title, lambda: format_schedule(items))
+        items, sub_kernels, sub_stats = compile_control_flow(
+            items, lambda sub, hints: _compile_subgraph(sub, hints, target, blobs, allow_tf32, title))
         rendered = render_kernels(lowered, items, target)
         emit("kernels", title, lambda: format_kernels(rendered))
         if syms:
@@ -99,8 +111,17 @@ def compile_graph(gm: fx.GraphModule, graph: GraphSpec, target: str, blobs: dict
         plan = build_plan(lowered, items, rendered)
         emit("plan", title, lambda: format_plan(plan))
         emit("guards", title, lambda: format_guards(plan))
-        kernels = kernel_infos(rendered.values(), blobs)
-        return plan, kernels, compile_stats(graph, lowered, items, kernels)
+        kernels = merged_kernels(kernel_infos(rendered.values(), blobs) + sub_kernels)
+        return plan, kernels, merged_stats(compile_stats(graph, lowered, items, kernels), sub_stats)
+
+
+def _compile_subgraph(graph: GraphSpec, hints: dict[str, int], target: str, blobs: dict[str, bytes],
+                      allow_tf32: bool, title: str) -> tuple[Plan, list[KernelInfo], CompileStats]:
+    """A control flow subgraph through the whole pipeline (compiler_core.control_flow), its blobs
+    added to the artifact's."""
+    plan, kernels, stats, sub_blobs = compile_or_extern(graph, hints, target, allow_tf32, f"{title} (subgraph)")
+    blobs.update(sub_blobs)
+    return plan, kernels, stats
 
 
 def symbol_bindings(graph: GraphSpec) -> list[SymbolBinding]:
@@ -182,7 +203,11 @@ def extern_plan(graph: GraphSpec) -> tuple[Plan, CompileStats]:
     steps: list = []
     last_use = last_uses(graph)
     for n in graph.nodes:
-        steps.append(ExternStep(op=n.target, args=n.args, kwargs=n.kwargs, out=n.name))
+        control = None if n.control is None else ControlPlan(
+            kind=n.control.kind, plans=[extern_plan(g)[0] for g in n.control.graphs], carried=n.control.carried,
+            outputs=n.control.outputs)
+        steps.append(ExternStep(op=n.target, args=n.args, kwargs=n.kwargs, out=n.name, opaque=n.opaque,
+                                triton=n.triton, control=control))
         dead = [name for name, last in last_use.items() if last == n.name]
         if dead:
             steps.append(FreeStep(names=dead))

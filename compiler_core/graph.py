@@ -17,6 +17,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fxcc.compiler_core.errors import InvalidGraph
+from fxcc.compiler_core.opaque import OpaqueTarget, check_opaque_node, value_form
 from fxcc.compiler_core.symbolic import size_symbol
 from fxcc.compiler_core.wire import (
     Arg,
@@ -133,6 +134,18 @@ def int_oo() -> Any:
     return oo
 
 
+def _opaque_target(n: Any, mode: FakeTensorMode, syms: SymValues | None) -> OpaqueTarget:
+    """The FX target of an op or a Triton kernel only the client runs, or of control flow (whose
+    subgraphs compile on their own): its fakes come from the node's output specs (compiler_core.opaque)."""
+    if n.triton is not None or n.control is not None:
+        specs, form = list((n.triton or n.control).outputs), "tuple"
+    else:
+        schema = check_opaque_node(n.target, n.opaque.op_schema, n.opaque.functional, len(n.opaque.outputs),
+                                   [o is not None for o in n.opaque.outputs])
+        specs, form = list(n.opaque.outputs), value_form(schema, n.opaque.functional)
+    return OpaqueTarget(n.target, lambda: [None if s is None else fake_input(mode, s, syms) for s in specs], form)
+
+
 def rebuild_graph(spec: GraphSpec, hints: dict[str, int] | None = None) -> fx.GraphModule:
     """An FX GraphModule equivalent to `spec`, with `meta["val"]` (a FakeTensor) on every node.
 
@@ -151,7 +164,8 @@ def rebuild_graph(spec: GraphSpec, hints: dict[str, int] | None = None) -> fx.Gr
             node.meta["val"] = fakes[p.name] = fake_input(mode, p.spec, syms)
         nodes[p.name] = node
     for n in spec.nodes:
-        target = resolve_target(n.target, node=n.name)
+        target = _opaque_target(n, mode, syms) if n.opaque or n.triton or n.control else \
+            resolve_target(n.target, node=n.name)
         args = tuple(decode_arg(a, nodes, syms) for a in n.args)
         kwargs = {k: decode_arg(v, nodes, syms) for k, v in n.kwargs.items()}
         fake_args = tuple(decode_arg(a, fakes, syms) for a in n.args)

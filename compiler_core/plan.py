@@ -49,7 +49,8 @@ def build_plan(g: GraphLowering, items: Sequence[Kernel | ExternCall],
         if isinstance(item, ExternCall):
             expect = None if item.expect_strides is None else [size_text(x) for x in item.expect_strides]
             steps.append(ExternStep(op=item.op, args=item.args, kwargs=item.kwargs, out=item.out,
-                                    expect_strides=expect))
+                                    expect_strides=expect, opaque=item.opaque, triton=item.triton,
+                                    control=item.control))
             reads.append(_refs(item.args + list(item.kwargs.values())))
             continue
         rk = rendered[i]

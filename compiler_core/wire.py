@@ -3,7 +3,8 @@
 Note: nothing here is ever unpickled, eval'd, exec'd or sympified. Node targets resolve only to
 `torch.ops.aten` / `torch.ops.prims` overloads (plus `getitem` for tuple outputs) by attribute
 lookup on those namespaces, after the name has been checked against a strict grammar, and only
-to the functional ones compiler_core.op_policy allows.
+to the functional ones compiler_core.op_policy allows. A node of an op outside them (`opaque`,
+a torch.library custom op) resolves to nothing here: it is data, checked by compiler_core.opaque.
 """
 
 from __future__ import annotations
@@ -222,11 +223,103 @@ class SymbolSpec(_Model):
     hi: int | None = Field(default=None, ge=0, le=MAX_DIM)
 
 
+class OpaqueOp(_Model):
+    """What the worker knows of an op outside aten/prims (a torch.library custom op), which only
+    the client runs (compiler_core.opaque): its schema text, parsed by fxcc's grammar and never
+    looked up, and its outputs' specs as the client's fake kernel made them (None: no tensor)."""
+
+    op_schema: str = Field(max_length=4096)
+    functional: bool = False  # AOTAutograd's auto_functionalized form of an op that writes arguments
+    outputs: list[TensorSpec | None] = Field(max_length=MAX_LIST)
+
+
+class UserKernel(_Model):
+    """A user's @triton.jit kernel (Dynamo's triton_kernel_wrapper_functional), which only the client
+    launches: named by a stable identity, never shipped as code (compiler_core.opaque). The node's
+    kwargs are the kernel's arguments; its value is the tuple of the `cloned` ones after the launch,
+    whose specs `outputs` gives (as their inputs are laid out)."""
+
+    module: str = Field(max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")
+    qualname: str = Field(max_length=256, pattern=r"^[A-Za-z_<>][A-Za-z0-9_.<>]*$")
+    source_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    grid: list[SizeValue] = Field(min_length=1, max_length=3)
+    cloned: list[Name] = Field(max_length=64)
+    outputs: list[TensorSpec] = Field(max_length=64)
+
+
+MAX_DEPTH = 4  # graphs nested in control flow, the outer one included
+
+
+class ControlFlow(_Model):
+    """torch.cond or while_loop: its subgraphs, compiled as graphs of their own, which the plan picks
+    or loops over at run time. cond: args [pred, *operands], graphs [true, false]; while_loop: args
+    [*carried, *additional], graphs [cond, body], the first `carried` args carried. `outputs`: the
+    specs of the node's results (each subgraph's outputs match them; the client checks)."""
+
+    kind: Literal["cond", "while_loop"]
+    graphs: list[GraphSpec] = Field(min_length=2, max_length=2)
+    # Per graph, its size symbols' example values (for the compiler's heuristics; not in the key).
+    hints: list[dict[str, int]] = Field(default_factory=list, max_length=2)
+    carried: int = Field(default=0, ge=0, le=MAX_LIST)
+    outputs: list[TensorSpec] = Field(max_length=MAX_LIST)
+
+    def check(self, target: str, n_args: int) -> None:
+        """ValueError unless the node's target, arguments and subgraphs fit together."""
+        if target != f"control.{self.kind}":
+            raise ValueError(f"control flow target {target!r} is not control.{self.kind}")
+        first, second = self.graphs
+        if self.kind == "cond":
+            if n_args < 1 or any(len(g.placeholders) != n_args - 1 for g in self.graphs):
+                raise ValueError("cond's branches take other inputs than its operands")
+            if any(len(g.outputs) != len(self.outputs) for g in self.graphs):
+                raise ValueError("cond's branches give other outputs than the node")
+        else:
+            if any(len(g.placeholders) != n_args for g in self.graphs) or not 0 < self.carried <= n_args:
+                raise ValueError("while_loop's graphs take other inputs than its carried and additional ones")
+            if len(first.outputs) != 1 or len(second.outputs) != self.carried or len(self.outputs) != self.carried:
+                raise ValueError("while_loop's cond must give one value and its body the carried ones")
+        depth, nodes = nested_size(first)
+        depth2, nodes2 = nested_size(second)
+        if 1 + max(depth, depth2) > MAX_DEPTH:
+            raise ValueError(f"control flow nested deeper than {MAX_DEPTH} graphs")
+        if nodes + nodes2 > MAX_NODES:
+            raise ValueError(f"control flow subgraphs hold more than {MAX_NODES} nodes")
+
+
+def nested_size(graph: GraphSpec) -> tuple[int, int]:
+    """(depth, nodes) of `graph` with the subgraphs of its control flow nodes."""
+    depth, nodes = 1, len(graph.nodes)
+    for n in graph.nodes:
+        if n.control is not None:
+            for g in n.control.graphs:
+                d, k = nested_size(g)
+                depth, nodes = max(depth, 1 + d), nodes + k
+    return depth, nodes
+
+
 class Node(_Model):
     name: Name
     target: str = Field(max_length=200)
     args: list[Arg] = Field(default_factory=list, max_length=64)
     kwargs: dict[Name, Arg] = Field(default_factory=dict)
+    opaque: OpaqueOp | None = None  # set for (and only for) an op outside aten/prims
+    triton: UserKernel | None = None  # set for (and only for) a user's Triton kernel
+    control: ControlFlow | None = None  # set for (and only for) torch.cond / while_loop
+
+    @model_validator(mode="after")
+    def _opaque(self) -> Node:
+        from fxcc.compiler_core.opaque import check_opaque_node, check_user_kernel
+
+        if sum(x is not None for x in (self.opaque, self.triton, self.control)) > 1:
+            raise ValueError(f"node {self.name} is more than one of an opaque op, a Triton kernel, control flow")
+        if self.control is not None:
+            self.control.check(self.target, len(self.args))
+        if self.opaque is not None:
+            check_opaque_node(self.target, self.opaque.op_schema, self.opaque.functional, len(self.opaque.outputs),
+                              [o is not None for o in self.opaque.outputs])
+        if self.triton is not None:
+            check_user_kernel(self.target, self.triton.cloned, len(self.triton.outputs), list(self.kwargs), self.args)
+        return self
 
 
 class GraphSpec(_Model):
@@ -259,6 +352,10 @@ class GraphSpec(_Model):
             if ref not in seen:
                 raise ValueError(f"output uses undefined {ref!r}")
         return self
+
+
+ControlFlow.model_rebuild()
+Node.model_rebuild()
 
 
 def check_size_expr(text: str) -> str:
@@ -297,6 +394,10 @@ def _check_symbols(graph: GraphSpec) -> None:
             texts += [x for x in (*p.spec.sizes, *p.spec.strides) if isinstance(x, str)]
     for n in graph.nodes:
         texts += _sym_texts([*n.args, *n.kwargs.values()])
+        outs = n.opaque.outputs if n.opaque else n.triton.outputs if n.triton else n.control.outputs if n.control else []
+        texts += [x for o in outs if o is not None for x in (*o.sizes, *o.strides) if isinstance(x, str)]
+        if n.triton is not None:
+            texts += [x for x in n.triton.grid if isinstance(x, str)]
     texts += _sym_texts(graph.outputs)
     for t in texts:
         unknown = size_symbols(check_size_expr(t)) - known
@@ -433,6 +534,9 @@ def target_name(fn: Any) -> str:
     """The wire name of an OpOverload (inverse of resolve_target)."""
     if fn is operator.getitem:
         return "getitem"
+    wire = getattr(fn, "wire_name", None)  # compiler_core.opaque.OpaqueTarget
+    if isinstance(wire, str):
+        return wire
     ns = fn.namespace
     return f"{ns}.{fn._opname}.{fn._overloadname}"
 

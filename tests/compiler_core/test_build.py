@@ -103,3 +103,39 @@ def test_int_types_follow_tritons_rule():
     assert int_type(1 << 31) == "i64" and int_type((1 << 63) - 1) == "i64"
     assert int_type(1 << 63) == "u64"
     assert arch_key(90) == "sm_90"
+
+
+def test_control_flow_subgraph_kernels_get_cubins():
+    """A cond's branches are plans of their own: their kernels' signatures come from those plans."""
+    from fxcc.compiler_core.wire import (
+        CompileOptions,
+        CompileRequest,
+        ControlFlow,
+        GraphSpec,
+        Node,
+        NodeRef,
+        Placeholder,
+        Target,
+        TensorSpec,
+    )
+
+    x = TensorSpec(dtype="float32", sizes=[1024], strides=[1], device="cuda")
+    pred = TensorSpec(dtype="bool", sizes=[], strides=[], device="cuda")
+
+    def branch(op: str) -> GraphSpec:
+        return GraphSpec(placeholders=[Placeholder(name="a", spec=x)],
+                         nodes=[Node(name="b", target=op, args=[NodeRef(name="a")])], outputs=[NodeRef(name="b")])
+
+    graph = GraphSpec(
+        placeholders=[Placeholder(name="p", spec=pred), Placeholder(name="x", spec=x)],
+        nodes=[Node(name="c", target="control.cond", args=[NodeRef(name="p"), NodeRef(name="x")],
+                    control=ControlFlow(kind="cond", graphs=[branch("aten.sin.default"), branch("aten.cos.default")],
+                                        outputs=[x])),
+               Node(name="y", target="getitem", args=[NodeRef(name="c"), IntArg(value=0)])],
+        outputs=[NodeRef(name="y")],
+    )
+    request = CompileRequest(graph=graph, options=CompileOptions(target=Target(kind="cuda", arch=90)))
+    art = compile_request(request)
+    assert len(art.manifest.kernels) == 2 and not any(isinstance(s, KernelStep) for s in art.manifest.plan.steps)
+    built = build_artifact(art, request, 90)
+    assert all("sm_90" in k.binaries for k in built.manifest.kernels), [k.metadata for k in built.manifest.kernels]
