@@ -1,0 +1,38 @@
+"""Every rank of a training job gets the same compile: torchrun jobs of 2 and 4 CPU ranks (gloo,
+each rank its own local cache) under DDP (DDPOptimizer's graph splits), FSDP2 (fully_shard) and
+tensor parallelism (DTensor's parallelize_module), through one real service, Redis and worker.
+Each job trains a few steps eagerly and with fxcc on every rank."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.distributed.conftest import jobs_by_key, torchrun
+
+pytestmark = pytest.mark.e2e
+
+# A width per job, so that each job's graphs are new to the shared cluster.
+WIDTHS = {("ddp", 2): 16, ("ddp", 4): 24, ("fsdp", 2): 20, ("fsdp", 4): 28}
+
+
+@pytest.mark.parametrize("parallel,ranks", list(WIDTHS))
+def test_every_rank_gets_the_same_compile(shared_cluster, tmp_path, parallel, ranks):
+    url, env = shared_cluster
+    reports = torchrun(env, ranks, parallel, WIDTHS[parallel, ranks], tmp_path)
+
+    if parallel == "ddp":  # DDPOptimizer split Dynamo's graph at its gradient buckets
+        assert reports[0]["aot_graphs"] > reports[0]["dynamo_graphs"], reports[0]
+    first = reports[0]["events"]
+    assert first, "fxcc compiled no graph"
+    assert all(e["source"] in ("remote-compiled", "remote-hit") for r in reports for e in r["events"]), \
+        [e for r in reports for e in r["events"]]
+    keys = [e["key"] for e in first]
+    for report in reports[1:]:
+        assert [e["key"] for e in report["events"]] == keys, f"rank {report['rank']} has other keys"
+
+    # One compile job per distinct graph, however many ranks asked for it.
+    jobs = jobs_by_key(url, env)
+    assert {k: len(jobs.get(k, [])) for k in set(keys)} == {k: 1 for k in set(keys)}
+
+    for report in reports:
+        assert report["fxcc"] == pytest.approx(report["eager"], rel=1e-4, abs=1e-5), report["rank"]
