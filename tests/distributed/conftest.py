@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,3 +49,27 @@ def jobs_by_key(url: str, env: dict[str, str]) -> dict[str, list[str]]:
         if job["kind"] == "compile":
             out.setdefault(job["key"], []).append(job["id"])
     return out
+
+
+def precompile(env: dict[str, str], world_size: int, parallel: str, width: int, workdir: Path) -> dict:
+    """`fxcc precompile --world-size N` of train_child.py in one process: its report (as rank 0)."""
+    out = workdir / f"precompile-{parallel}"
+    out.mkdir(parents=True)
+    env = dict(env, FXCC_PARALLEL=parallel, FXCC_CACHE_ROOT=str(out / "cache"), OMP_NUM_THREADS="1")
+    subprocess.run([sys.executable, "-m", "fxcc.client.cli", "precompile", "--world-size", str(world_size),
+                    str(CHILD), "--out", str(out), "--width", str(width)], env=env, check=True, timeout=300)
+    return json.loads((out / "rank0.json").read_text())
+
+
+def wait_for_jobs(url: str, env: dict[str, str], job_ids: list[str], timeout_s: float = 240) -> dict[str, str]:
+    """Each job's final state, long-polling GET /v1/jobs/{id}?wait= until it ends."""
+    deadline = time.monotonic() + timeout_s
+    headers = {"Authorization": f"Bearer {env['FXCC_TOKEN']}"}
+    states: dict[str, str] = {}
+    for job_id in job_ids:
+        while True:
+            job = httpx.get(f"{url}/v1/jobs/{job_id}", params={"wait": 10}, headers=headers, timeout=30).json()
+            if job["state"] not in ("queued", "running") or time.monotonic() > deadline:
+                states[job_id] = job["state"]
+                break
+    return states

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.distributed.conftest import jobs_by_key, torchrun
+from tests.distributed.conftest import jobs_by_key, precompile, torchrun, wait_for_jobs
 
 pytestmark = pytest.mark.e2e
 
 # A width per job, so that each job's graphs are new to the shared cluster.
 WIDTHS = {("ddp", 2): 16, ("ddp", 4): 24, ("fsdp", 2): 20, ("fsdp", 4): 28}
+PRECOMPILE_WIDTHS = {"ddp": 12, "fsdp": 36}
 
 
 @pytest.mark.parametrize("parallel,ranks", list(WIDTHS))
@@ -36,3 +37,23 @@ def test_every_rank_gets_the_same_compile(shared_cluster, tmp_path, parallel, ra
 
     for report in reports:
         assert report["fxcc"] == pytest.approx(report["eager"], rel=1e-4, abs=1e-5), report["rank"]
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_precompile_on_one_rank_fills_the_cache_for_every_rank(shared_cluster, tmp_path, parallel):
+    url, env = shared_cluster
+    width = PRECOMPILE_WIDTHS[parallel]
+    report = precompile(env, 4, parallel, width, tmp_path)
+    assert report["world"] == 4
+    events = report["events"]
+    assert events and all(e["source"] == "precompile-submitted" for e in events), events
+    assert set(wait_for_jobs(url, env, [e["job_id"] for e in events]).values()) == {"done"}
+    jobs = jobs_by_key(url, env)
+
+    # The job itself, 4 ranks with empty local caches: every graph is a hit, nothing compiles.
+    reports = torchrun(env, 4, parallel, width, tmp_path)
+    for r in reports:
+        assert [e["source"] for e in r["events"]] == ["remote-hit"] * len(events), r["events"]
+        assert [e["key"] for e in r["events"]] == [e["key"] for e in events]
+        assert r["fxcc"] == pytest.approx(r["eager"], rel=1e-4, abs=1e-5)
+    assert jobs_by_key(url, env) == jobs
