@@ -13,6 +13,8 @@ import torch
 from pydantic import ValidationError
 from torch import fx
 
+from fxcc.client.process_groups import Bindings, GroupNames, handed_on
+from fxcc.compiler_core import collectives
 from fxcc.compiler_core.errors import InvalidGraph, UnsupportedOp
 from fxcc.compiler_core.symbolic import from_torch, size_symbol
 from fxcc.compiler_core.symexpr import dump
@@ -54,6 +56,8 @@ class Capture:
     spec: GraphSpec
     constants: list[torch.Tensor]
     hints: dict[str, int] = field(default_factory=dict)  # example values of the size symbols
+    # process groups and inputs only handed on, bound by the caller (client/process_groups.py)
+    bindings: Bindings = field(default_factory=Bindings)
 
 
 class Symbols:
@@ -173,10 +177,16 @@ def _capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
     constants: list[torch.Tensor] = []
     const_placeholders: list[Placeholder] = []
     symbols = Symbols()
+    groups = GroupNames()
+    handed: dict[fx.Node, int] = {}  # inputs only handed on, by input position
+    handed_out: tuple[tuple[int, int], ...] = ()
     inputs = iter(example_inputs)
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             ex = next(inputs)
+            if handed_on(n, ex):
+                handed[n] = len(handed) + len(placeholders)
+                continue
             if isinstance(ex, torch.SymInt):
                 text = symbols.text(ex)
                 if not isinstance(text, str) or not re.fullmatch(r"s[0-9]+", text):
@@ -197,19 +207,22 @@ def _capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
         elif n.op == "call_function":
             if n.target is not operator.getitem and not isinstance(n.target, torch._ops.OpOverload):
                 raise UnsupportedOp(f"call of {n.target} is not an aten op", node=n.name)
-            if isinstance(n.target, torch._ops.OpOverload) and n.target.namespace not in ("aten", "prims"):
+            if isinstance(n.target, torch._ops.OpOverload) and n.target.namespace not in ("aten", "prims") \
+                    and target_name(n.target) not in collectives.OPS:
                 raise UnsupportedOp(f"op {n.target} is outside aten/prims", op=str(n.target), node=n.name)
+            target = target_name(n.target)
             nodes.append(Node(
-                name=n.name, target=target_name(n.target),
-                args=[encode_arg(a, n.name, symbols) for a in n.args],
+                name=n.name, target=target,
+                args=[encode_arg(a, n.name, symbols) for a in groups.bind(target, n.args, n.name)],
                 kwargs={k: encode_arg(v, n.name, symbols) for k, v in n.kwargs.items()},
             ))
         elif n.op == "output":
             (result,) = n.args
             outs = result if isinstance(result, (list, tuple)) else [result]
-            outputs = [encode_arg(o, "output", symbols) for o in outs]
+            outputs = [encode_arg(o, "output", symbols) for o in outs if o not in handed]
+            handed_out = tuple((i, handed[o]) for i, o in enumerate(outs) if o in handed)
         else:
             raise UnsupportedOp(f"FX node kind {n.op} is not supported", node=n.name)
     spec = GraphSpec(symbols=symbols.specs, placeholders=placeholders + const_placeholders,
                      nodes=nodes, outputs=outputs)
-    return Capture(spec, constants, symbols.hints)
+    return Capture(spec, constants, symbols.hints, Bindings(tuple(groups.names), tuple(handed.values()), handed_out))

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from fxcc.client.process_groups import bind_group
 from fxcc.compiler_core.artifact import (
     AllocStep,
     Artifact,
@@ -28,6 +29,7 @@ from fxcc.compiler_core.artifact import (
     KernelStep,
     atomic_write,
 )
+from fxcc.compiler_core.collectives import group_slot
 from fxcc.compiler_core.errors import ArtifactError
 from fxcc.compiler_core.graph import decode_arg
 from fxcc.compiler_core.symexpr import compile_exprs, parse
@@ -85,7 +87,7 @@ def load_kernel(info: KernelInfo, source: bytes, interpret: bool = False) -> Any
 class PlanRunner:
     """A callable over input tensors that runs one artifact's plan and returns its outputs."""
 
-    def __init__(self, artifact: Artifact) -> None:
+    def __init__(self, artifact: Artifact, groups: tuple[str, ...] = ()) -> None:
         artifact.verify()
         self.manifest = artifact.manifest
         plan = self.manifest.plan
@@ -98,7 +100,7 @@ class PlanRunner:
         self._symbols = SymbolReader(plan) if plan.symbols else None
         for step in plan.steps:
             if isinstance(step, ExternStep):
-                self._steps.append(self._extern(step))
+                self._steps.append(self._extern(step, groups))
             elif isinstance(step, KernelStep):
                 info = infos.get(step.kernel)
                 if info is None:
@@ -119,13 +121,15 @@ class PlanRunner:
         self._first_tensor = 0  # where the device is read from (the first tensor input seen)
 
     @staticmethod
-    def _extern(step: ExternStep) -> Callable[[dict[str, Any]], None]:
+    def _extern(step: ExternStep, groups: tuple[str, ...] = ()) -> Callable[[dict[str, Any]], None]:
         op = resolve_target(step.op, node=step.out)
         if not step.kwargs:
             op = VIEW_METHODS.get(step.op, op)
         out = step.out
         expect = _expected_strides(step)
         args = [_arg_reader(a) for a in step.args]
+        if (slot := group_slot(step.op)) is not None:  # a collective, on the caller's process group
+            args[slot] = (_CONST, bind_group(step.args, slot, groups, step.op))
         kwargs = {k: _arg_reader(v) for k, v in step.kwargs.items()}
         if expect is None and not kwargs and all(kind is _REF for kind, _ in args):
             names = [x for _, x in args]
@@ -523,6 +527,7 @@ def _is_interpreted(fn: Any) -> bool:
     return isinstance(fn, InterpretedFunction)
 
 
-def load_plan(artifact: Artifact) -> PlanRunner:
-    """Verify `artifact` and prepare its plan to run (kernels loaded once, here)."""
-    return PlanRunner(artifact)
+def load_plan(artifact: Artifact, groups: tuple[str, ...] = ()) -> PlanRunner:
+    """Verify `artifact` and prepare its plan to run (kernels loaded once, here); its collectives'
+    `group<i>` run on the process group named `groups[i]`."""
+    return PlanRunner(artifact, groups)

@@ -409,8 +409,9 @@ def _returns_view(op: str) -> bool:
     return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
-# Ops whose result shares its input's storage although their schema does not say so.
-_UNANNOTATED_VIEWS = frozenset({"_unsafe_view", "_reshape_alias", "lift_fresh"})
+# Ops whose result shares its input's storage although their schema does not say so (wait_tensor
+# returns the tensor it waited for: compiler_core/collectives.py).
+_UNANNOTATED_VIEWS = frozenset({"_unsafe_view", "_reshape_alias", "lift_fresh", "wait_tensor"})
 
 
 @functools.lru_cache(maxsize=1024)

@@ -391,7 +391,7 @@ class CompileRequest(_Model):
 def resolve_target(target: str, node: str | None = None) -> Any:
     """The callable a node's target names: an aten/prims OpOverload that compiler_core.op_policy
     allows (functional ops), one of fxcc's own ops (compiler_core.fxcc_ops.OPS, an explicit
-    list), or operator.getitem.
+    list), one of torch's functional collectives (compiler_core.collectives.OPS), or operator.getitem.
 
     Raises InvalidGraph (a 422 in the service) naming the op for anything else. Resolution is attribute lookup on torch.ops.aten /
     torch.ops.prims after a strict grammar check, so no text reaches an interpreter.
@@ -400,6 +400,10 @@ def resolve_target(target: str, node: str | None = None) -> Any:
 
     if target == "getitem":
         return operator.getitem
+    if target.startswith("_c10d_functional."):
+        from fxcc.compiler_core import collectives
+
+        return collectives.resolve(target, node)
     if target.startswith("fxcc."):
         from fxcc.compiler_core import fxcc_ops
 

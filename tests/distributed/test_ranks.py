@@ -12,8 +12,9 @@ from tests.distributed.conftest import jobs_by_key, precompile, torchrun, wait_f
 pytestmark = pytest.mark.e2e
 
 # A width per job, so that each job's graphs are new to the shared cluster.
-WIDTHS = {("ddp", 2): 16, ("ddp", 4): 24, ("fsdp", 2): 20, ("fsdp", 4): 28}
-PRECOMPILE_WIDTHS = {"ddp": 12, "fsdp": 36}
+WIDTHS = {("ddp", 2): 16, ("ddp", 4): 24, ("fsdp", 2): 20, ("fsdp", 4): 28, ("tp", 2): 40, ("tp", 4): 48}
+PRECOMPILE_WIDTHS = {"ddp": 12, "fsdp": 36, "tp": 56}
+COLLECTIVES = {"_c10d_functional.all_reduce.default", "_c10d_functional.wait_tensor.default"}
 
 
 @pytest.mark.parametrize("parallel,ranks", list(WIDTHS))
@@ -23,6 +24,9 @@ def test_every_rank_gets_the_same_compile(shared_cluster, tmp_path, parallel, ra
 
     if parallel == "ddp":  # DDPOptimizer split Dynamo's graph at its gradient buckets
         assert reports[0]["aot_graphs"] > reports[0]["dynamo_graphs"], reports[0]
+    if parallel == "tp":  # the row-parallel layer's all-reduce runs inside a graph, between kernels
+        (forward,) = [e for e in reports[0]["events"] if COLLECTIVES & set(e["extern_ops"])]
+        assert forward["kernels"] >= 2
     first = reports[0]["events"]
     assert first, "fxcc compiled no graph"
     assert all(e["source"] in ("remote-compiled", "remote-hit") for r in reports for e in r["events"]), \
@@ -39,7 +43,7 @@ def test_every_rank_gets_the_same_compile(shared_cluster, tmp_path, parallel, ra
         assert report["fxcc"] == pytest.approx(report["eager"], rel=1e-4, abs=1e-5), report["rank"]
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+@pytest.mark.parametrize("parallel", ["ddp", "tp"])
 def test_precompile_on_one_rank_fills_the_cache_for_every_rank(shared_cluster, tmp_path, parallel):
     url, env = shared_cluster
     width = PRECOMPILE_WIDTHS[parallel]

@@ -1,0 +1,85 @@
+"""Collectives in a graph: torch's functional collectives (`_c10d_functional`) as extern steps that
+the client runs on its own process groups, each group named in the graph by a binding, never by
+its name.
+
+Note: tensor parallelism (DTensor) and functional collectives traced by Dynamo put
+`_c10d_functional.all_reduce(x, "sum", "<group name>")` and its `wait_tensor` into graphs. A
+group's name is a process-local counter ("0", "3", ...) that differs between two jobs of one model,
+so it never enters a key: the client writes a graph's groups as `group0`, `group1`, ... in order of
+first use (`binding`) and keeps their names; the plan it loads binds each to the caller's group at
+run time (client/process_groups.py). Everything else of a collective's result (its sizes and dtype,
+a gather's or scatter's group size) is in the graph as for any op. The service and the worker
+resolve these ops only to derive shapes with torch's meta kernels (which never look the group up);
+they never run one. Every collective is an extern step, so kernels fuse up to it and from its
+`wait_tensor` on; `wait_tensor` returns its input's storage, so no buffer reuses that storage while
+the waited tensor lives (compiler_core/plan.py).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fxcc.compiler_core.errors import InvalidGraph
+
+# Wire target of each collective → the position of its group argument (None: it takes no group).
+OPS: dict[str, int | None] = {
+    "_c10d_functional.all_reduce.default": 2,
+    "_c10d_functional.all_gather_into_tensor.default": 2,
+    "_c10d_functional.reduce_scatter_tensor.default": 3,
+    "_c10d_functional.broadcast.default": 2,
+    "_c10d_functional.all_to_all_single.default": 3,
+    "_c10d_functional.wait_tensor.default": None,
+}
+REDUCE_OPS = frozenset({"sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum"})
+MAX_GROUPS = 64
+_BINDING_RE = re.compile(r"group([0-9]{1,2})")
+
+
+def binding(index: int) -> str:
+    """How a graph names the `index`-th process group it uses."""
+    if not 0 <= index < MAX_GROUPS:
+        raise ValueError(f"a graph may use at most {MAX_GROUPS} process groups")
+    return f"group{index}"
+
+
+def binding_index(text: str) -> int | None:
+    """The group index a binding names, or None for anything that is not a binding."""
+    m = _BINDING_RE.fullmatch(text)
+    return int(m.group(1)) if m is not None and int(m.group(1)) < MAX_GROUPS else None
+
+
+def group_slot(target: str) -> int | None:
+    """Where a collective takes its group (None for wait_tensor and for any other op)."""
+    return OPS.get(target)
+
+
+def check_node(target: str, args: list[Any], node: str) -> None:
+    """A collective node's group argument must be a binding, its reduction a known one: InvalidGraph
+    (a 422 in the service) otherwise."""
+    slot = OPS[target]
+    if slot is None:
+        return
+    if len(args) <= slot:
+        raise InvalidGraph(f"{target} takes its process group as argument {slot}", op=target, node=node)
+    group = args[slot]
+    if getattr(group, "kind", None) != "str" or binding_index(group.value) is None:
+        raise InvalidGraph(f"{target} names its process group by a binding (group0, group1, ...), "
+                           "never by the group's name", op=target, node=node)
+    reduce_op = args[1] if target.endswith(("all_reduce.default", "reduce_scatter_tensor.default")) else None
+    if reduce_op is not None and (getattr(reduce_op, "kind", None) != "str" or reduce_op.value not in REDUCE_OPS):
+        raise InvalidGraph(f"{target} takes one of the reductions {sorted(REDUCE_OPS)}", op=target, node=node)
+
+
+def resolve(target: str, node: str | None = None) -> Any:
+    """The OpOverload of a collective named in OPS (InvalidGraph where this torch lacks it)."""
+    import torch
+
+    if target not in OPS:
+        raise InvalidGraph(f"{target!r} is not one of fxcc's collectives", op=target, node=node)
+    _, op, overload = target.split(".")
+    try:
+        return getattr(getattr(torch.ops._c10d_functional, op), overload)
+    except (AttributeError, RuntimeError):
+        raise InvalidGraph(f"this torch has no {target} (torch.distributed is not built)", op=target,
+                           node=node) from None
