@@ -5,6 +5,9 @@ Each job trains a few steps eagerly and with fxcc on every rank."""
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import pytest
 
 from tests.distributed.conftest import jobs_by_key, precompile, torchrun, wait_for_jobs
@@ -14,6 +17,7 @@ pytestmark = pytest.mark.e2e
 # A width per job, so that each job's graphs are new to the shared cluster.
 WIDTHS = {("ddp", 2): 16, ("ddp", 4): 24, ("fsdp", 2): 20, ("fsdp", 4): 28, ("tp", 2): 40, ("tp", 4): 48}
 PRECOMPILE_WIDTHS = {"ddp": 12, "fsdp": 36, "tp": 56}
+GROUPS_CHILD = Path(__file__).with_name("groups_child.py")
 COLLECTIVES = {"_c10d_functional.all_reduce.default", "_c10d_functional.wait_tensor.default"}
 
 
@@ -61,3 +65,22 @@ def test_precompile_on_one_rank_fills_the_cache_for_every_rank(shared_cluster, t
         assert [e["key"] for e in r["events"]] == [e["key"] for e in events]
         assert r["fxcc"] == pytest.approx(r["eager"], rel=1e-4, abs=1e-5)
     assert jobs_by_key(url, env) == jobs
+
+
+def test_groups_of_one_shape_and_other_names_share_one_key_and_each_call_runs_on_its_own(shared_cluster, tmp_path):
+    url, env = shared_cluster
+    reports = torchrun(env, 4, "groups", 6, tmp_path, script=GROUPS_CHILD)
+    names = {name for r in reports for name in r["groups"]}
+    assert len(names) == 3, names  # the two pairs and the world: three groups, three names
+
+    keys = {e["key"] for r in reports for e in r["events"]}
+    assert len(keys) == 1 and all(len(r["events"]) == 2 for r in reports), [r["events"] for r in reports]
+    assert all("_c10d_functional.all_reduce.default" in e["extern_ops"] for r in reports for e in r["events"])
+    assert {k: len(v) for k, v in jobs_by_key(url, env).items() if k in keys} == {keys.pop(): 1}
+
+    for r in reports:
+        pair = (0, 1) if r["rank"] < 2 else (2, 3)
+        expect = {"pair": math.tanh(2 * sum(0.1 * (i + 1) for i in pair)) + 1,
+                  "world": math.tanh(2 * sum(0.1 * (i + 1) for i in range(4))) + 1}
+        for group, want in expect.items():
+            assert r["results"][group] == pytest.approx([want] * 24, rel=1e-6), (r["rank"], group)
