@@ -13,8 +13,9 @@ import torch
 from pydantic import ValidationError
 from torch import fx
 
+from fxcc.client.opaque_ops import is_opaque, opaque_refusal, unfunctionalized
 from fxcc.client.process_groups import Bindings, GroupNames, handed_on
-from fxcc.compiler_core import collectives
+from fxcc.client.user_kernels import is_user_kernel, kernel_of, remember
 from fxcc.compiler_core.errors import InvalidGraph, UnsupportedOp
 from fxcc.compiler_core.symbolic import from_torch, size_symbol
 from fxcc.compiler_core.symexpr import dump
@@ -32,11 +33,13 @@ from fxcc.compiler_core.wire import (
     Node,
     NodeRef,
     NoneArg,
+    OpaqueOp,
     Placeholder,
     StrArg,
     SymArg,
     SymbolSpec,
     TensorSpec,
+    UserKernel,
     dtype_name,
     target_name,
 )
@@ -159,6 +162,44 @@ def _sym_arg(v: torch.SymInt, symbols: Symbols) -> Arg:
     return IntArg(value=text) if isinstance(text, int) else SymArg(expr=text)
 
 
+def opaque_node(n: fx.Node, symbols: Symbols, groups: GroupNames | None = None) -> Node:
+    """The wire node of an op outside aten/prims (client/opaque_ops.py): its arguments as data,
+    its schema, and its outputs' specs from the node's FakeTensors (the op's fake kernel made them).
+    A collective's process group travels as its binding in `groups` (client/process_groups.py)."""
+    op, args, kwargs, functional = unfunctionalized(n)
+    if groups is not None:
+        args = groups.bind(target_name(op), args, n.name)
+    why = opaque_refusal(op)
+    if why is not None:
+        raise UnsupportedOp(f"op {op} cannot run as an opaque step: {why}", op=str(op), node=n.name)
+    val = n.meta.get("val")
+    vals = list(val) if isinstance(val, (tuple, list)) else [val]
+    if any(v is not None and not isinstance(v, torch.Tensor) for v in vals):
+        raise UnsupportedOp(f"op {op} returns a non-tensor", op=str(op), node=n.name)
+    outputs = [None if v is None else tensor_spec(v, symbols) for v in vals]
+    return Node(name=n.name, target=target_name(op),
+                args=[encode_arg(a, n.name, symbols) for a in args],
+                kwargs={k: encode_arg(v, n.name, symbols) for k, v in kwargs.items()},
+                opaque=OpaqueOp(op_schema=str(op._schema), functional=functional, outputs=outputs))
+
+
+def user_kernel_node(n: fx.Node, symbols: Symbols) -> Node:
+    """The wire node of a user's Triton kernel (client/user_kernels.py): its identity, grid and
+    arguments (tensors and constants as data), and the specs of the tensors it returns."""
+    jit, constants = kernel_of(n)
+    module, qualname, sha = remember(jit)
+    tensors = dict(n.kwargs["kwargs"])
+    cloned = [k for k in tensors if k in n.kwargs["tensors_to_clone"]]
+    val = n.meta.get("val") or {}
+    outputs = [tensor_spec(val[k], symbols) for k in cloned]
+    args = {k: encode_arg(v, n.name, symbols) for k, v in {**tensors, **constants}.items()}
+    (grid,) = n.kwargs["grid"]
+    return Node(name=n.name, target=f"triton_kernel.{jit.fn.__name__}", kwargs=args,
+                triton=UserKernel(module=module, qualname=qualname, source_sha256=sha, cloned=cloned,
+                                  outputs=outputs,
+                                  grid=[symbols.text(g.meta["val"] if isinstance(g, fx.Node) else g) for g in grid]))
+
+
 def capture_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
     """The GraphSpec of `gm`. get_attr constants become extra placeholders after the inputs.
 
@@ -180,6 +221,7 @@ def _capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
     groups = GroupNames()
     handed: dict[fx.Node, int] = {}  # inputs only handed on, by input position
     handed_out: tuple[tuple[int, int], ...] = ()
+    kernel_results: dict[str, list[str]] = {}  # user Triton kernels' nodes: the names of their results
     inputs = iter(example_inputs)
     for n in gm.graph.nodes:
         if n.op == "placeholder":
@@ -204,16 +246,23 @@ def _capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
             const_placeholders.append(Placeholder(name=n.name, spec=tensor_spec(value)))
         elif n.op == "call_function" and isinstance(n.meta.get("val"), torch.SymInt):
             continue  # a size computation (sym_size, s0 * 64): its users carry its expression
+        elif n.op == "call_function" and is_opaque(n):
+            nodes.append(opaque_node(n, symbols, groups))
+        elif n.op == "call_function" and is_user_kernel(n):
+            nodes.append(user_kernel_node(n, symbols))
+            kernel_results[n.name] = nodes[-1].triton.cloned
+        elif n.op == "call_function" and n.target is operator.getitem and n.args[0].name in kernel_results:
+            # Note: the kernel's value is a dict by argument name in FX, a tuple in that order on the wire.
+            index = kernel_results[n.args[0].name].index(n.args[1])
+            nodes.append(Node(name=n.name, target="getitem", args=[NodeRef(name=n.args[0].name), IntArg(value=index)]))
         elif n.op == "call_function":
             if n.target is not operator.getitem and not isinstance(n.target, torch._ops.OpOverload):
                 raise UnsupportedOp(f"call of {n.target} is not an aten op", node=n.name)
-            if isinstance(n.target, torch._ops.OpOverload) and n.target.namespace not in ("aten", "prims") \
-                    and target_name(n.target) not in collectives.OPS:
+            if isinstance(n.target, torch._ops.OpOverload) and n.target.namespace not in ("aten", "prims"):
                 raise UnsupportedOp(f"op {n.target} is outside aten/prims", op=str(n.target), node=n.name)
-            target = target_name(n.target)
             nodes.append(Node(
-                name=n.name, target=target,
-                args=[encode_arg(a, n.name, symbols) for a in groups.bind(target, n.args, n.name)],
+                name=n.name, target=target_name(n.target),
+                args=[encode_arg(a, n.name, symbols) for a in n.args],
                 kwargs={k: encode_arg(v, n.name, symbols) for k, v in n.kwargs.items()},
             ))
         elif n.op == "output":

@@ -122,14 +122,14 @@ class PlanRunner:
 
     @staticmethod
     def _extern(step: ExternStep, groups: tuple[str, ...] = ()) -> Callable[[dict[str, Any]], None]:
+        if step.opaque is not None or step.triton is not None:
+            return _opaque_step(step, groups)
         op = resolve_target(step.op, node=step.out)
         if not step.kwargs:
             op = VIEW_METHODS.get(step.op, op)
         out = step.out
         expect = _expected_strides(step)
         args = [_arg_reader(a) for a in step.args]
-        if (slot := group_slot(step.op)) is not None:  # a collective, on the caller's process group
-            args[slot] = (_CONST, bind_group(step.args, slot, groups, step.op))
         kwargs = {k: _arg_reader(v) for k, v in step.kwargs.items()}
         if expect is None and not kwargs and all(kind is _REF for kind, _ in args):
             names = [x for _, x in args]
@@ -267,6 +267,30 @@ class PlanRunner:
         if self._output_names is not None:
             return tuple([env[n] for n in self._output_names])
         return tuple(decode_arg(a, env, env.get(SYMS)) for a in self._outputs)
+
+
+def _opaque_step(step: ExternStep, groups: tuple[str, ...] = ()) -> Callable[[dict[str, Any]], None]:
+    """An op outside aten/prims, from this process's registry, its results checked (client/opaque_ops.py),
+    or a user's Triton kernel of this process (client/user_kernels.py)."""
+    if step.triton is not None:
+        from fxcc.client.user_kernels import kernel_call
+
+        call = kernel_call(step.triton)
+    else:
+        from fxcc.client.opaque_ops import opaque_call
+
+        call = opaque_call(step.op, step.opaque)
+    out = step.out
+    args = [_arg_reader(a) for a in step.args]
+    if (slot := group_slot(step.op)) is not None:  # a collective, on the caller's process group
+        args[slot] = (_CONST, bind_group(step.args, slot, groups, step.op))
+    kwargs = {k: _arg_reader(v) for k, v in step.kwargs.items()}
+
+    def run(env: dict[str, Any]) -> None:
+        syms = env.get(SYMS)
+        env[out] = call([_read(kind, x, env, syms) for kind, x in args],
+                        {k: _read(kind, x, env, syms) for k, (kind, x) in kwargs.items()}, syms)
+    return run
 
 
 # Note: the same aten view ops through the Tensor method binding, which parses its arguments

@@ -18,7 +18,18 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from fxcc.compiler_core.errors import ArtifactError
-from fxcc.compiler_core.wire import Arg, IntArg, Name, NodeRef, SizeText, SymArg, Target, TensorSpec
+from fxcc.compiler_core.wire import (
+    Arg,
+    IntArg,
+    Name,
+    NodeRef,
+    OpaqueOp,
+    SizeText,
+    SymArg,
+    Target,
+    TensorSpec,
+    UserKernel,
+)
 
 # Note: 2 lets AllocStep.reuse name a fresh extern result, taken at its data pointer (a kernel
 # writing in place of torch's tensor). A version-1 plan means the same under version 2 (it reuses
@@ -60,6 +71,11 @@ class ExternStep(_Model):
     # Strides the plan's kernels assume for the result (fresh tensors only): the client copies a
     # result laid out otherwise into them, so a layout the op chose differently never misreads.
     expect_strides: list[int | SizeText] | None = Field(default=None, max_length=64)
+    # An op outside aten/prims: the client resolves `op` from its own registry, refuses one whose
+    # schema differs from this one's and checks its results against `opaque.outputs`.
+    opaque: OpaqueOp | None = None
+    # A user's Triton kernel: the client launches its own function of that identity (client/user_kernels.py).
+    triton: UserKernel | None = None
 
 
 class AllocStep(_Model):

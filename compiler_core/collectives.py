@@ -1,18 +1,18 @@
-"""Collectives in a graph: torch's functional collectives (`_c10d_functional`) as extern steps that
-the client runs on its own process groups, each group named in the graph by a binding, never by
-its name.
+"""Collectives in a graph: torch's functional collectives (`_c10d_functional`), which travel as
+opaque nodes (compiler_core/opaque.py) that the client runs on its own process groups, each group
+named in the graph by a binding, never by its name.
 
 Note: tensor parallelism (DTensor) and functional collectives traced by Dynamo put
 `_c10d_functional.all_reduce(x, "sum", "<group name>")` and its `wait_tensor` into graphs. A
 group's name is a process-local counter ("0", "3", ...) that differs between two jobs of one model,
 so it never enters a key: the client writes a graph's groups as `group0`, `group1`, ... in order of
 first use (`binding`) and keeps their names; the plan it loads binds each to the caller's group at
-run time (client/process_groups.py). Everything else of a collective's result (its sizes and dtype,
-a gather's or scatter's group size) is in the graph as for any op. The service and the worker
-resolve these ops only to derive shapes with torch's meta kernels (which never look the group up);
-they never run one. Every collective is an extern step, so kernels fuse up to it and from its
-`wait_tensor` on; `wait_tensor` returns its input's storage, so no buffer reuses that storage while
-the waited tensor lives (compiler_core/plan.py).
+run time (client/process_groups.py). A graph that names a group otherwise is refused (`check_node`),
+so no artifact under a shared key can hold one rank's group. Everything else of a collective's
+result (its sizes and dtype, a gather's or scatter's group size) is in the graph as for any op.
+Like every opaque op, a collective is an extern step in graph order, the worker never looks it up,
+kernels fuse up to it and from its `wait_tensor` on, and its result counts as possibly sharing its
+inputs' storage (plan._may_alias), so nothing reuses the storage `wait_tensor` hands back.
 """
 
 from __future__ import annotations
@@ -69,17 +69,3 @@ def check_node(target: str, args: list[Any], node: str) -> None:
     reduce_op = args[1] if target.endswith(("all_reduce.default", "reduce_scatter_tensor.default")) else None
     if reduce_op is not None and (getattr(reduce_op, "kind", None) != "str" or reduce_op.value not in REDUCE_OPS):
         raise InvalidGraph(f"{target} takes one of the reductions {sorted(REDUCE_OPS)}", op=target, node=node)
-
-
-def resolve(target: str, node: str | None = None) -> Any:
-    """The OpOverload of a collective named in OPS (InvalidGraph where this torch lacks it)."""
-    import torch
-
-    if target not in OPS:
-        raise InvalidGraph(f"{target!r} is not one of fxcc's collectives", op=target, node=node)
-    _, op, overload = target.split(".")
-    try:
-        return getattr(getattr(torch.ops._c10d_functional, op), overload)
-    except (AttributeError, RuntimeError):
-        raise InvalidGraph(f"this torch has no {target} (torch.distributed is not built)", op=target,
-                           node=node) from None

@@ -182,7 +182,8 @@ def extern_plan(graph: GraphSpec) -> tuple[Plan, CompileStats]:
     steps: list = []
     last_use = last_uses(graph)
     for n in graph.nodes:
-        steps.append(ExternStep(op=n.target, args=n.args, kwargs=n.kwargs, out=n.name))
+        steps.append(ExternStep(op=n.target, args=n.args, kwargs=n.kwargs, out=n.name, opaque=n.opaque,
+                                triton=n.triton))
         dead = [name for name, last in last_use.items() if last == n.name]
         if dead:
             steps.append(FreeStep(names=dead))

@@ -18,6 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fxcc.compiler_core import collectives
 from fxcc.compiler_core.errors import InvalidGraph
+from fxcc.compiler_core.opaque import OpaqueTarget, check_opaque_node, value_form
 from fxcc.compiler_core.symbolic import size_symbol
 from fxcc.compiler_core.wire import (
     Arg,
@@ -134,6 +135,18 @@ def int_oo() -> Any:
     return oo
 
 
+def _opaque_target(n: Any, mode: FakeTensorMode, syms: SymValues | None) -> OpaqueTarget:
+    """The FX target of an op or a Triton kernel only the client runs: its fakes come from the
+    node's output specs (compiler_core.opaque)."""
+    if n.triton is not None:
+        specs, form = list(n.triton.outputs), "tuple"
+    else:
+        schema = check_opaque_node(n.target, n.opaque.op_schema, n.opaque.functional, len(n.opaque.outputs),
+                                   [o is not None for o in n.opaque.outputs])
+        specs, form = list(n.opaque.outputs), value_form(schema, n.opaque.functional)
+    return OpaqueTarget(n.target, lambda: [None if s is None else fake_input(mode, s, syms) for s in specs], form)
+
+
 def rebuild_graph(spec: GraphSpec, hints: dict[str, int] | None = None) -> fx.GraphModule:
     """An FX GraphModule equivalent to `spec`, with `meta["val"]` (a FakeTensor) on every node.
 
@@ -152,7 +165,7 @@ def rebuild_graph(spec: GraphSpec, hints: dict[str, int] | None = None) -> fx.Gr
             node.meta["val"] = fakes[p.name] = fake_input(mode, p.spec, syms)
         nodes[p.name] = node
     for n in spec.nodes:
-        target = resolve_target(n.target, node=n.name)
+        target = _opaque_target(n, mode, syms) if n.opaque or n.triton else resolve_target(n.target, node=n.name)
         if n.target in collectives.OPS:
             collectives.check_node(n.target, n.args, n.name)
         args = tuple(decode_arg(a, nodes, syms) for a in n.args)

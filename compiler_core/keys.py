@@ -25,14 +25,19 @@ def canonical_graph(graph: GraphSpec) -> dict[str, Any]:
         d = a.model_dump()
         return _renamed(d, rename)
 
+    def node(n: Any) -> dict[str, Any]:
+        d = {"target": n.target, "args": [arg(a) for a in n.args],
+             "kwargs": {k: arg(v) for k, v in sorted(n.kwargs.items())}}
+        if n.opaque is not None:  # its schema and output specs (absent otherwise: older keys stay)
+            d["opaque"] = n.opaque.model_dump()
+        if n.triton is not None:  # the kernel's identity, grid and output specs
+            d["triton"] = n.triton.model_dump()
+        return d
+
     return {
         "symbols": [s.model_dump() for s in graph.symbols],
         "placeholders": [p.model_dump(exclude={"name"}) for p in graph.placeholders],
-        "nodes": [
-            {"target": n.target, "args": [arg(a) for a in n.args],
-             "kwargs": {k: arg(v) for k, v in sorted(n.kwargs.items())}}
-            for n in graph.nodes
-        ],
+        "nodes": [node(n) for n in graph.nodes],
         "outputs": [arg(a) for a in graph.outputs],
     }
 

@@ -49,7 +49,7 @@ def build_plan(g: GraphLowering, items: Sequence[Kernel | ExternCall],
         if isinstance(item, ExternCall):
             expect = None if item.expect_strides is None else [size_text(x) for x in item.expect_strides]
             steps.append(ExternStep(op=item.op, args=item.args, kwargs=item.kwargs, out=item.out,
-                                    expect_strides=expect))
+                                    expect_strides=expect, opaque=item.opaque, triton=item.triton))
             reads.append(_refs(item.args + list(item.kwargs.values())))
             continue
         rk = rendered[i]
@@ -409,9 +409,8 @@ def _returns_view(op: str) -> bool:
     return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
-# Ops whose result shares its input's storage although their schema does not say so (wait_tensor
-# returns the tensor it waited for: compiler_core/collectives.py).
-_UNANNOTATED_VIEWS = frozenset({"_unsafe_view", "_reshape_alias", "lift_fresh", "wait_tensor"})
+# Ops whose result shares its input's storage although their schema does not say so.
+_UNANNOTATED_VIEWS = frozenset({"_unsafe_view", "_reshape_alias", "lift_fresh"})
 
 
 @functools.lru_cache(maxsize=1024)

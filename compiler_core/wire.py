@@ -3,7 +3,8 @@
 Note: nothing here is ever unpickled, eval'd, exec'd or sympified. Node targets resolve only to
 `torch.ops.aten` / `torch.ops.prims` overloads (plus `getitem` for tuple outputs) by attribute
 lookup on those namespaces, after the name has been checked against a strict grammar, and only
-to the functional ones compiler_core.op_policy allows.
+to the functional ones compiler_core.op_policy allows. A node of an op outside them (`opaque`,
+a torch.library custom op) resolves to nothing here: it is data, checked by compiler_core.opaque.
 """
 
 from __future__ import annotations
@@ -222,11 +223,50 @@ class SymbolSpec(_Model):
     hi: int | None = Field(default=None, ge=0, le=MAX_DIM)
 
 
+class OpaqueOp(_Model):
+    """What the worker knows of an op outside aten/prims (a torch.library custom op), which only
+    the client runs (compiler_core.opaque): its schema text, parsed by fxcc's grammar and never
+    looked up, and its outputs' specs as the client's fake kernel made them (None: no tensor)."""
+
+    op_schema: str = Field(max_length=4096)
+    functional: bool = False  # AOTAutograd's auto_functionalized form of an op that writes arguments
+    outputs: list[TensorSpec | None] = Field(max_length=MAX_LIST)
+
+
+class UserKernel(_Model):
+    """A user's @triton.jit kernel (Dynamo's triton_kernel_wrapper_functional), which only the client
+    launches: named by a stable identity, never shipped as code (compiler_core.opaque). The node's
+    kwargs are the kernel's arguments; its value is the tuple of the `cloned` ones after the launch,
+    whose specs `outputs` gives (as their inputs are laid out)."""
+
+    module: str = Field(max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")
+    qualname: str = Field(max_length=256, pattern=r"^[A-Za-z_<>][A-Za-z0-9_.<>]*$")
+    source_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    grid: list[SizeValue] = Field(min_length=1, max_length=3)
+    cloned: list[Name] = Field(max_length=64)
+    outputs: list[TensorSpec] = Field(max_length=64)
+
+
 class Node(_Model):
     name: Name
     target: str = Field(max_length=200)
     args: list[Arg] = Field(default_factory=list, max_length=64)
     kwargs: dict[Name, Arg] = Field(default_factory=dict)
+    opaque: OpaqueOp | None = None  # set for (and only for) an op outside aten/prims
+    triton: UserKernel | None = None  # set for (and only for) a user's Triton kernel
+
+    @model_validator(mode="after")
+    def _opaque(self) -> Node:
+        from fxcc.compiler_core.opaque import check_opaque_node, check_user_kernel
+
+        if self.opaque is not None and self.triton is not None:
+            raise ValueError(f"node {self.name} is both an opaque op and a Triton kernel")
+        if self.opaque is not None:
+            check_opaque_node(self.target, self.opaque.op_schema, self.opaque.functional, len(self.opaque.outputs),
+                              [o is not None for o in self.opaque.outputs])
+        if self.triton is not None:
+            check_user_kernel(self.target, self.triton.cloned, len(self.triton.outputs), list(self.kwargs), self.args)
+        return self
 
 
 class GraphSpec(_Model):
@@ -297,6 +337,10 @@ def _check_symbols(graph: GraphSpec) -> None:
             texts += [x for x in (*p.spec.sizes, *p.spec.strides) if isinstance(x, str)]
     for n in graph.nodes:
         texts += _sym_texts([*n.args, *n.kwargs.values()])
+        outs = n.opaque.outputs if n.opaque is not None else n.triton.outputs if n.triton is not None else []
+        texts += [x for o in outs if o is not None for x in (*o.sizes, *o.strides) if isinstance(x, str)]
+        if n.triton is not None:
+            texts += [x for x in n.triton.grid if isinstance(x, str)]
     texts += _sym_texts(graph.outputs)
     for t in texts:
         unknown = size_symbols(check_size_expr(t)) - known
@@ -391,7 +435,7 @@ class CompileRequest(_Model):
 def resolve_target(target: str, node: str | None = None) -> Any:
     """The callable a node's target names: an aten/prims OpOverload that compiler_core.op_policy
     allows (functional ops), one of fxcc's own ops (compiler_core.fxcc_ops.OPS, an explicit
-    list), one of torch's functional collectives (compiler_core.collectives.OPS), or operator.getitem.
+    list), or operator.getitem.
 
     Raises InvalidGraph (a 422 in the service) naming the op for anything else. Resolution is attribute lookup on torch.ops.aten /
     torch.ops.prims after a strict grammar check, so no text reaches an interpreter.
@@ -400,10 +444,6 @@ def resolve_target(target: str, node: str | None = None) -> Any:
 
     if target == "getitem":
         return operator.getitem
-    if target.startswith("_c10d_functional."):
-        from fxcc.compiler_core import collectives
-
-        return collectives.resolve(target, node)
     if target.startswith("fxcc."):
         from fxcc.compiler_core import fxcc_ops
 
@@ -437,6 +477,9 @@ def target_name(fn: Any) -> str:
     """The wire name of an OpOverload (inverse of resolve_target)."""
     if fn is operator.getitem:
         return "getitem"
+    wire = getattr(fn, "wire_name", None)  # compiler_core.opaque.OpaqueTarget
+    if isinstance(wire, str):
+        return wire
     ns = fn.namespace
     return f"{ns}.{fn._opname}.{fn._overloadname}"
 

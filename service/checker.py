@@ -268,7 +268,8 @@ def check_graph(graph: Any, max_nodes: int) -> None:
     if len(graph.nodes) > max_nodes:
         raise InvalidGraph(f"graph has {len(graph.nodes)} nodes, over the limit of {max_nodes} (FXCC_MAX_NODES)")
     for node in graph.nodes:
-        resolve_target(node.target, node=node.name)  # InvalidGraph → 422 naming node and op
+        if node.opaque is None and node.triton is None:  # an opaque node was checked as data when it parsed (compiler_core.opaque)
+            resolve_target(node.target, node=node.name)  # InvalidGraph → 422 naming node and op
 
 
 def propagate_shapes(graph: Any) -> None:

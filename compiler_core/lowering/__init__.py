@@ -101,6 +101,8 @@ class ExternCall:
     # The strides the plan's kernels assume for a fresh (non-view) tensor result: the runtime
     # copies a result laid out otherwise into them (see ExternStep.expect_strides).
     expect_strides: tuple[Any, ...] | None = None
+    opaque: Any = None  # wire.OpaqueOp of an op only the client runs (compiler_core.opaque)
+    triton: Any = None  # wire.UserKernel: a user's Triton kernel, launched by the client
 
 
 @dataclass(frozen=True)
@@ -444,7 +446,8 @@ def _extern(g: GraphLowering, node: fx.Node, wire: Any, env: dict[fx.Node, Any])
     val = node.meta["val"]
     g.program.append(ExternCall(wire.name, wire.target, [swap(a) for a in wire.args],
                                 {k: swap(v) for k, v in wire.kwargs.items()},
-                                expect_strides=_fresh_strides(node, val)))
+                                expect_strides=_fresh_strides(node, val), opaque=wire.opaque,
+                                triton=wire.triton))
     g.extern_ops.append(target_name(node.target))
     val = node.meta["val"]
     if isinstance(val, (tuple, list)):

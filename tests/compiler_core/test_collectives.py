@@ -1,6 +1,6 @@
-"""Collectives in a compiled graph (compiler_core/collectives.py): extern steps in graph order with
-kernels fused up to them and after their wait, wait_tensor treated as aliasing its input, and a
-group named by anything but a binding refused as a bad graph."""
+"""Collectives in a compiled graph (compiler_core/collectives.py): opaque extern steps in graph order
+with kernels fused up to them and after their wait, their results never taken for fresh storage,
+and a group named by anything but a binding refused as a bad graph."""
 
 from __future__ import annotations
 
@@ -47,9 +47,10 @@ def test_kernels_fuse_around_a_collective_that_runs_in_graph_order():
     assert art.manifest.stats.kernels == 2
 
 
-def test_wait_tensor_counts_as_returning_its_input():
-    assert _may_alias(WAIT)
-    assert not _may_alias(ALL_REDUCE)
+def test_a_collective_travels_opaque_and_its_results_count_as_sharing_storage():
+    (node,) = [n for n in _spec().nodes if n.target == ALL_REDUCE]
+    assert node.opaque is not None and node.opaque.op_schema.startswith("_c10d_functional::all_reduce(")
+    assert _may_alias(WAIT) and _may_alias(ALL_REDUCE)  # opaque: the planner never trusts them fresh
 
 
 def test_a_group_named_by_its_name_or_an_unknown_reduction_is_a_bad_graph():
@@ -63,11 +64,9 @@ def test_a_group_named_by_its_name_or_an_unknown_reduction_is_a_bad_graph():
             rebuild_graph(graph)
 
 
-def test_only_the_listed_collectives_resolve():
+def test_the_worker_never_resolves_a_collective_by_name():
     from fxcc.compiler_core.wire import resolve_target
 
-    assert resolve_target(ALL_REDUCE) is c10d.all_reduce.default
-    for target in ("_c10d_functional.all_reduce_.default", "_c10d_functional.all_reduce_coalesced.default",
-                   "_c10d_functional.__dict__.default"):
+    for target in (ALL_REDUCE, WAIT):
         with pytest.raises(InvalidGraph):
             resolve_target(target)

@@ -91,3 +91,33 @@ def test_ops_outside_the_allow_list_are_a_422_naming_them(client: TestClient, ta
     assert target in err["message"] and reason in err["message"]
     assert elapsed < QUICK_S
     assert client.get("/healthz").status_code == 200
+
+
+def opaque_request(target: str, schema: str, functional: bool = False, outputs: Any = None) -> dict[str, Any]:
+    """x → an op only the client has (compiler_core.opaque) → its output."""
+    x = {"name": "x", "spec": {"dtype": "float32", "sizes": [4, 4], "strides": [4, 1]}}
+    opaque = {"op_schema": schema, "functional": functional, "outputs": outputs or [x["spec"]]}
+    node = {"name": "c", "target": target, "args": [{"kind": "node", "name": "x"}], "opaque": opaque}
+    return {"graph": {"placeholders": [x], "nodes": [node], "outputs": [{"kind": "node", "name": "c"}]}}
+
+
+def test_an_op_the_service_has_never_heard_of_is_accepted_as_data(client: TestClient) -> None:
+    r, _ = post(client, opaque_request("nowhere.op.default", "nowhere::op(Tensor x) -> Tensor"))
+    assert r.status_code == 202, r.text
+
+
+@pytest.mark.parametrize("target, schema, problem", [
+    ("os.system.default", "os::system(Tensor x) -> Tensor; rm -rf /", "no valid name"),
+    ("nowhere.op.default", "nowhere::op(Tensor x) -> Tens$or", "outside the grammar"),
+    ("nowhere.op.default", "nowhere::op(Tensor x=__import__('os')) -> Tensor", "default outside the grammar"),
+    ("nowhere.op.default", "nowhere::other(Tensor x) -> Tensor", "is not node target"),
+    ("aten.sin.default", "aten::sin(Tensor self) -> Tensor", "not opaque"),
+    ("nowhere.op.default", "nowhere::op(Tensor(a!) x) -> Tensor", "not functionalized"),
+    ("nowhere.op.default", "nowhere::op(" + "Tensor x, " * 500 + "Tensor y) -> Tensor", "4096"),
+])
+def test_bad_opaque_ops_are_a_quick_422_naming_the_problem(client: TestClient, target: str, schema: str,
+                                                          problem: str) -> None:
+    r, elapsed = post(client, opaque_request(target, schema))
+    assert r.status_code == 422, r.text
+    assert problem in r.json()["message"]
+    assert elapsed < QUICK_S
