@@ -22,15 +22,24 @@ from typing import Any
 
 from fxcc.compiler_core.errors import InvalidGraph
 
-# Wire target of each collective → the position of its group argument (None: it takes no group).
-OPS: dict[str, int | None] = {
-    "_c10d_functional.all_reduce.default": 2,
-    "_c10d_functional.all_gather_into_tensor.default": 2,
-    "_c10d_functional.reduce_scatter_tensor.default": 3,
-    "_c10d_functional.broadcast.default": 2,
-    "_c10d_functional.all_to_all_single.default": 3,
-    "_c10d_functional.wait_tensor.default": None,
+# Wire target of each collective → the positions of its group and (for a reduction) its reduce op;
+# wait_tensor takes neither.
+_ARGS: dict[str, tuple[int | None, int | None]] = {
+    "_c10d_functional.all_reduce.default": (2, 1),
+    "_c10d_functional.all_reduce_coalesced.default": (2, 1),
+    "_c10d_functional.all_gather_into_tensor.default": (2, None),
+    "_c10d_functional.all_gather_into_tensor_coalesced.default": (2, None),
+    "_c10d_functional.reduce_scatter_tensor.default": (3, 1),
+    "_c10d_functional.reduce_scatter_tensor_coalesced.default": (3, 1),
+    "_c10d_functional.broadcast.default": (2, None),
+    "_c10d_functional.all_to_all_single.default": (3, None),
+    "_c10d_functional.wait_tensor.default": (None, None),
+    "_c10d_functional_autograd.all_gather_into_tensor.default": (2, None),
+    "_c10d_functional_autograd.reduce_scatter_tensor.default": (3, 1),
+    "_c10d_functional_autograd.all_to_all_single.default": (3, None),
+    "_dtensor.shard_dim_alltoall.default": (3, None),
 }
+OPS: frozenset[str] = frozenset(_ARGS)
 REDUCE_OPS = frozenset({"sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum"})
 MAX_GROUPS = 64
 _BINDING_RE = re.compile(r"group([0-9]{1,2})")
@@ -51,21 +60,21 @@ def binding_index(text: str) -> int | None:
 
 def group_slot(target: str) -> int | None:
     """Where a collective takes its group (None for wait_tensor and for any other op)."""
-    return OPS.get(target)
+    return _ARGS.get(target, (None, None))[0]
 
 
 def check_node(target: str, args: list[Any], node: str) -> None:
     """A collective node's group argument must be a binding, its reduction a known one: InvalidGraph
     (a 422 in the service) otherwise."""
-    slot = OPS[target]
-    if slot is None:
+    group_at, reduce_at = _ARGS[target]
+    if group_at is None:
         return
-    if len(args) <= slot:
-        raise InvalidGraph(f"{target} takes its process group as argument {slot}", op=target, node=node)
-    group = args[slot]
+    if len(args) <= group_at:
+        raise InvalidGraph(f"{target} takes its process group as argument {group_at}", op=target, node=node)
+    group = args[group_at]
     if getattr(group, "kind", None) != "str" or binding_index(group.value) is None:
         raise InvalidGraph(f"{target} names its process group by a binding (group0, group1, ...), "
                            "never by the group's name", op=target, node=node)
-    reduce_op = args[1] if target.endswith(("all_reduce.default", "reduce_scatter_tensor.default")) else None
+    reduce_op = args[reduce_at] if reduce_at is not None else None
     if reduce_op is not None and (getattr(reduce_op, "kind", None) != "str" or reduce_op.value not in REDUCE_OPS):
         raise InvalidGraph(f"{target} takes one of the reductions {sorted(REDUCE_OPS)}", op=target, node=node)

@@ -72,3 +72,13 @@ def test_a_plan_whose_group_is_not_bound_refuses_to_load():
     art = compile_and_build(CompileRequest(graph=capture.spec, options=CompileOptions(target=Target(kind="interpret"))))
     with pytest.raises(ArtifactError, match="process group"):
         load_plan(art, ("0",))  # group1 unbound
+
+
+def test_a_coalesced_collective_binds_its_group_too():
+    def f(a: torch.Tensor, b: torch.Tensor) -> list[torch.Tensor]:
+        return [c10d.wait_tensor(t) for t in c10d.all_reduce_coalesced([a, b], "avg", "12")]
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(3), torch.randn(5))
+    capture = capture_graph(gm, [torch.randn(3), torch.randn(5)])
+    assert capture.bindings.groups == ("12",)
+    (node,) = [n for n in capture.spec.nodes if n.target == "_c10d_functional.all_reduce_coalesced.default"]
+    assert node.args[2] == StrArg(value="group0") and node.opaque is not None
