@@ -26,6 +26,7 @@ from torch import fx
 
 from fxcc.client.cache import LocalCache
 from fxcc.client.capture import capture_graph
+from fxcc.client.process_groups import hand_on
 from fxcc.client.runtime import GuardFailed, load_plan
 from fxcc.client.settings import ClientSettings
 from fxcc.compiler_core.artifact import Artifact, CompileStats
@@ -206,7 +207,7 @@ class GraphCompiler:
                pre_aot: str | None = None) -> Callable:
         """The plan of `art`, ready to run. `capture` is None for a pre-AOT cache hit (a plan with
         no constants and no size symbols, whose graph has `graph_nodes` nodes)."""
-        runner: Callable = load_plan(art)
+        runner: Callable = load_plan(art, () if capture is None else capture.bindings.groups)
         key = art.manifest.key
         if request is not None and request.graph.symbols:
             runner, runs_as = Variants(runner, lambda args: self._variant(request, capture, args)), \
@@ -234,6 +235,8 @@ class GraphCompiler:
                 self.on_ready(event, art, capture, request)
             except Exception as e:  # noqa: BLE001 - an observer never costs the plan
                 log.info("fxcc: on_ready hook failed (%s)", _cause_text(e))
+        if capture is not None:
+            runner = hand_on(runner, capture.bindings)
         return _guarded(runner, [] if capture is None else capture.constants, eager, key)
 
     def _variant(self, request: CompileRequest, capture: Any, args: list[Any]) -> Callable:
@@ -250,7 +253,7 @@ class GraphCompiler:
         _record(CompileEvent(key=key, source="variant", seconds=time.perf_counter() - t0,
                              stats=art.manifest.stats, graph_nodes=len(capture.spec.nodes)))
         log.info("fxcc: variant %s of a dynamic graph for %s (%s)", key[:12], hints, source)
-        return load_plan(art)
+        return load_plan(art, capture.bindings.groups)
 
     def _precompile(self, request: CompileRequest, key: str, eager: Callable, t0: float) -> Callable:
         """Submit without waiting (or, with no service, compile now into the local cache)."""

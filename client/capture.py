@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from torch import fx
 
 from fxcc.client.opaque_ops import is_opaque, opaque_refusal, unfunctionalized
+from fxcc.client.process_groups import Bindings, GroupNames, handed_on
 from fxcc.client.user_kernels import is_user_kernel, kernel_of, remember
 from fxcc.compiler_core.errors import InvalidGraph, UnsupportedOp
 from fxcc.compiler_core.symbolic import from_torch, size_symbol
@@ -59,6 +60,8 @@ class Capture:
     spec: GraphSpec
     constants: list[torch.Tensor]
     hints: dict[str, int] = field(default_factory=dict)  # example values of the size symbols
+    # process groups and inputs only handed on, bound by the caller (client/process_groups.py)
+    bindings: Bindings = field(default_factory=Bindings)
 
 
 class Symbols:
@@ -160,10 +163,13 @@ def _sym_arg(v: torch.SymInt, symbols: Symbols) -> Arg:
     return IntArg(value=text) if isinstance(text, int) else SymArg(expr=text)
 
 
-def opaque_node(n: fx.Node, symbols: Symbols) -> Node:
+def opaque_node(n: fx.Node, symbols: Symbols, groups: GroupNames | None = None) -> Node:
     """The wire node of an op outside aten/prims (client/opaque_ops.py): its arguments as data,
-    its schema, and its outputs' specs from the node's FakeTensors (the op's fake kernel made them)."""
+    its schema, and its outputs' specs from the node's FakeTensors (the op's fake kernel made them).
+    A collective's process group travels as its binding in `groups` (client/process_groups.py)."""
     op, args, kwargs, functional = unfunctionalized(n)
+    if groups is not None:
+        args = groups.bind(target_name(op), args, n.name)
     why = opaque_refusal(op)
     if why is not None:
         raise UnsupportedOp(f"op {op} cannot run as an opaque step: {why}", op=str(op), node=n.name)
@@ -242,11 +248,17 @@ def _capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
     constants: list[torch.Tensor] = []
     const_placeholders: list[Placeholder] = []
     symbols = Symbols()
+    groups = GroupNames()
+    handed: dict[fx.Node, int] = {}  # inputs only handed on, by input position
+    handed_out: tuple[tuple[int, int], ...] = ()
     kernel_results: dict[str, list[str]] = {}  # user Triton kernels' nodes: the names of their results
     inputs = iter(example_inputs)
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             ex = next(inputs)
+            if handed_on(n, ex):
+                handed[n] = len(handed) + len(placeholders)
+                continue
             if isinstance(ex, torch.SymInt):
                 text = symbols.text(ex)
                 if not isinstance(text, str) or not re.fullmatch(r"s[0-9]+", text):
@@ -267,7 +279,7 @@ def _capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
         elif n.op == "call_function" and isinstance(n.meta.get("val"), torch.SymInt):
             continue  # a size computation (sym_size, s0 * 64): its users carry its expression
         elif n.op == "call_function" and is_opaque(n):
-            nodes.append(opaque_node(n, symbols))
+            nodes.append(opaque_node(n, symbols, groups))
         elif n.op == "call_function" and is_control(n):
             nodes.append(control_node(n, gm, symbols))
         elif n.op == "call_function" and is_user_kernel(n):
@@ -290,9 +302,10 @@ def _capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
         elif n.op == "output":
             (result,) = n.args
             outs = result if isinstance(result, (list, tuple)) else [result]
-            outputs = [encode_arg(o, "output", symbols) for o in outs]
+            outputs = [encode_arg(o, "output", symbols) for o in outs if o not in handed]
+            handed_out = tuple((i, handed[o]) for i, o in enumerate(outs) if o in handed)
         else:
             raise UnsupportedOp(f"FX node kind {n.op} is not supported", node=n.name)
     spec = GraphSpec(symbols=symbols.specs, placeholders=placeholders + const_placeholders,
                      nodes=nodes, outputs=outputs)
-    return Capture(spec, constants, symbols.hints)
+    return Capture(spec, constants, symbols.hints, Bindings(tuple(groups.names), tuple(handed.values()), handed_out))

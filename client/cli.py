@@ -43,6 +43,10 @@ def _precompile(args: argparse.Namespace) -> int:
     from fxcc.client import backend
 
     os.environ["FXCC_PRECOMPILE"] = "1"
+    if args.world_size is not None:
+        from fxcc.client.process_groups import stand_in_for_job
+
+        stand_in_for_job(args.world_size, args.rank)
     sys.argv = [args.script, *args.args]
     try:
         runpy.run_path(args.script, run_name="__main__")
@@ -105,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     pc = sub.add_parser("precompile", help="run a script with fxcc submitting compiles without waiting, "
                         "so a cluster's cache is warm before a job starts")
+    pc.add_argument("--world-size", type=int, default=None,
+                    help="a distributed script: run it as one rank of a job of this many ranks, its "
+                    "collectives faked, so that it submits the graphs every rank of that job will ask for")
+    pc.add_argument("--rank", type=int, default=0, help="with --world-size: the rank to run as (default 0)")
     pc.add_argument("script")
     pc.add_argument("args", nargs=argparse.REMAINDER)
     pc.set_defaults(fn=_precompile)

@@ -208,6 +208,9 @@ def _graph_shape(gm: fx.GraphModule) -> list[str]:
         if n.op == "call_function":
             if not _trusted_target(n.target):
                 raise Ineligible(f"call of {n.target}")
+            if getattr(n.target, "__module__", "").startswith("torch.distributed"):
+                # its plan binds process groups from a capture, which a pre-AOT hit skips
+                raise Ineligible(f"a collective ({n.target.__name__})")
         elif n.op == "output":
             result = n.args[0]
             if not isinstance(result, (tuple, list)):

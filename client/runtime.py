@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from fxcc.client.process_groups import bind_group
 from fxcc.compiler_core.artifact import (
     AllocStep,
     Artifact,
@@ -29,6 +30,7 @@ from fxcc.compiler_core.artifact import (
     Plan,
     atomic_write,
 )
+from fxcc.compiler_core.collectives import group_slot
 from fxcc.compiler_core.errors import ArtifactError
 from fxcc.compiler_core.graph import decode_arg
 from fxcc.compiler_core.symexpr import compile_exprs, parse
@@ -86,8 +88,9 @@ def load_kernel(info: KernelInfo, source: bytes, interpret: bool = False) -> Any
 class PlanRunner:
     """A callable over input tensors that runs one artifact's plan and returns its outputs."""
 
-    def __init__(self, artifact: Artifact, plan: Plan | None = None) -> None:
-        """`plan`: one of the artifact's control flow subplans (else its plan; verified once, here)."""
+    def __init__(self, artifact: Artifact, plan: Plan | None = None, groups: tuple[str, ...] = ()) -> None:
+        """`plan`: one of the artifact's control flow subplans (else its plan; verified once, here);
+        `groups`: the caller's process groups that the plan's collectives bind (group0, ...)."""
         if plan is None:
             artifact.verify()
         self.manifest = artifact.manifest
@@ -103,9 +106,9 @@ class PlanRunner:
             if isinstance(step, ExternStep) and step.control is not None:
                 from fxcc.client.control_flow import control_step
 
-                self._steps.append(control_step(step, lambda sub: PlanRunner(artifact, sub), SYMS))
+                self._steps.append(control_step(step, lambda sub: PlanRunner(artifact, sub, groups), SYMS))
             elif isinstance(step, ExternStep):
-                self._steps.append(self._extern(step))
+                self._steps.append(self._extern(step, groups))
             elif isinstance(step, KernelStep):
                 info = infos.get(step.kernel)
                 if info is None:
@@ -126,9 +129,9 @@ class PlanRunner:
         self._first_tensor = 0  # where the device is read from (the first tensor input seen)
 
     @staticmethod
-    def _extern(step: ExternStep) -> Callable[[dict[str, Any]], None]:
+    def _extern(step: ExternStep, groups: tuple[str, ...] = ()) -> Callable[[dict[str, Any]], None]:
         if step.opaque is not None or step.triton is not None:
-            return _opaque_step(step)
+            return _opaque_step(step, groups)
         op = resolve_target(step.op, node=step.out)
         if not step.kwargs:
             op = VIEW_METHODS.get(step.op, op)
@@ -274,7 +277,7 @@ class PlanRunner:
         return tuple(decode_arg(a, env, env.get(SYMS)) for a in self._outputs)
 
 
-def _opaque_step(step: ExternStep) -> Callable[[dict[str, Any]], None]:
+def _opaque_step(step: ExternStep, groups: tuple[str, ...] = ()) -> Callable[[dict[str, Any]], None]:
     """An op outside aten/prims, from this process's registry, its results checked (client/opaque_ops.py),
     or a user's Triton kernel of this process (client/user_kernels.py)."""
     if step.triton is not None:
@@ -287,6 +290,8 @@ def _opaque_step(step: ExternStep) -> Callable[[dict[str, Any]], None]:
         call = opaque_call(step.op, step.opaque)
     out = step.out
     args = [_arg_reader(a) for a in step.args]
+    if (slot := group_slot(step.op)) is not None:  # a collective, on the caller's process group
+        args[slot] = (_CONST, bind_group(step.args, slot, groups, step.op))
     kwargs = {k: _arg_reader(v) for k, v in step.kwargs.items()}
 
     def run(env: dict[str, Any]) -> None:
@@ -554,6 +559,7 @@ def _is_interpreted(fn: Any) -> bool:
     return isinstance(fn, InterpretedFunction)
 
 
-def load_plan(artifact: Artifact) -> PlanRunner:
-    """Verify `artifact` and prepare its plan to run (kernels loaded once, here)."""
-    return PlanRunner(artifact)
+def load_plan(artifact: Artifact, groups: tuple[str, ...] = ()) -> PlanRunner:
+    """Verify `artifact` and prepare its plan to run (kernels loaded once, here); its collectives'
+    `group<i>` run on the process group named `groups[i]`."""
+    return PlanRunner(artifact, groups)

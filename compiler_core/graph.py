@@ -16,6 +16,7 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from fxcc.compiler_core import collectives
 from fxcc.compiler_core.errors import InvalidGraph
 from fxcc.compiler_core.opaque import OpaqueTarget, check_opaque_node, value_form
 from fxcc.compiler_core.symbolic import size_symbol
@@ -166,6 +167,8 @@ def rebuild_graph(spec: GraphSpec, hints: dict[str, int] | None = None) -> fx.Gr
     for n in spec.nodes:
         target = _opaque_target(n, mode, syms) if n.opaque or n.triton or n.control else \
             resolve_target(n.target, node=n.name)
+        if n.target in collectives.OPS:
+            collectives.check_node(n.target, n.args, n.name)
         args = tuple(decode_arg(a, nodes, syms) for a in n.args)
         kwargs = {k: decode_arg(v, nodes, syms) for k, v in n.kwargs.items()}
         fake_args = tuple(decode_arg(a, fakes, syms) for a in n.args)

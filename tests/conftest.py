@@ -8,6 +8,7 @@ import shutil
 import socket
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -45,9 +46,9 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server.stop()
 
 
-@pytest.fixture
-def redis_prefix(redis_url: str) -> Iterator[str]:
-    """A key prefix of this test's own; afterwards every key under it (and only those) is deleted."""
+@contextmanager
+def _own_prefix(redis_url: str) -> Iterator[str]:
+    """A fresh key prefix; afterwards every key under it (and only those) is deleted."""
     import redis
 
     prefix = f"fxcc-test:{uuid.uuid4().hex}:"
@@ -57,6 +58,20 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
     if keys:
         client.delete(*keys)
     client.close()
+
+
+@pytest.fixture
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    """A key prefix of this test's own; afterwards every key under it (and only those) is deleted."""
+    with _own_prefix(redis_url) as prefix:
+        yield prefix
+
+
+@pytest.fixture(scope="module")
+def module_redis_prefix(redis_url: str) -> Iterator[str]:
+    """A key prefix shared by the tests of one module (a cluster they share), deleted after them."""
+    with _own_prefix(redis_url) as prefix:
+        yield prefix
 
 
 @pytest.fixture

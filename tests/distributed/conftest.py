@@ -1,0 +1,75 @@
+"""Fixtures of the distributed tests: one cluster (a real service on Redis and one worker) that the
+tests of a module share, and torchrun jobs of tests/distributed/train_child.py as its clients."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.cluster import client_env_of, running_cluster
+
+CHILD = Path(__file__).with_name("train_child.py")
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(redis_url: str, module_redis_prefix: str,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    """A service and a worker for every test of the module: (url, the environment of its clients)."""
+    with running_cluster(redis_url, module_redis_prefix, tmp_path_factory.mktemp("cluster")) as (url, env):
+        yield url, client_env_of(url, env)
+
+
+def torchrun(env: dict[str, str], ranks: int, parallel: str, width: int, workdir: Path,
+             script: Path = CHILD) -> list[dict]:
+    """Run `script` on `ranks` CPU processes (gloo), each rank with its own FXCC_CACHE_DIR under
+    `workdir`; each rank's report (train_child.py), rank 0 first."""
+    out = workdir / f"{parallel}-{ranks}"
+    out.mkdir(parents=True)
+    env = dict(env, FXCC_PARALLEL=parallel, FXCC_CACHE_ROOT=str(out / "cache"), OMP_NUM_THREADS="1")
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                    "--nproc-per-node", str(ranks), str(script), "--out", str(out), "--width", str(width)],
+                   env=env, check=True, timeout=300)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
+
+
+def jobs_by_key(url: str, env: dict[str, str]) -> dict[str, list[str]]:
+    """The compile jobs the service holds for the clients' principal, by compile key (GET /v1/jobs)."""
+    answer = httpx.get(f"{url}/v1/jobs", params={"limit": 1000}, timeout=10,
+                       headers={"Authorization": f"Bearer {env['FXCC_TOKEN']}"})
+    answer.raise_for_status()
+    out: dict[str, list[str]] = {}
+    for job in answer.json():
+        if job["kind"] == "compile":
+            out.setdefault(job["key"], []).append(job["id"])
+    return out
+
+
+def precompile(env: dict[str, str], world_size: int, parallel: str, width: int, workdir: Path) -> dict:
+    """`fxcc precompile --world-size N` of train_child.py in one process: its report (as rank 0)."""
+    out = workdir / f"precompile-{parallel}"
+    out.mkdir(parents=True)
+    env = dict(env, FXCC_PARALLEL=parallel, FXCC_CACHE_ROOT=str(out / "cache"), OMP_NUM_THREADS="1")
+    subprocess.run([sys.executable, "-m", "fxcc.client.cli", "precompile", "--world-size", str(world_size),
+                    str(CHILD), "--out", str(out), "--width", str(width)], env=env, check=True, timeout=300)
+    return json.loads((out / "rank0.json").read_text())
+
+
+def wait_for_jobs(url: str, env: dict[str, str], job_ids: list[str], timeout_s: float = 240) -> dict[str, str]:
+    """Each job's final state, long-polling GET /v1/jobs/{id}?wait= until it ends."""
+    deadline = time.monotonic() + timeout_s
+    headers = {"Authorization": f"Bearer {env['FXCC_TOKEN']}"}
+    states: dict[str, str] = {}
+    for job_id in job_ids:
+        while True:
+            job = httpx.get(f"{url}/v1/jobs/{job_id}", params={"wait": 10}, headers=headers, timeout=30).json()
+            if job["state"] not in ("queued", "running") or time.monotonic() > deadline:
+                states[job_id] = job["state"]
+                break
+    return states
