@@ -562,4 +562,4 @@ def _is_interpreted(fn: Any) -> bool:
 def load_plan(artifact: Artifact, groups: tuple[str, ...] = ()) -> PlanRunner:
     """Verify `artifact` and prepare its plan to run (kernels loaded once, here); its collectives'
     `group<i>` run on the process group named `groups[i]`."""
-    return PlanRunner(artifact, groups)
+    return PlanRunner(artifact, groups=groups)
