@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from fxcc.service.store import Claim, Store
 from fxcc.worker.child import CompileProcess
 from fxcc.worker.process import DEFAULT_POLICY, JobPolicy, process_claim
+
+if TYPE_CHECKING:
+    from fxcc.worker.builds import BuildConsumer
 
 log = logging.getLogger("fxcc.worker")
 
@@ -79,7 +83,7 @@ class Consumer:
             log.exception("%s: job %s could not be recorded", self.name, claim.job_id)
 
 
-def heartbeat_loop(store: Store, worker: str, consumers: list[Consumer], stop: threading.Event,
+def heartbeat_loop(store: Store, worker: str, consumers: Sequence[Consumer | BuildConsumer], stop: threading.Event,
                    interval_s: float, info: dict[str, Any]) -> None:
     """Renew the worker's heartbeat and its claims every `interval_s` until `stop` is set."""
     while True:
