@@ -65,6 +65,21 @@ def child_connection() -> Connection:
     return Connection(int(sys.argv[1]))
 
 
+def answer_requests(conn: Connection, kinds: tuple[str, ...],
+                    answer: Callable[[dict[str, Any], list[bytes]], None]) -> None:
+    """In the child, once it is warm: say ready, then hand each request of one of `kinds` to
+    `answer` (which sends the reply) until the pipe closes or another kind (a stop) comes."""
+    send(conn, {"type": "ready"})
+    while True:
+        try:
+            header, frames = receive(conn)
+        except EOFError:
+            return
+        if header.get("type") not in kinds:
+            return
+        answer(header, frames)
+
+
 def die_with_parent(parent_pid: int) -> None:
     """Have the kernel kill this process when the thread that started it goes (SIGKILL of the
     parent included), so that no helper outlives its parent."""
@@ -126,6 +141,11 @@ class WarmProcess:
         self.started = 0  # processes started so far (the first, and each replacement)
 
     @property
+    def ready(self) -> bool:
+        """Whether the process has said it is ready (await_ready heard it)."""
+        return self._ready
+
+    @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
@@ -145,6 +165,19 @@ class WarmProcess:
             theirs.close()
         self._conn, self._ready = Connection(ours.detach()), False
         self.started += 1
+
+    def warm(self, give_up: Callable[[], bool] | None = None) -> bool:
+        """Start the process and wait until it is ready, so that the first request finds it warm;
+        False (logged) when it could not be started, or `give_up` said to stop waiting."""
+        try:
+            self.start()
+            self.await_ready(give_up)
+        except GaveUp:
+            return False
+        except (OSError, HelperCrashed) as e:
+            self.log.error("could not start a %s: %s", self.name, e)
+            return False
+        return True
 
     def close(self) -> None:
         """Stop the process: an idle one is asked (and killed if it does not go), one still

@@ -12,11 +12,27 @@ import logging
 import os
 import time
 from multiprocessing.connection import Connection
+from typing import Any
 
 from fxcc.compiler_core.build_tasks import BuildTask, BuiltKernel
-from fxcc.service.subproc import WarmProcess, child_connection, receive, send
+from fxcc.service.subproc import WarmProcess, answer_requests, child_connection, send
 
 log = logging.getLogger("fxcc.worker")
+
+
+# A copy kernel, cross-compiled once when a build process starts (Triton's and ptxas's first use).
+WARM_UP = BuildTask(name="fxcc_warm_up", arch=90, num_warps=1, num_stages=1, constexprs={"XBLOCK": 128},
+                    types=("*fp32", "*fp32", "i32"), divisible16=(0, 1), triton="", source="""\
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def fxcc_warm_up(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
+    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    xmask = xindex < xnumel
+    tl.store(out_ptr0 + xindex, tl.load(in_ptr0 + xindex, xmask), xmask)
+""")
 
 
 def main() -> None:
@@ -30,23 +46,25 @@ def builder_main(conn: Connection) -> None:
                         format=f"%(asctime)s %(levelname)s %(name)s [build process {os.getpid()}]: %(message)s")
     from fxcc.compiler_core.build import build_kernel, cuda_build_unavailable  # triton: a second or two
 
-    cuda_build_unavailable()  # imports the backends
-    send(conn, {"type": "ready"})
-    while True:
-        try:
-            header, frames = receive(conn)
-        except EOFError:
-            return
-        if header.get("type") != "build":
-            return
-        try:
-            task = BuildTask.model_validate_json(frames[0])
-            if header.get("delay_s"):
-                time.sleep(float(header["delay_s"]))
-            built = build_kernel(task)
-        except Exception as e:  # noqa: BLE001 - a bad task is the task's outcome
-            built = BuiltKernel(error=f"{type(e).__name__}: {e}"[:400])
-        send(conn, {"type": "done"}, [built.encode()])
+    if cuda_build_unavailable() is None:
+        import triton
+
+        build_kernel(WARM_UP.model_copy(update={"triton": triton.__version__}))  # first-use costs: ~1 s
+    answer_requests(conn, ("build",), lambda header, frames: send(conn, {"type": "done"}, [_build(header, frames)]))
+
+
+def _build(header: dict[str, Any], frames: list[bytes]) -> bytes:
+    """The encoded BuiltKernel of a build request; a bad task is the task's outcome."""
+    from fxcc.compiler_core.build import build_kernel
+
+    try:
+        task = BuildTask.model_validate_json(frames[0])
+        if header.get("delay_s"):
+            time.sleep(float(header["delay_s"]))
+        built = build_kernel(task)
+    except Exception as e:  # noqa: BLE001
+        built = BuiltKernel(error=f"{type(e).__name__}: {e}"[:400])
+    return built.encode()
 
 
 class BuildProcess(WarmProcess):

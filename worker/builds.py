@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Callable
 
-import redis
 from pydantic import ValidationError
 
 from fxcc.compiler_core.artifact import Artifact
@@ -29,6 +28,7 @@ from fxcc.compiler_core.build_tasks import BuildTask, BuiltKernel
 from fxcc.service.store import BuildEntry, Claim, JobError, JobRecord, JobStage, Store
 from fxcc.service.subproc import HelperCrashed, OverMemory, OverTime
 from fxcc.worker.builder import BuildProcess
+from fxcc.worker.claims import ClaimingThread
 from fxcc.worker.limits import CompileTimeout, JobCancelled, JobLimits
 
 log = logging.getLogger("fxcc.worker")
@@ -99,61 +99,23 @@ def _kept(store: Store, keys: list[str]) -> dict[str, BuiltKernel]:
 # ---------------------------------------------------------------- the build consumers
 
 
-class BuildConsumer:
-    """One thread that takes build tasks and runs them in its warm build process until `stop`.
+class BuildConsumer(ClaimingThread):
+    """One thread that takes build tasks and runs them in its warm build process until `stop`."""
 
-    Started from its own thread, so that the kernel kills the build process with it (as
-    worker/loop.Consumer does for compile processes)."""
+    kind = "build task"
 
     def __init__(self, store: Store, name: str, stop: threading.Event, *, limits: JobLimits,
                  max_attempts: int = 3, block_ms: int = 1000, delay_s: float = 0.0) -> None:
-        self.store = store
-        self.name = name
-        self.stop = stop
+        super().__init__(store, name, stop, BuildProcess(name), block_ms=block_ms, warm_start=limits.warm_start)
         self.limits = limits
         self.max_attempts = max_attempts
-        self.block_ms = block_ms
         self.delay_s = delay_s  # FXCC_TEST_ONLY_BUILD_DELAY_S
-        self.current: list[Claim] = []  # read by the heartbeat thread; replaced, never mutated
-        self.jobs_done = 0
-        self.process = BuildProcess(name)
-        self.thread = threading.Thread(target=self.run, name=f"fxcc-{name}", daemon=True)
 
-    def run(self) -> None:
-        if self.limits.warm_start:
-            try:
-                self.process.start()
-            except OSError as e:  # the first task tries again
-                log.error("%s: could not start its build process: %s", self.name, e)
-        try:
-            self._claim_and_run()
-        finally:
-            self.process.close()
+    def claim(self) -> list[Claim]:
+        return self.store.claim_builds(self.name, self.block_ms)
 
-    def _claim_and_run(self) -> None:
-        backoff_s = 0.5
-        while not self.stop.is_set():
-            try:
-                claims = self.store.claim_builds(self.name, self.block_ms)
-            except redis.RedisError as e:
-                backoff_s = min(backoff_s * 2, 10.0)
-                log.warning("%s: store unavailable (%s: %s); retrying in %.0f s", self.name, type(e).__name__, e,
-                            backoff_s)
-                self.stop.wait(backoff_s)
-                continue
-            except Exception:
-                log.exception("%s: claiming a build task failed; retrying", self.name)
-                self.stop.wait(1.0)
-                continue
-            backoff_s = 0.5
-            self.current = claims
-            for claim in claims:
-                try:
-                    run_build_claim(self.store, claim, self)
-                    self.jobs_done += 1
-                except Exception:  # unacked, the task is reclaimed after claim_idle_ms
-                    log.exception("%s: build task %s could not be recorded", self.name, claim.job_id)
-            self.current = []
+    def handle(self, claim: Claim) -> None:
+        run_build_claim(self.store, claim, self)
 
 
 def run_build_claim(store: Store, claim: Claim, consumer: BuildConsumer) -> None:

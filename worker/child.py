@@ -23,8 +23,8 @@ from fxcc.service.subproc import (
     OverMemory,
     OverTime,
     WarmProcess,
+    answer_requests,
     child_connection,
-    receive,
     send,
 )
 from fxcc.worker.limits import (
@@ -56,49 +56,47 @@ def child_main(conn: Connection) -> None:
     to stop or the pipe closes."""
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s %(levelname)s %(name)s [compile process {os.getpid()}]: %(message)s")
-    from fxcc.worker.steps import (  # torch, triton: seconds
-        CompileWork,
-        compile_steps,
-        lower_steps,
-        tune_steps,
-        warm_up,
-    )
+    from fxcc.worker.steps import warm_up  # torch and triton: seconds
 
     try:
         warm_up()
     except Exception:  # the jobs will say what is wrong
         log.warning("the warm-up compile failed", exc_info=True)
-    send(conn, {"type": "ready"})
-    while True:
-        try:
-            header, frames = receive(conn)
-        except EOFError:
-            return
-        if header.get("type") not in ("compile", "tune"):
-            return
-        on_stage = lambda stage: send(conn, {"type": "stage", "stage": stage.value})
-        tasks: list[BuildTask] = []
-        try:
-            if header["type"] == "compile":
-                work = CompileWork.from_header(header, frames[0].decode())
-                if work.defer_build:
-                    artifact, deferred = lower_steps(work, on_stage)
-                    tasks = deferred or []
-                else:
-                    artifact = compile_steps(work, on_stage)
+    answer_requests(conn, ("compile", "tune"), lambda header, frames: _answer(conn, header, frames))
+
+
+def _answer(conn: Connection, header: dict[str, Any], frames: list[bytes]) -> None:
+    """Compile (or tune) one request and send the artifact back, or the error it raised."""
+    from fxcc.worker.steps import (  # imported by child_main
+        CompileWork,
+        compile_steps,
+        lower_steps,
+        tune_steps,
+    )
+
+    on_stage = lambda stage: send(conn, {"type": "stage", "stage": stage.value})
+    tasks: list[BuildTask] = []
+    try:
+        if header["type"] == "compile":
+            work = CompileWork.from_header(header, frames[0].decode())
+            if work.defer_build:
+                artifact, deferred = lower_steps(work, on_stage)
+                tasks = deferred or []
             else:
-                stored = Artifact(manifest_from_json(frames[1]), dict(zip(header["blobs"], frames[2:], strict=True)))
-                artifact = tune_steps(frames[0].decode(), stored, str(header["device"]), on_stage,
-                                      fake=bool(header.get("fake")), delay_s=float(header.get("delay_s", 0.0)))
-        except Exception as e:  # any crash of the compiler is the job's outcome
-            if not is_final(e):
-                log.warning("compile failed", exc_info=True)
-            send(conn, {"type": "error", "error": JobError.of(e).model_dump(), "final": is_final(e)})
-            continue
-        digests = list(artifact.blobs)
-        send(conn, {"type": "done", "blobs": digests, "tasks": len(tasks)},
-             [artifact.manifest_json(), *(artifact.blobs[d] for d in digests),
-              *(t.model_dump_json().encode() for t in tasks)])
+                artifact = compile_steps(work, on_stage)
+        else:
+            stored = Artifact(manifest_from_json(frames[1]), dict(zip(header["blobs"], frames[2:], strict=True)))
+            artifact = tune_steps(frames[0].decode(), stored, str(header["device"]), on_stage,
+                                  fake=bool(header.get("fake")), delay_s=float(header.get("delay_s", 0.0)))
+    except Exception as e:  # any crash of the compiler is the job's outcome
+        if not is_final(e):
+            log.warning("compile failed", exc_info=True)
+        send(conn, {"type": "error", "error": JobError.of(e).model_dump(), "final": is_final(e)})
+        return
+    digests = list(artifact.blobs)
+    send(conn, {"type": "done", "blobs": digests, "tasks": len(tasks)},
+         [artifact.manifest_json(), *(artifact.blobs[d] for d in digests),
+          *(t.model_dump_json().encode() for t in tasks)])
 
 
 # ---------------------------------------------------------------- the parent's handle
