@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -72,26 +74,40 @@ def test_a_failed_build_leaves_the_kernel_to_run_from_source() -> None:
     assert "consistent signature" in str(by_name[second.name].metadata["sm_90.error"])  # no build at all
 
 
+@contextmanager
+def running(store: Store, builders: int = 2, limits: JobLimits | None = None,
+            delay_s: float = 0.0) -> Iterator[list[BuildConsumer]]:
+    """A compile consumer that leaves builds to tasks, and `builders` build consumers, on `store`."""
+    stop = threading.Event()
+    consumer = Consumer(store, "compiler", stop, block_ms=50, policy=JobPolicy(build_tasks=True))
+    started = start_build_consumers(store, "w", builders, stop, limits=limits or JobLimits(timeout_s=120),
+                                    max_attempts=3, block_ms=50, delay_s=delay_s)
+    consumer.thread.start()
+    try:
+        yield started
+    finally:
+        stop.set()
+        for c in (consumer, *started):
+            c.thread.join(timeout=30)
+
+
 @pytest.fixture
 def pool(store: Store) -> Iterator[tuple[Store, list[BuildConsumer]]]:
-    """A compile consumer that leaves builds to tasks, and two build consumers, on `store`."""
-    stop = threading.Event()
-    policy = JobPolicy(build_tasks=True)
-    consumer = Consumer(store, "compiler", stop, block_ms=50, policy=policy)
-    builders = start_build_consumers(store, "w", 2, stop, limits=JobLimits(timeout_s=120), max_attempts=3,
-                                     block_ms=50)
-    consumer.thread.start()
-    yield store, builders
-    stop.set()
-    for c in (consumer, *builders):
-        c.thread.join(timeout=30)
+    with running(store) as builders:
+        yield store, builders
 
 
-def compiled(store: Store, req: CompileRequest, timeout_s: float = 180) -> JobRecord:
-    job_id = store.submit(compile_key(req), req.model_dump_json(), "interactive").job_id
+def wait_until(check: Callable[[], Any], timeout_s: float = 180) -> Any:
     deadline = time.monotonic() + timeout_s  # the processes import torch and triton first
-    while not (job := store.get_job(job_id)).finished and time.monotonic() < deadline:
+    while not (got := check()) and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert got, "timed out"
+    return got
+
+
+def compiled(store: Store, req: CompileRequest) -> JobRecord:
+    job_id = store.submit(compile_key(req), req.model_dump_json(), "interactive").job_id
+    job = wait_until(lambda: (j := store.get_job(job_id)).finished and j)
     assert job.state is JobState.DONE, job
     return job
 
@@ -172,3 +188,25 @@ def test_a_task_with_a_bad_request_fails_and_its_kernel_keeps_no_binary(store: S
     assert done.state is JobState.FAILED and done.error.error == "InvalidTask"
     assert store.get_kernel_builds([task.key]) == {}
     assert builder.process.started == 0  # refused before any build process was needed
+
+
+def test_a_build_over_its_time_limit_fails_its_task_and_the_kernel_runs_from_source(store: Store) -> None:
+    with running(store, builders=1, limits=JobLimits(timeout_s=1.0), delay_s=30) as [builder]:
+        job = compiled(store, many_kernels(OPS[:1]))
+    [task] = store.get_jobs(job.tasks)
+    assert task.state is JobState.FAILED and "FXCC_BUILD_TIMEOUT_S" in task.error.message and task.attempt == 1
+    [kernel] = store.get_artifact(job.key).manifest.kernels
+    assert not kernel.binaries and "FXCC_BUILD_TIMEOUT_S" in str(kernel.metadata["sm_90.error"])
+    assert builder.process.started == 2  # killed and replaced
+
+
+def test_an_aborted_job_stops_waiting_for_its_tasks_which_finish(store: Store) -> None:
+    req = many_kernels(OPS[:2])
+    with running(store, builders=1, delay_s=2) as _:
+        job_id = store.submit(compile_key(req), req.model_dump_json(), "interactive").job_id
+        waiting = wait_until(lambda: (j := store.get_job(job_id)).stage is JobStage.BUILDING and j.tasks and j)
+        assert store.abort(job_id, "root") == "cancelled"
+        wait_until(lambda: all(t.finished for t in store.get_jobs(waiting.tasks)))
+    assert store.get_job(job_id).stage is JobStage.CANCELLED and store.get_artifact(waiting.key) is None
+    assert all(t.state is JobState.DONE for t in store.get_jobs(waiting.tasks))
+    assert len(store.get_kernel_builds([t.key for t in store.get_jobs(waiting.tasks)])) == 2  # kept for the next
