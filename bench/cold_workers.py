@@ -181,6 +181,7 @@ class Cluster:
         self._start("redis", cmd, dict(self.base, **extra))
         self._wait(lambda: self._redis().ping(), 20, "redis-server")
         env = dict(self.base, FXCC_REDIS_URL=self.redis_url, FXCC_TOKEN=self.token, FXCC_SIGNING_KEY_FILE=str(key),
+                   FXCC_HEARTBEAT_S="0.5",
                    FXCC_BUILD_PROCESSES=str(self.build_processes), FXCC_DATA_DIR=str(self.root / "service"))
         server = self._start("serve", [sys.executable, "-m", "fxcc.client.cli", "serve", "--port", str(port)], env)
         for i in range(self.workers):
@@ -218,13 +219,22 @@ class Cluster:
         infos = [json.loads(v) for v in r.mget([KEYS.worker(i) for i in ids]) if v] if ids else []
         return len(infos) == self.workers and all(i.get("ready") == i.get("processes") for i in infos)
 
+    def empty(self) -> None:
+        """Forget every compile: Redis flushed (artifacts, kept kernels, jobs; the workers make their
+        streams again), the workers' Triton caches emptied; then wait for every worker's heartbeat
+        again. The workers and their warm processes stay: what a fresh cluster would have."""
+        self._redis().flushdb()
+        for folder in self.root.glob("worker*-triton"):
+            shutil.rmtree(folder, ignore_errors=True)
+        self._wait(self._all_warm, 60, f"{self.workers} warm workers after emptying")
+
     def client_env(self, run: Path) -> dict[str, str]:
         return dict(self.base, FXCC_URL=self.url, FXCC_TOKEN=self.token, FXCC_FALLBACK="error", FXCC_BLOCKING="1",
                     FXCC_TRUSTED_KEYS=str(self.public_key), FXCC_CACHE_DIR=str(run / "fxcc"),
                     TRITON_CACHE_DIR=str(run / "triton"), TORCHINDUCTOR_CACHE_DIR=str(run / "inductor"))
 
     def job_summary(self) -> dict[str, Any]:
-        """Where the cluster's time went: its compile jobs (how many; seconds queued, lowering and
+        """Where the cluster's time went since it was emptied: its compile jobs (how many; seconds queued, lowering and
         waiting on build tasks, summed) and their build tasks (how many, on how many build processes
         and workers, retries, the summed build time)."""
         from fxcc.service.redis_store import RedisStore
@@ -237,13 +247,16 @@ class Cluster:
         finally:
             store.close()
 
-        def spent(job: Any, start: str, end: str) -> float:
-            return max(0.0, job.stages.get(end, 0.0) - job.stages.get(start, 0.0)) if start in job.stages else 0.0
+        def spent(job: Any, stage: str) -> float:
+            """Seconds from entering `stage` to entering the next one."""
+            t = job.stages.get(stage)
+            later = [v for v in job.stages.values() if t is not None and v > t]
+            return min(later) - t if later else 0.0
 
         workers = {t.worker for t in tasks if t.worker}
-        return {"compile_jobs": len(jobs), "queued_s": round(sum(spent(j, "queued", "lowering") for j in jobs), 3),
-                "lowering_s": round(sum(spent(j, "lowering", "building") for j in jobs), 3),
-                "building_s": round(sum(spent(j, "building", "storing") for j in jobs), 3),
+        return {"compile_jobs": len(jobs), "queued_s": round(sum(spent(j, "queued") for j in jobs), 3),
+                "lowering_s": round(sum(spent(j, "lowering") for j in jobs), 3),
+                "building_s": round(sum(spent(j, "building") for j in jobs), 3),
                 "build_tasks": len({t.id for t in tasks}), "build_processes_used": len(workers),
                 "workers_used": len({w.rsplit("-b", 1)[0] for w in workers}),
                 "task_retries": sum(t.attempt - 1 for t in tasks if t.attempt),
@@ -260,36 +273,47 @@ class Cluster:
 # ---------------------------------------------------------------- the bench
 
 
-def bench_workload(workload: str, worker_counts: list[int], build_processes: int, smoke: bool, device: str,
-                   root: Path, timeout_s: float) -> list[dict[str, Any]]:
+def bench(workloads: list[str], worker_counts: list[int], build_processes: int, smoke: bool, device: str,
+          root: Path, timeout_s: float) -> list[dict[str, Any]]:
+    """Inductor cold per workload, then per worker count one cluster that compiles every workload,
+    emptied between them (Cluster.empty)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("FXCC_", "TORCHINDUCTOR_", "TRITON_CACHE"))}
     base["PYTHONUNBUFFERED"] = "1"
-    args = ["--workload", workload, "--device", device, *(["--smoke"] if smoke else [])]
-    t = root / workload
-    inductor = child([*args, "--compiler", "inductor"], dict(base, TORCHINDUCTOR_CACHE_DIR=str(t / "inductor"),
-                                                             TRITON_CACHE_DIR=str(t / "inductor-triton")), timeout_s)
+    args = {w: ["--workload", w, "--device", device, *(["--smoke"] if smoke else [])] for w in workloads}
+    inductor = {w: child([*args[w], "--compiler", "inductor"],
+                         dict(base, TORCHINDUCTOR_CACHE_DIR=str(root / w / "inductor"),
+                              TRITON_CACHE_DIR=str(root / w / "inductor-triton")), timeout_s) for w in workloads}
     rows = []
     for n in worker_counts:
-        row: dict[str, Any] = {"workload": workload, "workers": n, "build_processes": build_processes,
-                               "inductor_cold_s": inductor.get("first_call_s"), "model": inductor.get("model")}
-        if "error" in inductor:
-            row["inductor_error"] = inductor["error"]
+        runs: dict[str, dict[str, Any]] = {}
         try:
-            with Cluster(t / f"cluster{n}", n, build_processes, base) as cluster:
-                fxcc = child([*args, "--compiler", "fxcc"], cluster.client_env(t / f"client{n}"), timeout_s)
-                row.update(cluster.job_summary())
+            with Cluster(root / f"cluster{n}", n, build_processes, base) as cluster:
+                for w in workloads:
+                    cluster.empty()
+                    runs[w] = child([*args[w], "--compiler", "fxcc"], cluster.client_env(root / w / f"client{n}"),
+                                    timeout_s)
+                    runs[w]["cluster"] = cluster.job_summary()
         except RuntimeError as e:
-            fxcc = {"error": str(e)}
-        row["fxcc_cold_s"] = fxcc.get("first_call_s")
-        if row["fxcc_cold_s"] and row["inductor_cold_s"]:
-            row["fxcc_over_inductor"] = round(row["fxcc_cold_s"] / row["inductor_cold_s"], 3)
-        row.update({k: fxcc[k] for k in ("sources", "graphs", "fxcc_own_s", "outputs_match", "max_abs_err", "error")
-                    if k in fxcc})
-        if "error" in row:
-            row["fxcc_error"] = row.pop("error")
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+            runs = {w: runs.get(w) or {"error": str(e)} for w in workloads}
+        for w in workloads:
+            rows.append(_row(w, n, build_processes, inductor[w], runs[w]))
+            print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def _row(workload: str, n: int, build_processes: int, inductor: dict[str, Any], fxcc: dict[str, Any]) -> dict[str, Any]:
+    row: dict[str, Any] = {"workload": workload, "workers": n, "build_processes": build_processes,
+                           "fxcc_cold_s": fxcc.get("first_call_s"), "inductor_cold_s": inductor.get("first_call_s"),
+                           "model": inductor.get("model") or fxcc.get("model")}
+    if row["fxcc_cold_s"] and row["inductor_cold_s"]:
+        row["fxcc_over_inductor"] = round(row["fxcc_cold_s"] / row["inductor_cold_s"], 3)
+    row.update(fxcc.get("cluster", {}))
+    row.update({k: fxcc[k] for k in ("sources", "graphs", "fxcc_own_s", "outputs_match", "max_abs_err") if k in fxcc})
+    if "error" in fxcc:
+        row["fxcc_error"] = fxcc["error"]
+    if "error" in inductor:
+        row["inductor_error"] = inductor["error"]
+    return row
 
 
 def main() -> None:
@@ -319,13 +343,11 @@ def main() -> None:
     from bench.run import LOG
 
     LOG[:] = [a.out / "logs" / "cold-runs.log"]
-    rows: list[dict[str, Any]] = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fxcc-bench-cold-") as tmp:
-        for workload in a.workloads.split(","):
-            rows += bench_workload(workload, counts, a.build_processes, a.smoke, a.device, Path(tmp), a.timeout_s)
-            for log in Path(tmp, workload).glob("cluster*/*.log"):  # the cluster's own logs, tails
-                (a.out / "logs" / f"cold-{workload}-{log.parent.name}-{log.name}").write_text(log.read_text()[-100_000:])
+        rows = bench(a.workloads.split(","), counts, a.build_processes, a.smoke, a.device, Path(tmp), a.timeout_s)
+        for log in Path(tmp).glob("cluster*/*.log"):  # the clusters' own logs, tails
+            (a.out / "logs" / f"cold-{log.parent.name}-{log.name}").write_text(log.read_text()[-100_000:])
     path = a.out / f"{a.tag}-cold.json"
     path.write_text(json.dumps({"bench": "cold_workers", "wall_s": round(time.monotonic() - t0, 1),
                                 "build_processes_per_worker": a.build_processes, "rows": rows}, indent=1) + "\n")
