@@ -136,7 +136,7 @@ class ServiceSettings(BaseSettings):
     compile_process_warm: bool = True
     # Kernel builds (worker/builds.py): a compile job for a CUDA target builds its kernels as build
     # tasks on the queue, which every worker takes (`fxcc worker` and the embedded worker alike)
-    # in build_processes warm build processes of its own (0: one per core of its machine). Each
+    # in build_processes warm build processes of its own (0: one per core of its machine, at most 32). Each
     # build is killed past build_timeout_s of wall clock or over build_memory_mb of resident
     # memory (and retried, as a crashed attempt). Built kernels are kept by content key (source,
     # config, signature, arch, Triton version) for kernel_build_ttl_s, so that other graphs, jobs

@@ -138,11 +138,23 @@ class WarmProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
         self._ready = False
+        self._listening = threading.Lock()  # held while someone reads the "ready" message
         self.started = 0  # processes started so far (the first, and each replacement)
 
     @property
     def ready(self) -> bool:
-        """Whether the process has said it is ready (await_ready heard it)."""
+        """Whether the process has said it is ready: heard by await_ready, or here without waiting
+        (for heartbeats, from another thread; never while await_ready listens)."""
+        if self._ready or self._conn is None or not self._listening.acquire(blocking=False):
+            return self._ready
+        try:
+            conn = self._conn
+            if not self._ready and conn is not None and conn.poll(0):
+                self._ready = receive(conn)[0].get("type") == "ready"
+        except (EOFError, OSError, ValueError):
+            pass  # gone: the next request finds out and replaces it
+        finally:
+            self._listening.release()
         return self._ready
 
     @property
@@ -165,19 +177,6 @@ class WarmProcess:
             theirs.close()
         self._conn, self._ready = Connection(ours.detach()), False
         self.started += 1
-
-    def warm(self, give_up: Callable[[], bool] | None = None) -> bool:
-        """Start the process and wait until it is ready, so that the first request finds it warm;
-        False (logged) when it could not be started, or `give_up` said to stop waiting."""
-        try:
-            self.start()
-            self.await_ready(give_up)
-        except GaveUp:
-            return False
-        except (OSError, HelperCrashed) as e:
-            self.log.error("could not start a %s: %s", self.name, e)
-            return False
-        return True
 
     def close(self) -> None:
         """Stop the process: an idle one is asked (and killed if it does not go), one still
@@ -247,19 +246,20 @@ class WarmProcess:
                 raise HelperCrashed(f"could not start a {self.name}: {e}") from None
         assert self._conn is not None and self._proc is not None
         t0 = time.monotonic()
-        while not self._ready:
-            try:
-                if wait([self._conn], timeout=POLL_S):
-                    if receive(self._conn)[0].get("type") != "ready":
+        with self._listening:
+            while not self._ready:
+                try:
+                    if wait([self._conn], timeout=POLL_S):
+                        if receive(self._conn)[0].get("type") != "ready":
+                            break
+                        self._ready = True
+                        self.log.info("%s %d ready in %.1f s", self.name, self._proc.pid, time.monotonic() - t0)
+                    elif time.monotonic() - t0 > STARTUP_TIMEOUT_S:
                         break
-                    self._ready = True
-                    self.log.info("%s %d ready in %.1f s", self.name, self._proc.pid, time.monotonic() - t0)
-                elif time.monotonic() - t0 > STARTUP_TIMEOUT_S:
+                    elif give_up is not None and give_up():
+                        raise GaveUp()
+                except (EOFError, OSError):
                     break
-                elif give_up is not None and give_up():
-                    raise GaveUp()
-            except (EOFError, OSError):
-                break
         if self._ready:
             return self._conn
         code = self._proc.poll()

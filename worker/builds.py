@@ -47,12 +47,10 @@ def build_by_tasks(store: Store, job: JobRecord, artifact: Artifact, tasks: list
     queued (single flight) and waited for, up to `timeout_s`. A task that failed leaves its kernel
     without a binary (it runs from source), as a kernel that does not build. Raises CompileTimeout,
     or JobCancelled when `cancelled()` says so (the tasks go on: other jobs may share them)."""
-    if not tasks:
-        return artifact
     built = _kept(store, [t.key for t in tasks])
     missing = [t for t in tasks if t.key not in built]
     entries = [BuildEntry(key=t.key, task_json=t.model_dump_json(), name=t.name, arch=t.arch) for t in missing]
-    pending = dict(zip(store.submit_builds(job.id, entries), missing, strict=True))
+    pending = dict(zip(store.submit_builds(job.id, entries), missing, strict=True)) if entries else {}
     log.info("job %s: %d kernels, %d kept already, %d build tasks queued", job.id, len(tasks),
              len(tasks) - len(missing), len(pending))
     deadline = time.monotonic() + timeout_s
@@ -82,7 +80,7 @@ def build_by_tasks(store: Store, job: JobRecord, artifact: Artifact, tasks: list
                 raise JobCancelled(job.id)
         time.sleep(pause)
         pause = min(pause * 1.5, _POLL_MAX_S)
-    return apply_builds(artifact, tasks[0].arch, {t.name: built[t.key] for t in tasks})
+    return apply_builds(artifact, artifact.manifest.target.arch, {t.name: built[t.key] for t in tasks})
 
 
 def _kept(store: Store, keys: list[str]) -> dict[str, BuiltKernel]:

@@ -1,4 +1,4 @@
-"""What every consumer thread of a worker does: warm its helper process, claim, handle, and ride out
+"""What every consumer thread of a worker does: start its helper process, claim, handle, and ride out
 store outages. The compile consumers (worker/loop.py) and the build consumers (worker/builds.py) differ
 only in what they claim and how they handle it."""
 
@@ -53,7 +53,10 @@ class ClaimingThread:
 
     def run(self) -> None:
         if self.warm_start:
-            self.process.warm(give_up=self.stop.is_set)  # else the first claim starts it
+            try:
+                self.process.start()  # it warms up while the thread waits for work
+            except OSError as e:  # the first claim tries again (and fails as a crash if it still cannot)
+                log.error("%s: could not start its %s: %s", self.name, self.process.name, e)
         try:
             self._claim_and_run()
         finally:

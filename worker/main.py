@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("fxcc.worker")
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N", "N")
+# Build processes a worker runs when FXCC_BUILD_PROCESSES is 0: one per core, up to this many (each
+# holds about 0.2 GB at rest; a bigger host sets the setting).
+DEFAULT_MAX_BUILDERS = 32
 _DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d{1,3})?|\d{1,3}")
 
 
@@ -111,15 +115,17 @@ def worker_main(concurrency: int = 1, device: str = "auto") -> None:
 
 
 def start_builders(store: Store, worker_id: str, settings: ServiceSettings, policy: JobPolicy,
-                   stop: threading.Event) -> list[BuildConsumer]:
-    """The worker's build consumers (worker/builds.py): FXCC_BUILD_PROCESSES of them, one per core
-    by default, each with a warm build process; none with FXCC_BUILD_TASKS=0."""
+                   stop: threading.Event, *, warm: bool = True) -> list[BuildConsumer]:
+    """The worker's build consumers (worker/builds.py): FXCC_BUILD_PROCESSES of them (0: one per
+    core, at most DEFAULT_MAX_BUILDERS), each with a build process, started now when `warm` (and
+    FXCC_COMPILE_PROCESS_WARM) else at its first task; none with FXCC_BUILD_TASKS=0."""
     if not policy.build_tasks:
         return []
     from fxcc.worker.builds import start_build_consumers
 
-    count = settings.build_processes or os.cpu_count() or 1
-    return start_build_consumers(store, worker_id, count, stop, limits=policy.build_limits,
+    count = settings.build_processes or min(os.cpu_count() or 1, DEFAULT_MAX_BUILDERS)
+    limits = replace(policy.build_limits, warm_start=policy.build_limits.warm_start and warm)
+    return start_build_consumers(store, worker_id, count, stop, limits=limits,
                                  max_attempts=policy.max_attempts, block_ms=settings.claim_block_ms,
                                  delay_s=policy.build_delay_s)
 
