@@ -318,13 +318,12 @@ def _row(workload: str, n: int, build_processes: int, inductor: dict[str, Any], 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd")
-    r = sub.add_parser("run", help="one first call in this process (the parent runs these)")
-    r.add_argument("--workload", choices=WORKLOADS, required=True)
-    r.add_argument("--compiler", choices=("fxcc", "inductor"), required=True)
-    r.add_argument("--smoke", action="store_true")
-    r.add_argument("--device", default="cuda")
     p.add_argument("--out", type=Path, help="where <tag>-cold.json and logs/ go")
+    run = p.add_subparsers(dest="cmd").add_parser("run", help="one first call in this process (the parent runs these)")
+    run.add_argument("--compiler", choices=("fxcc", "inductor"), required=True)
+    run.add_argument("--workload", choices=WORKLOADS, required=True)
+    run.add_argument("--device", default="cuda")
+    run.add_argument("--smoke", action="store_true")
     p.add_argument("--device", default="cuda")
     p.add_argument("--smoke", action="store_true", help="CPU-sized models, 1 and 2 workers (set TRITON_INTERPRET=1)")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
