@@ -15,6 +15,7 @@ one fails. Metadata keys are `<arch key>.<field>`, e.g. `sm_90.shared`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import logging
 import tempfile
@@ -28,12 +29,14 @@ from typing import Any
 from fxcc.compiler_core.artifact import (
     AllocStep,
     Artifact,
+    BlobRef,
     ExternStep,
     KernelInfo,
     KernelStep,
     Plan,
     add_blob,
 )
+from fxcc.compiler_core.build_tasks import BuildTask, BuiltKernel
 from fxcc.compiler_core.errors import BuildError
 from fxcc.compiler_core.triton_lock import TRITON_LOCK
 from fxcc.compiler_core.wire import CompileRequest, IntArg, NodeRef, SymArg
@@ -69,7 +72,9 @@ class KernelSignature:
 
 
 def build_artifact(artifact: Artifact, request: CompileRequest, arch: int) -> Artifact:
-    """The artifact with a cubin for sm_`arch` added to each kernel that can be built.
+    """The artifact with a cubin for sm_`arch` added to each kernel that can be built, one after
+    another in this process (a worker spreads the same tasks over its build processes and the
+    cluster: worker/builds.py).
 
     Binaries are additive: existing ones (other archs) stay. A kernel that fails to build keeps
     no binary for this arch (the client JITs its source) and says why in `<arch>.error`.
@@ -78,41 +83,72 @@ def build_artifact(artifact: Artifact, request: CompileRequest, arch: int) -> Ar
     reason = cuda_build_unavailable()
     if reason:
         raise BuildError(reason)
+    tasks = build_tasks(artifact, request, arch)
+    return apply_builds(artifact, arch, {t.name: build_kernel(t) for t in tasks})
+
+
+def build_tasks(artifact: Artifact, request: CompileRequest, arch: int) -> list[BuildTask]:
+    """One task per kernel of the artifact that has no sm_`arch` binary yet and that the plan
+    launches with a consistent signature (apply_builds says why the others get none)."""
     if not artifact.manifest.kernels:
-        return artifact
+        return []
+    import triton
+
     signatures = kernel_signatures(artifact.manifest.plan, request)
-    blobs = dict(artifact.blobs)
-    kernels: list[KernelInfo] = []
-    with tempfile.TemporaryDirectory(prefix="fxcc-build-") as tmp:
-        modules: dict[str, Any] = {}
-        for info in artifact.manifest.kernels:
-            kernels.append(_build_one(info, signatures.get(info.name), arch, blobs, modules,
-                                      Path(tmp)))
-    manifest = artifact.manifest.model_copy(update={"kernels": kernels})
-    return Artifact(manifest, blobs)
+    tasks = []
+    for info in artifact.manifest.kernels:
+        sig = signatures.get(info.name)
+        if arch_key(arch) in info.binaries or sig is None:
+            continue
+        tasks.append(BuildTask(name=info.name, source=artifact.blobs[info.source.digest].decode(), arch=arch,
+                               num_warps=info.num_warps, num_stages=info.num_stages, constexprs=info.constexprs,
+                               types=sig.types, divisible16=tuple(sorted(sig.divisible16)),
+                               triton=triton.__version__))
+    return tasks
 
 
-def _build_one(info: KernelInfo, sig: KernelSignature | None, arch: int, blobs: dict[str, bytes],
-               modules: dict[str, Any], tmp: Path) -> KernelInfo:
-    key = arch_key(arch)
-    if key in info.binaries:
-        return info  # built before (binaries are additive and content-addressed)
-    meta = {k: v for k, v in info.metadata.items() if not k.startswith(f"{key}.")}
-    if sig is None:
-        meta[f"{key}.error"] = "no step launches this kernel with a consistent signature"
-        return info.model_copy(update={"metadata": meta})
+def build_kernel(task: BuildTask) -> BuiltKernel:
+    """Build one task here (a temporary folder holds its source: triton.jit reads the file). A
+    kernel that Triton cannot build gives a BuiltKernel with the reason, not an exception."""
+    info = KernelInfo(name=task.name, source=BlobRef(digest="0" * 64, size=len(task.source)),
+                      num_warps=task.num_warps, num_stages=task.num_stages, constexprs=task.constexprs)
+    sig = KernelSignature(task.types, frozenset(task.divisible16))
     try:
-        fn = _jit_function(info, blobs[info.source.digest], modules, tmp)
-        cubin, built = compile_cubin(fn, info, sig, arch)
+        with tempfile.TemporaryDirectory(prefix="fxcc-build-") as tmp:
+            fn = _jit_function(info, task.source.encode(), Path(tmp))
+            cubin, built = compile_cubin(fn, info, sig, task.arch)
     except Exception as e:  # noqa: BLE001 - a kernel without a binary still runs from source
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         msg = f"{type(e).__name__}: {' | '.join(lines[:1] + lines[-2:])}"[:400]
-        log.warning("fxcc: no %s binary for kernel %s: %s", key, info.name, msg)
-        meta[f"{key}.error"] = msg
-        return info.model_copy(update={"metadata": meta})
-    meta.update({f"{key}.{k}": v for k, v in built.items()})
-    binaries = dict(info.binaries, **{key: add_blob(blobs, cubin)})
-    return info.model_copy(update={"binaries": binaries, "metadata": meta})
+        log.warning("fxcc: no %s binary for kernel %s: %s", arch_key(task.arch), task.name, msg)
+        return BuiltKernel(error=msg)
+    return BuiltKernel(metadata=built, cubin=cubin)
+
+
+def apply_builds(artifact: Artifact, arch: int, built: dict[str, BuiltKernel]) -> Artifact:
+    """The artifact with each kernel's build for sm_`arch` (by kernel name) recorded: its cubin as
+    a blob and its metadata as `sm_<arch>.<field>`, or `sm_<arch>.error`. A kernel that has a
+    binary for the arch already is kept as it is; one with no build says why it has none."""
+    key = arch_key(arch)
+    blobs = dict(artifact.blobs)
+    kernels: list[KernelInfo] = []
+    for info in artifact.manifest.kernels:
+        if key in info.binaries:
+            kernels.append(info)  # built before (binaries are additive and content-addressed)
+            continue
+        meta = {k: v for k, v in info.metadata.items() if not k.startswith(f"{key}.")}
+        result = built.get(info.name)
+        if result is None:
+            meta[f"{key}.error"] = "no step launches this kernel with a consistent signature"
+        elif result.error is not None or not result.cubin:
+            meta[f"{key}.error"] = result.error or "the build gave no binary"
+        else:
+            meta.update({f"{key}.{k}": v for k, v in result.metadata.items()})
+            kernels.append(info.model_copy(update={
+                "binaries": dict(info.binaries, **{key: add_blob(blobs, result.cubin)}), "metadata": meta}))
+            continue
+        kernels.append(info.model_copy(update={"metadata": meta}))
+    return Artifact(artifact.manifest.model_copy(update={"kernels": kernels}), blobs)
 
 
 def compile_cubin(fn: Any, info: KernelInfo, sig: KernelSignature, arch: int) -> tuple[bytes, dict[str, int | str]]:
@@ -270,20 +306,17 @@ def _node_dtypes(request: CompileRequest) -> dict[str, str]:
 # ---------------------------------------------------------------- loading kernel source
 
 
-def _jit_function(info: KernelInfo, source: bytes, modules: dict[str, Any], tmp: Path) -> Any:
-    """The @triton.jit function `info.name` from its source blob (triton.jit reads the file)."""
-    digest = info.source.digest
-    mod = modules.get(digest)
-    if mod is None:
-        path = tmp / f"fxcc_build_{digest[:32]}.py"
-        path.write_bytes(source)
-        spec = importlib.util.spec_from_file_location(f"fxcc_build_{digest[:32]}", path)
-        if spec is None or spec.loader is None:
-            raise BuildError(f"cannot load kernel source {digest[:12]}", node=info.name)
-        mod = importlib.util.module_from_spec(spec)
-        with _jit_not_interpreted():
-            spec.loader.exec_module(mod)
-        modules[digest] = mod
+def _jit_function(info: KernelInfo, source: bytes, tmp: Path) -> Any:
+    """The @triton.jit function `info.name` from its source (triton.jit reads the file)."""
+    stem = f"fxcc_build_{hashlib.sha256(source).hexdigest()[:32]}"
+    path = tmp / f"{stem}.py"
+    path.write_bytes(source)
+    spec = importlib.util.spec_from_file_location(stem, path)
+    if spec is None or spec.loader is None:
+        raise BuildError(f"cannot load kernel source {stem}", node=info.name)
+    mod = importlib.util.module_from_spec(spec)
+    with _jit_not_interpreted():
+        spec.loader.exec_module(mod)
     fn = getattr(mod, info.name, None)
     raw = getattr(fn, "fn", None)  # the Python function under a JITFunction / InterpretedFunction
     if raw is None:

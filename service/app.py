@@ -123,7 +123,7 @@ def start_embedded_workers(store: Store, settings: ServiceSettings, stop: thread
     and the tune jobs of its arch."""
     # Imported here: only embedded mode runs the compiler inside the service process.
     from fxcc.worker.loop import Consumer, JobPolicy
-    from fxcc.worker.main import resolve_device
+    from fxcc.worker.main import resolve_device, start_builders
     from fxcc.worker.process import on_device
 
     policy = on_device(JobPolicy.from_settings(settings), resolve_device(settings.embedded_device))
@@ -141,4 +141,8 @@ def start_embedded_workers(store: Store, settings: ServiceSettings, stop: thread
                  for i in range(settings.embedded_workers)]
     for c in consumers:
         c.thread.start()
-    return consumers
+    # Note: the build processes start warm only where the service has a GPU: elsewhere a user's
+    # embedded service may never build a cubin, and one process per core would cost seconds of CPU
+    # and 0.2 GB each for nothing.
+    return [*consumers, *start_builders(store, "embedded", settings, policy, stop,
+                                        warm=policy.tune_device is not None)]

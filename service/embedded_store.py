@@ -31,6 +31,7 @@ from fxcc.service.store import (
     PRIORITIES,
     RUNNING_STAGES,
     ArtifactTooLarge,
+    BuildEntry,
     CancelOutcome,
     Claim,
     Hit,
@@ -61,8 +62,13 @@ def tune_queue(arch: int) -> str:
     return f"tune:sm_{arch}"
 
 
+BUILD_QUEUE = "builds"  # the build tasks of every compile (worker/builds.py)
+
+
 def queue_of(job: JobRecord) -> str:
-    """The queue a job waits in: its priority's, or its arch's tune queue."""
+    """The queue a job waits in: its priority's, its arch's tune queue, or the build queue."""
+    if job.kind == "build":
+        return BUILD_QUEUE
     return tune_queue(job.arch) if job.kind == "tune" and job.arch is not None else job.priority
 
 
@@ -90,6 +96,7 @@ class EmbeddedStore:
         self._requests: dict[str, str] = {}
         self._inflight: dict[str, str] = {}
         self._tune_inflight: dict[str, str] = {}  # artifact key -> its tune job (one in flight per key)
+        self._build_inflight: dict[str, str] = {}  # build task key -> the task building it (kept in memory only)
         # Queues by name: the priorities, and "tune:sm_<arch>" per GPU arch (as the Redis streams).
         self._queues: defaultdict[str, deque[str]] = defaultdict(deque, {p: deque() for p in PRIORITIES})
         self._counters: Counter[str] = Counter()
@@ -341,13 +348,15 @@ class EmbeddedStore:
 
     def list_jobs(self, state: JobState | None, limit: int, principal: str | None = None) -> list[JobRecord]:
         with self._cond:
-            jobs = sorted(self._jobs.values(), key=lambda j: j.created_at, reverse=True)
+            jobs = sorted((j for j in self._jobs.values() if j.kind != "build"), key=lambda j: j.created_at,
+                          reverse=True)
         return [j for j in jobs if (state is None or j.state is state)
                 and (principal is None or principal in j.principals)][:limit]
 
     def job_counts(self) -> dict[str, int]:
         with self._cond:
-            recent = sorted(self._jobs.values(), key=lambda j: j.created_at, reverse=True)[:RECENT_WINDOW]
+            recent = sorted((j for j in self._jobs.values() if j.kind != "build"), key=lambda j: j.created_at,
+                            reverse=True)[:RECENT_WINDOW]
             counts = Counter(j.state.value for j in recent)
         return {s.value: counts.get(s.value, 0) for s in JobState}
 
@@ -459,7 +468,7 @@ class EmbeddedStore:
                 self._save_job(job)
             if job.finished:
                 self._requests.pop(job_id, None)
-                inflight = self._tune_inflight if job.kind == "tune" else self._inflight
+                inflight = self._inflight_of(job.kind)
                 if inflight.get(job.key) == job_id:
                     del inflight[job.key]
             self._cond.notify_all()
@@ -477,9 +486,18 @@ class EmbeddedStore:
     def _job_path(self, kind: str, key: str) -> Path:
         return self.root / JOB_FOLDERS[kind] / f"{key}.json"
 
+    def _inflight_of(self, kind: str) -> dict[str, str]:
+        """The single-flight map of a job kind."""
+        return {"tune": self._tune_inflight, "build": self._build_inflight}.get(kind, self._inflight)
+
     def _save_job(self, job: JobRecord) -> None:
-        """Write the key's job in flight to disk, or remove it once the job is finished."""
-        inflight = self._tune_inflight if job.kind == "tune" else self._inflight
+        """Write the key's job in flight to disk, or remove it once the job is finished.
+
+        Note: build tasks stay in memory: a restarted service queues their compile jobs again, and
+        those queue the tasks of the kernels not built yet."""
+        if job.kind == "build":
+            return
+        inflight = self._inflight_of(job.kind)
         if inflight.get(job.key) != job.id:
             return  # not the key's job in flight: the file is another job's
         path = self._job_path(job.kind, job.key)
@@ -536,6 +554,63 @@ class EmbeddedStore:
             log.warning("queue: skipping %s: %s", path, e)
         return None
 
+    # ------------------------------------------------------------ build tasks
+
+    def submit_builds(self, parent_id: str, tasks: list[BuildEntry]) -> list[str]:
+        ids = []
+        with self._cond:
+            for t in tasks:
+                existing = self._jobs.get(self._build_inflight.get(t.key, ""))
+                if existing is not None and not existing.finished:
+                    ids.append(existing.id)
+                    continue
+                self._check_cap(BUILD_QUEUE)
+                job_id = uuid.uuid4().hex
+                created = now_s()
+                self._jobs[job_id] = JobRecord(id=job_id, key=t.key, kind="build", arch=t.arch, name=t.name,
+                                               parent=parent_id, state=JobState.QUEUED, stage=JobStage.QUEUED,
+                                               stages={"queued": created}, priority="precompile",
+                                               created_at=created, request_bytes=len(t.task_json))
+                self._requests[job_id] = t.task_json
+                self._build_inflight[t.key] = job_id
+                self._queues[BUILD_QUEUE].append(job_id)
+                ids.append(job_id)
+            parent = self._jobs.get(parent_id)
+            if parent is not None:
+                self._jobs[parent_id] = parent.model_copy(update={"tasks": ids})
+            self._cond.notify_all()
+        return ids
+
+    def get_jobs(self, job_ids: list[str]) -> list[JobRecord | None]:
+        with self._cond:
+            return [self._jobs.get(job_id) for job_id in job_ids]
+
+    def _kernel_build_path(self, key: str) -> Path:
+        return self.root / "kernels" / key[:2] / f"{key}.bin"
+
+    def get_kernel_builds(self, keys: list[str]) -> dict[str, bytes]:
+        found = {}
+        for key in keys:
+            try:
+                found[key] = self._kernel_build_path(key).read_bytes()
+            except FileNotFoundError:
+                pass
+        return found
+
+    def put_kernel_build(self, key: str, data: bytes) -> None:
+        atomic_write(self._kernel_build_path(key), data)
+
+    def claim_builds(self, consumer: str, block_ms: int) -> list[Claim]:
+        deadline = time.monotonic() + block_ms / 1000
+        with self._cond:
+            while not self._queues[BUILD_QUEUE]:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return []
+                self._cond.wait(left)
+            self._running[BUILD_QUEUE] += 1
+            return [Claim(job_id=self._queues[BUILD_QUEUE].popleft(), stream=BUILD_QUEUE, consumer=consumer)]
+
     # ------------------------------------------------------------ queue
 
     def claim(self, consumer: str, block_ms: int, tune_arch: int | None = None) -> list[Claim]:
@@ -561,6 +636,7 @@ class EmbeddedStore:
             out = {p: {"waiting": len(self._queues[p]), "running": self._running[p]} for p in PRIORITIES}
             tune = self.tune_depths().values()
             out["tune"] = {"waiting": sum(t["waiting"] for t in tune), "running": sum(t["running"] for t in tune)}
+            out["builds"] = {"waiting": len(self._queues[BUILD_QUEUE]), "running": self._running[BUILD_QUEUE]}
             out["dead_letter"] = {"waiting": len(self._dead), "running": 0}
             return out
 

@@ -14,6 +14,10 @@ PRE_AOT = "preaot:{principal}:{key}"
 # a Dynamo package (opaque bytes, client code signed by the principal; routes/packages.py), same TTL
 PACKAGE = "package:{principal}:{key}"
 
+# a built kernel (an encoded compiler_core.build_tasks.BuiltKernel: metadata, then the cubin) under its
+# build task's content key, read by workers only; expires after kernel_build_ttl_s unless built again
+KERNEL_BUILD = "kbuild:{key}"
+
 # ---- queue and jobs (FXCC_REDIS_URL)
 # hash: stage, stage times, worker, attempt, principals (comma-separated), request bytes, error, stats
 JOB = "job:{job_id}"
@@ -30,6 +34,10 @@ STREAM_PRECOMPILE = "jobs:precompile"
 TUNE_STREAM = "tune:sm_{arch}"  # tune jobs of one GPU arch; read only by GPU workers of that arch
 TUNE_ARCHS = "tune:archs"  # set of the archs that have a tune stream (for stats)
 TUNE_INFLIGHT = "tuneflight:{key}"  # single flight: artifact key -> id of the job tuning it
+BUILD_STREAM = "builds"  # build tasks (worker/builds.py): one kernel each; every worker reads it
+BUILD_INFLIGHT = "buildflight:{key}"  # single flight: build task key -> id of the task building it
+BUILD_ARCHS = "builds:archs"  # set of the archs build tasks were queued for
+BUILDS_RECENT = "builds:recent"  # sorted set: build task id by creation time (kept out of jobs:recent)
 DEAD_LETTER = "jobs:dead"  # stream of jobs that failed job_max_attempts times, with their error
 RECENT_JOBS = "jobs:recent"  # sorted set: job id scored by creation time (GET /v1/jobs)
 WORKER = "worker:{worker_id}"  # heartbeat: JSON info, expires unless renewed
@@ -55,6 +63,9 @@ class RedisKeys:
         self.tokens = prefix + TOKENS
         self.live_workers = prefix + LIVE_WORKERS
         self.tune_archs = prefix + TUNE_ARCHS
+        self.build_stream = prefix + BUILD_STREAM
+        self.build_archs = prefix + BUILD_ARCHS
+        self.builds_recent = prefix + BUILDS_RECENT
 
     def blob(self, digest: str) -> str:
         return self.prefix + BLOB.format(digest=digest)
@@ -88,6 +99,12 @@ class RedisKeys:
 
     def tune_stream(self, arch: int) -> str:
         return self.prefix + TUNE_STREAM.format(arch=arch)
+
+    def kernel_build(self, key: str) -> str:
+        return self.prefix + KERNEL_BUILD.format(key=key)
+
+    def build_inflight(self, key: str) -> str:
+        return self.prefix + BUILD_INFLIGHT.format(key=key)
 
     def tune_inflight(self, key: str) -> str:
         return self.prefix + TUNE_INFLIGHT.format(key=key)

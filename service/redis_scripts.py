@@ -92,6 +92,8 @@ return {{'created', ARGV[1]}}
 # job copies the compile request (the tuner re-derives the schedule from it); the stored artifact
 # itself is read by the worker that takes the job.
 # A tune job has no principal (a worker queues it): only admins see it, and it counts against no quota.
+# Build tasks are queued by this script too (one per kernel: the build stream, its own single-flight
+# key, the build archs set and the build tasks' own recent zset).
 # KEYS: tune inflight, job, tune stream, recent-jobs zset, tune archs set, request.
 # ARGV: job id, job key prefix, inflight ttl ms, job ttl s, stream max len, recent max, created_at,
 #       arch, request JSON, then the job's fields.
@@ -152,8 +154,8 @@ if redis.call('GET', inflight) == ARGV[1] then redis.call('DEL', inflight) end
 return 1
 """
 
-# A running job back to its priority's stream (a tune job to its arch's tune stream, which its
-# 'stream' field names). KEYS: job, interactive stream, precompile stream.
+# A running job back to its priority's stream (a tune job to its arch's tune stream, a build task to
+# the build stream: its 'stream' field names them). KEYS: job, interactive stream, precompile stream.
 # ARGV: now, error JSON ('' keeps the old one), attempt change ('0' or '-1'), stream max len.
 RETRY = f"""
 local s = redis.call('HGET', KEYS[1], 'stage')
@@ -163,7 +165,8 @@ if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[2]) end
 if ARGV[3] ~= '0' then redis.call('HINCRBY', KEYS[1], 'attempt', ARGV[3]) end
 local stream = KEYS[3]
 if redis.call('HGET', KEYS[1], 'priority') == 'interactive' then stream = KEYS[2] end
-if redis.call('HGET', KEYS[1], 'kind') == 'tune' then stream = redis.call('HGET', KEYS[1], 'stream') end
+local kind = redis.call('HGET', KEYS[1], 'kind')
+if kind == 'tune' or kind == 'build' then stream = redis.call('HGET', KEYS[1], 'stream') end
 local entry = redis.call('XADD', stream, 'MAXLEN', '~', ARGV[4], '*', 'job_id', redis.call('HGET', KEYS[1], 'id'))
 redis.call('HSET', KEYS[1], 'stream', stream, 'entry_id', entry)
 return 1

@@ -20,6 +20,7 @@ from fxcc.service.settings import ServiceSettings
 from fxcc.service.store import (
     ANONYMOUS,
     PRIORITIES,
+    BuildEntry,
     CancelOutcome,
     Claim,
     JobError,
@@ -241,6 +242,59 @@ class RedisStore(RedisCache):
         entries = self.r.xrevrange(self.k.dead_letter, count=limit)
         return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in entries]
 
+    # ------------------------------------------------------------ build tasks
+
+    def submit_builds(self, parent_id: str, tasks: list[BuildEntry]) -> list[str]:
+        s = self.settings
+        stream = self.k.build_stream
+        self._ensure_groups([stream])
+        pipe = self.r.pipeline(transaction=False)
+        for t in tasks:
+            job_id = uuid.uuid4().hex
+            created = now_s()
+            fields = {"id": job_id, "key": t.key, "kind": "build", "arch": str(t.arch), "name": t.name,
+                      "parent": parent_id, "stage": JobStage.QUEUED.value, "priority": "precompile",
+                      "created_at": repr(created), "t:queued": repr(created), "attempt": "0",
+                      "bytes": str(len(t.task_json))}
+            keys = [self.k.build_inflight(t.key), self.k.job(job_id), stream, self.k.builds_recent,
+                    self.k.build_archs, self.k.request(job_id)]
+            args = [job_id, self.k.job(""), s.inflight_ttl_s * 1000, s.job_ttl_s, s.stream_max_len,
+                    s.recent_jobs_max, repr(created), t.arch, t.task_json]
+            self._submit_tune(keys=keys, args=args + [x for kv in fields.items() for x in kv], client=pipe)
+        ids = []
+        for outcome, got in pipe.execute() if tasks else []:
+            if outcome == b"full":
+                raise QueueFull(f"the build queue holds {s.stream_max_len} tasks (FXCC_STREAM_MAX_LEN)")
+            ids.append(got.decode())
+        self.r.hset(self.k.job(parent_id), "tasks", ",".join(ids))
+        return ids
+
+    def get_jobs(self, job_ids: list[str]) -> list[JobRecord | None]:
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hgetall(self.k.job(job_id))
+        return [_record(h) for h in pipe.execute()] if job_ids else []
+
+    def get_kernel_builds(self, keys: list[str]) -> dict[str, bytes]:
+        values = self.c.mget([self.k.kernel_build(k) for k in keys]) if keys else []
+        return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
+
+    def put_kernel_build(self, key: str, data: bytes) -> None:
+        self.c.set(self.k.kernel_build(key), data, ex=self.settings.kernel_build_ttl_s)
+
+    def claim_builds(self, consumer: str, block_ms: int) -> list[Claim]:
+        stream = self.k.build_stream
+        for _ in range(2):
+            try:
+                self._ensure_groups([stream])
+                return (self._reclaim_stuck(consumer, [stream])
+                        or self._read(consumer, {stream: ">"}, block_ms=block_ms))
+            except redis.ResponseError as e:
+                if "NOGROUP" not in str(e):
+                    raise
+                self._groups_ready.clear()  # the stream went (FLUSHDB, a restart): make it again
+        return []
+
     # ------------------------------------------------------------ queue
 
     def _ensure_groups(self, streams: Sequence[str]) -> None:
@@ -342,6 +396,7 @@ class RedisStore(RedisCache):
         out = {priority: self._depth(self.k.stream(priority)) for priority in PRIORITIES}
         tune = list(self.tune_depths().values())
         out["tune"] = {"waiting": sum(t["waiting"] for t in tune), "running": sum(t["running"] for t in tune)}
+        out["builds"] = self._depth(self.k.build_stream)
         out["dead_letter"] = {"waiting": self.r.xlen(self.k.dead_letter), "running": 0}
         return out
 
@@ -412,6 +467,7 @@ def _record(h: dict[bytes, bytes]) -> JobRecord | None:
         finished_at=opt_float("finished_at"), worker=s.get("worker") or None,
         attempt=int(s.get("attempt", "0")),
         principals=[p for p in s.get("principals", "").split(",") if p], request_bytes=int(s.get("bytes") or 0),
+        name=s.get("name") or None, parent=s.get("parent") or None, tasks=[t for t in s.get("tasks", "").split(",") if t],
         error=JobError.model_validate_json(s["error"]) if s.get("error") else None,
         stats=json.loads(s["stats"]) if s.get("stats") else None,
     )

@@ -134,6 +134,19 @@ class ServiceSettings(BaseSettings):
     # the service (1, default: the first job finds them warm) or at their first use (0: a service that may never compile, such as one a
     # test starts to check its HTTP answers, spends no CPU importing the compiler a second time).
     compile_process_warm: bool = True
+    # Kernel builds (worker/builds.py): a compile job for a CUDA target builds its kernels as build
+    # tasks on the queue, which every worker takes (`fxcc worker` and the embedded worker alike)
+    # in build_processes warm build processes of its own (0: one per core of its machine, at most 32). Each
+    # build is killed past build_timeout_s of wall clock or over build_memory_mb of resident
+    # memory (and retried, as a crashed attempt). Built kernels are kept by content key (source,
+    # config, signature, arch, Triton version) for kernel_build_ttl_s, so that other graphs, jobs
+    # and models that share a kernel reuse its binary. build_tasks=0: each compile builds its
+    # kernels itself, one after another, in its compile process (as before issue 25).
+    build_tasks: bool = True
+    build_processes: int = Field(default=0, ge=0, le=256)
+    build_timeout_s: float = Field(default=300.0, gt=0)
+    build_memory_mb: int = Field(default=4096, ge=256)
+    kernel_build_ttl_s: int = Field(default=30 * 86_400, ge=1)
     # Request checks (service/checker.py): a POST /v1/compile is parsed, its ops, key and shapes
     # checked in one of check_processes warm checker processes of the API, never in the API process
     # itself (a large graph would stall every other answer, the health check's included); in each
@@ -148,6 +161,9 @@ class ServiceSettings(BaseSettings):
     # Test hook, off by default: a compile process allocates (and writes) this many MB before it
     # compiles, so that tests can go over job_memory_mb. Never set it in production.
     test_only_compile_alloc_mb: int = Field(default=0, ge=0)
+    # Test hook, off by default: a build process sleeps this long before each build task, so that
+    # tests can kill a worker mid-task. Never set it in production.
+    test_only_build_delay_s: float = Field(default=0.0, ge=0)
     # Test hook, off by default: tune jobs record a made-up tuning ("Fake GPU") instead of running
     # kernels, so that tests can drive the tune queue without a GPU. Never set it in production.
     test_only_fake_tune: bool = False

@@ -16,13 +16,14 @@ Priority = Literal["interactive", "precompile"]
 PRIORITIES: tuple[Priority, ...] = ("interactive", "precompile")
 
 
-JobKind = Literal["compile", "tune"]
+JobKind = Literal["compile", "tune", "build"]
 
 
 class JobStage(str, Enum):
     """Where a job is. A job moves forward only, except that a crashed attempt (or a worker
     stopped by SIGTERM) sends it back to queued. A compile job starts at lowering; a tune job
-    (an untuned artifact to tune on a GPU of its arch) starts at autotuning."""
+    (an untuned artifact to tune on a GPU of its arch) starts at autotuning; a build task (one
+    kernel of a compile job to build) starts at building."""
 
     QUEUED = "queued"  # in a stream, waiting for a worker
     LOWERING = "lowering"  # a worker claimed it: rebuilding the graph and lowering it to loop IR
@@ -73,7 +74,10 @@ class JobRecord(BaseModel):
     """A job as stored and as GET /v1/jobs/{id} returns it. Times are Unix seconds.
 
     `stages` holds when the job entered each stage (the latest time, for a retried job). A tune
-    job (`kind` "tune") tunes the stored untuned artifact of `key` on a GPU of sm_`arch`.
+    job (`kind` "tune") tunes the stored untuned artifact of `key` on a GPU of sm_`arch`. A build
+    task (`kind` "build") builds kernel `name` for sm_`arch`; `key` is the task's content key
+    (compiler_core/build_tasks.py) and `parent` the compile job that queued it first. A compile
+    job lists the build tasks it waits on in `tasks`.
     """
 
     id: str
@@ -95,6 +99,9 @@ class JobRecord(BaseModel):
     # while it was queued or running: single flight shares a job). Clients see only their own name.
     principals: list[str] = []
     request_bytes: int = 0  # the size of the request body (kept apart from the record, until the job ends)
+    name: str | None = None  # build tasks: the kernel's name
+    parent: str | None = None  # build tasks: the compile job that queued it
+    tasks: list[str] = []  # compile jobs: the ids of the build tasks it queued (its latest attempt)
 
     @property
     def finished(self) -> bool:
@@ -109,6 +116,16 @@ class TokenRecord(BaseModel):
     sha256: str
     created_at: float | None = None
     source: Literal["settings", "api"] = "api"
+
+
+@dataclass(frozen=True)
+class BuildEntry:
+    """One build task to queue: its content key, its task as JSON and the kernel's name."""
+
+    key: str
+    task_json: str
+    name: str
+    arch: int
 
 
 @dataclass(frozen=True)
@@ -322,10 +339,33 @@ class Store(Protocol):
 
     def dead_letters(self, limit: int) -> list[dict[str, str]]: ...
 
+    # ---- build tasks (worker/builds.py) and the kernels they built, by content key
+    def submit_builds(self, parent_id: str, tasks: list[BuildEntry]) -> list[str]:
+        """Queue a build task for each entry (unless one for its key is queued or running: then
+        that one's id), in the build queue every worker reads; the ids, in order, are also
+        recorded as the parent job's `tasks`. Raises QueueFull over the queue cap."""
+        ...
+
+    def get_jobs(self, job_ids: list[str]) -> list[JobRecord | None]:
+        """get_job of each id, in order, in one round trip."""
+        ...
+
+    def get_kernel_builds(self, keys: list[str]) -> dict[str, bytes]:
+        """The built kernels stored under these content keys (those that are), as put."""
+        ...
+
+    def put_kernel_build(self, key: str, data: bytes) -> None:
+        """Keep a built kernel (an encoded compiler_core.build_tasks.BuiltKernel) under its content key."""
+        ...
+
     # ---- queue
     def claim(self, consumer: str, block_ms: int, tune_arch: int | None = None) -> list[Claim]:
         """Jobs for `consumer`: stuck ones first, then interactive, then precompile, then (only
         for a consumer with a GPU of sm_`tune_arch`) tune jobs of that arch."""
+        ...
+
+    def claim_builds(self, consumer: str, block_ms: int) -> list[Claim]:
+        """A build task for `consumer`: a stuck one (its worker died) first, else a waiting one."""
         ...
 
     def ack(self, claim: Claim) -> None: ...

@@ -65,6 +65,21 @@ def child_connection() -> Connection:
     return Connection(int(sys.argv[1]))
 
 
+def answer_requests(conn: Connection, kinds: tuple[str, ...],
+                    answer: Callable[[dict[str, Any], list[bytes]], None]) -> None:
+    """In the child, once it is warm: say ready, then hand each request of one of `kinds` to
+    `answer` (which sends the reply) until the pipe closes or another kind (a stop) comes."""
+    send(conn, {"type": "ready"})
+    while True:
+        try:
+            header, frames = receive(conn)
+        except EOFError:
+            return
+        if header.get("type") not in kinds:
+            return
+        answer(header, frames)
+
+
 def die_with_parent(parent_pid: int) -> None:
     """Have the kernel kill this process when the thread that started it goes (SIGKILL of the
     parent included), so that no helper outlives its parent."""
@@ -123,7 +138,24 @@ class WarmProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
         self._ready = False
+        self._listening = threading.Lock()  # held while someone reads the "ready" message
         self.started = 0  # processes started so far (the first, and each replacement)
+
+    @property
+    def ready(self) -> bool:
+        """Whether the process has said it is ready: heard by await_ready, or here without waiting
+        (for heartbeats, from another thread; never while await_ready listens)."""
+        if self._ready or self._conn is None or not self._listening.acquire(blocking=False):
+            return self._ready
+        try:
+            conn = self._conn
+            if not self._ready and conn is not None and conn.poll(0):
+                self._ready = receive(conn)[0].get("type") == "ready"
+        except (EOFError, OSError, ValueError):
+            pass  # gone: the next request finds out and replaces it
+        finally:
+            self._listening.release()
+        return self._ready
 
     @property
     def pid(self) -> int | None:
@@ -214,19 +246,20 @@ class WarmProcess:
                 raise HelperCrashed(f"could not start a {self.name}: {e}") from None
         assert self._conn is not None and self._proc is not None
         t0 = time.monotonic()
-        while not self._ready:
-            try:
-                if wait([self._conn], timeout=POLL_S):
-                    if receive(self._conn)[0].get("type") != "ready":
+        with self._listening:
+            while not self._ready:
+                try:
+                    if wait([self._conn], timeout=POLL_S):
+                        if receive(self._conn)[0].get("type") != "ready":
+                            break
+                        self._ready = True
+                        self.log.info("%s %d ready in %.1f s", self.name, self._proc.pid, time.monotonic() - t0)
+                    elif time.monotonic() - t0 > STARTUP_TIMEOUT_S:
                         break
-                    self._ready = True
-                    self.log.info("%s %d ready in %.1f s", self.name, self._proc.pid, time.monotonic() - t0)
-                elif time.monotonic() - t0 > STARTUP_TIMEOUT_S:
+                    elif give_up is not None and give_up():
+                        raise GaveUp()
+                except (EOFError, OSError):
                     break
-                elif give_up is not None and give_up():
-                    raise GaveUp()
-            except (EOFError, OSError):
-                break
         if self._ready:
             return self._conn
         code = self._proc.poll()

@@ -15,6 +15,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from fxcc.compiler_core.artifact import Artifact, manifest_from_json
+from fxcc.compiler_core.build_tasks import BuildTask
 from fxcc.service.store import JobError, JobStage, Store
 from fxcc.service.subproc import (
     GaveUp,
@@ -22,8 +23,8 @@ from fxcc.service.subproc import (
     OverMemory,
     OverTime,
     WarmProcess,
+    answer_requests,
     child_connection,
-    receive,
     send,
 )
 from fxcc.worker.limits import (
@@ -55,36 +56,47 @@ def child_main(conn: Connection) -> None:
     to stop or the pipe closes."""
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s %(levelname)s %(name)s [compile process {os.getpid()}]: %(message)s")
-    from fxcc.worker.steps import CompileWork, compile_steps, tune_steps, warm_up  # torch and triton: seconds
+    from fxcc.worker.steps import warm_up  # torch and triton: seconds
 
     try:
         warm_up()
     except Exception:  # the jobs will say what is wrong
         log.warning("the warm-up compile failed", exc_info=True)
-    send(conn, {"type": "ready"})
-    while True:
-        try:
-            header, frames = receive(conn)
-        except EOFError:
-            return
-        if header.get("type") not in ("compile", "tune"):
-            return
-        on_stage = lambda stage: send(conn, {"type": "stage", "stage": stage.value})
-        try:
-            if header["type"] == "compile":
-                artifact = compile_steps(CompileWork.from_header(header, frames[0].decode()), on_stage)
+    answer_requests(conn, ("compile", "tune"), lambda header, frames: _answer(conn, header, frames))
+
+
+def _answer(conn: Connection, header: dict[str, Any], frames: list[bytes]) -> None:
+    """Compile (or tune) one request and send the artifact back, or the error it raised."""
+    from fxcc.worker.steps import (  # imported by child_main
+        CompileWork,
+        compile_steps,
+        lower_steps,
+        tune_steps,
+    )
+
+    on_stage = lambda stage: send(conn, {"type": "stage", "stage": stage.value})
+    tasks: list[BuildTask] = []
+    try:
+        if header["type"] == "compile":
+            work = CompileWork.from_header(header, frames[0].decode())
+            if work.defer_build:
+                artifact, deferred = lower_steps(work, on_stage)
+                tasks = deferred or []
             else:
-                stored = Artifact(manifest_from_json(frames[1]), dict(zip(header["blobs"], frames[2:], strict=True)))
-                artifact = tune_steps(frames[0].decode(), stored, str(header["device"]), on_stage,
-                                      fake=bool(header.get("fake")), delay_s=float(header.get("delay_s", 0.0)))
-        except Exception as e:  # any crash of the compiler is the job's outcome
-            if not is_final(e):
-                log.warning("compile failed", exc_info=True)
-            send(conn, {"type": "error", "error": JobError.of(e).model_dump(), "final": is_final(e)})
-            continue
-        digests = list(artifact.blobs)
-        send(conn, {"type": "done", "blobs": digests},
-             [artifact.manifest_json(), *(artifact.blobs[d] for d in digests)])
+                artifact = compile_steps(work, on_stage)
+        else:
+            stored = Artifact(manifest_from_json(frames[1]), dict(zip(header["blobs"], frames[2:], strict=True)))
+            artifact = tune_steps(frames[0].decode(), stored, str(header["device"]), on_stage,
+                                  fake=bool(header.get("fake")), delay_s=float(header.get("delay_s", 0.0)))
+    except Exception as e:  # any crash of the compiler is the job's outcome
+        if not is_final(e):
+            log.warning("compile failed", exc_info=True)
+        send(conn, {"type": "error", "error": JobError.of(e).model_dump(), "final": is_final(e)})
+        return
+    digests = list(artifact.blobs)
+    send(conn, {"type": "done", "blobs": digests, "tasks": len(tasks)},
+         [artifact.manifest_json(), *(artifact.blobs[d] for d in digests),
+          *(t.model_dump_json().encode() for t in tasks)])
 
 
 # ---------------------------------------------------------------- the parent's handle
@@ -106,7 +118,14 @@ class CompileProcess(WarmProcess):
         raised) or CompileCrashed (the process died)."""
 
         return self._run({"type": "compile", **work.header()}, [work.request_json.encode()],
-                         job_id=job_id, store=store, on_stage=on_stage)
+                         job_id=job_id, store=store, on_stage=on_stage)[0]
+
+    def lower(self, work: CompileWork, *, job_id: str, store: Store,
+              on_stage: StageCallback) -> tuple[Artifact, list[BuildTask]]:
+        """`work`'s artifact without binaries, and the build tasks of its kernels (worker/steps.lower_steps),
+        from the process, as `compile` raises."""
+        header = {"type": "compile", **work.header(), "defer_build": True}
+        return self._run(header, [work.request_json.encode()], job_id=job_id, store=store, on_stage=on_stage)
 
     def tune(self, request_json: str, stored: Artifact, device: str, *, job_id: str, store: Store,
              on_stage: StageCallback, fake: bool = False, delay_s: float = 0.0) -> Artifact:
@@ -115,10 +134,10 @@ class CompileProcess(WarmProcess):
         digests = list(stored.blobs)
         header = {"type": "tune", "device": device, "fake": fake, "delay_s": delay_s, "blobs": digests}
         frames = [request_json.encode(), stored.manifest_json(), *(stored.blobs[d] for d in digests)]
-        return self._run(header, frames, job_id=job_id, store=store, on_stage=on_stage)
+        return self._run(header, frames, job_id=job_id, store=store, on_stage=on_stage)[0]
 
     def _run(self, request: dict[str, Any], request_frames: list[bytes], *, job_id: str, store: Store,
-             on_stage: StageCallback) -> Artifact:
+             on_stage: StageCallback) -> tuple[Artifact, list[BuildTask]]:
 
         def interim(header: dict[str, Any]) -> bool:
             if header["type"] != "stage":
@@ -142,9 +161,11 @@ class CompileProcess(WarmProcess):
         if header["type"] == "error":
             raise CompileFailed(JobError.model_validate(header["error"]), bool(header["final"]))
         manifest = manifest_from_json(frames[0])
-        artifact = Artifact(manifest, dict(zip(header["blobs"], frames[1:], strict=True)))
+        n_blobs = len(header["blobs"])
+        artifact = Artifact(manifest, dict(zip(header["blobs"], frames[1:1 + n_blobs], strict=True)))
         artifact.verify()  # every blob present, with its digest
-        return artifact
+        tasks = [BuildTask.model_validate_json(f) for f in frames[1 + n_blobs:]]
+        return artifact, tasks
 
 
 def _cancelled(store: Store, job_id: str) -> bool:

@@ -10,6 +10,8 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Sequence
+from dataclasses import replace
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -19,12 +21,16 @@ from pydantic import ValidationError
 from fxcc.service.settings import ServiceSettings, redacted_url
 
 if TYPE_CHECKING:
-    from fxcc.service.redis_store import RedisStore
-    from fxcc.worker.loop import Consumer
+    from fxcc.service.store import Store
+    from fxcc.worker.builds import BuildConsumer
+    from fxcc.worker.loop import Consumer, JobPolicy
 
 log = logging.getLogger("fxcc.worker")
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N", "N")
+# Build processes a worker runs when FXCC_BUILD_PROCESSES is 0: one per core, up to this many (each
+# holds about 0.2 GB at rest; a bigger host sets the setting).
+DEFAULT_MAX_BUILDERS = 32
 _DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d{1,3})?|\d{1,3}")
 
 
@@ -75,7 +81,8 @@ def worker_main(concurrency: int = 1, device: str = "auto") -> None:
                     "makes one): it stores unsigned artifacts, which clients refuse unless they set "
                     "FXCC_ALLOW_UNSIGNED=1")
     consumers = [Consumer(store, n, stop, block_ms=settings.claim_block_ms, policy=policy) for n in names]
-    info = {"id": worker_id, "device": resolved, "concurrency": concurrency,
+    builders = start_builders(store, worker_id, settings, policy, stop)
+    info = {"id": worker_id, "device": resolved, "concurrency": concurrency, "build_processes": len(builders),
             "tune_arch": policy.tune_arch, "started_at": time.time()}
     log.info("worker %s: %d consumer(s), device %s%s, redis %s, prefix %r%s; a compile may take %g s "
              "and %d MB", worker_id, concurrency, info["device"],
@@ -85,13 +92,13 @@ def worker_main(concurrency: int = 1, device: str = "auto") -> None:
              policy.limits.timeout_s, policy.limits.memory_mb)
     beats_stop = threading.Event()
     beats = threading.Thread(target=heartbeat_loop, name="fxcc-heartbeat", daemon=True,
-                             args=(store, worker_id, consumers, beats_stop, settings.heartbeat_s, info))
+                             args=(store, worker_id, [*consumers, *builders], beats_stop, settings.heartbeat_s, info))
     beats.start()
     for c in consumers:
         c.thread.start()
     while not stop.wait(0.5):
         pass
-    abandoned = finish_or_requeue(store, consumers, settings.shutdown_grace_s, hard_stop)
+    abandoned = finish_or_requeue(store, [*consumers, *builders], settings.shutdown_grace_s, hard_stop)
     beats_stop.set()
     beats.join(timeout=10)
     try:
@@ -99,14 +106,31 @@ def worker_main(concurrency: int = 1, device: str = "auto") -> None:
     except redis.RedisError:
         pass
     store.close()
-    log.info("worker %s: stopped after %d jobs%s", worker_id, sum(c.jobs_done for c in consumers),
+    log.info("worker %s: stopped after %d jobs and %d build tasks%s", worker_id, sum(c.jobs_done for c in consumers),
+             sum(b.jobs_done for b in builders),
              f", {abandoned} requeued" if abandoned else "")
     if abandoned:
         logging.shutdown()
         os._exit(0)  # a compile thread is still running: do not wait for it
 
 
-def finish_or_requeue(store: RedisStore, consumers: list[Consumer], grace_s: float,
+def start_builders(store: Store, worker_id: str, settings: ServiceSettings, policy: JobPolicy,
+                   stop: threading.Event, *, warm: bool = True) -> list[BuildConsumer]:
+    """The worker's build consumers (worker/builds.py): FXCC_BUILD_PROCESSES of them (0: one per
+    core, at most DEFAULT_MAX_BUILDERS), each with a build process, started now when `warm` (and
+    FXCC_COMPILE_PROCESS_WARM) else at its first task; none with FXCC_BUILD_TASKS=0."""
+    if not policy.build_tasks:
+        return []
+    from fxcc.worker.builds import start_build_consumers
+
+    count = settings.build_processes or min(os.cpu_count() or 1, DEFAULT_MAX_BUILDERS)
+    limits = replace(policy.build_limits, warm_start=policy.build_limits.warm_start and warm)
+    return start_build_consumers(store, worker_id, count, stop, limits=limits,
+                                 max_attempts=policy.max_attempts, block_ms=settings.claim_block_ms,
+                                 delay_s=policy.build_delay_s)
+
+
+def finish_or_requeue(store: Store, consumers: Sequence[Consumer | BuildConsumer], grace_s: float,
                       hard_stop: threading.Event) -> int:
     """Let the consumers finish their jobs for up to `grace_s` (heartbeats go on meanwhile), then
     put the jobs still running back in the queue. A second signal cuts the grace short."""

@@ -11,11 +11,13 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from fxcc.compiler_core.autotune import device_arch, tuning_device
+from fxcc.compiler_core.build_tasks import BuildTask
 from fxcc.compiler_core.errors import InvalidGraph
 from fxcc.compiler_core.signing import Signer, SigningKeyError, TrustedKeys, load_or_create, read_public_keys
 from fxcc.compiler_core.wire import CompileRequest
 from fxcc.service.settings import ServiceSettings
 from fxcc.service.store import Claim, JobError, JobRecord, JobStage, Store
+from fxcc.worker.builds import build_by_tasks
 from fxcc.worker.limits import JobCancelled, JobLimits, is_final, job_error
 from fxcc.worker.steps import CompileWork, compile_steps
 from fxcc.worker.tune import queue_tuning, tune_and_store
@@ -40,6 +42,11 @@ class JobPolicy:
     fake_tune: bool = False  # test hook (FXCC_TEST_ONLY_FAKE_TUNE): tune jobs record a made-up tuning
     tune_device: str | None = None  # "cuda:0": autotune CUDA targets of this GPU's arch there
     tune_arch: int | None = None  # that GPU's SM arch: the worker also takes its tune queue's jobs
+    # Kernels are built by build tasks (worker/builds.py) that the worker's (and every other worker's)
+    # build consumers take; False: a compile builds its own kernels in its compile process.
+    build_tasks: bool = False
+    build_limits: JobLimits = field(default_factory=lambda: JobLimits(timeout_s=300.0, memory_mb=4096))
+    build_delay_s: float = 0.0  # test hook (FXCC_TEST_ONLY_BUILD_DELAY_S); 0 in production
 
     @classmethod
     def from_settings(cls, settings: ServiceSettings) -> JobPolicy:
@@ -49,9 +56,13 @@ class JobPolicy:
             trusted += read_public_keys(entry)
         limits = JobLimits(timeout_s=settings.job_timeout_s, memory_mb=settings.job_memory_mb,
                            warm_start=settings.compile_process_warm)
+        build_limits = JobLimits(timeout_s=settings.build_timeout_s, memory_mb=settings.build_memory_mb,
+                                 warm_start=settings.compile_process_warm)
         return cls(max_attempts=settings.job_max_attempts, signer=signer, trusted=TrustedKeys(trusted),
                    limits=limits, compile_delay_s=settings.test_only_compile_delay_s,
-                   compile_alloc_mb=settings.test_only_compile_alloc_mb, fake_tune=settings.test_only_fake_tune)
+                   compile_alloc_mb=settings.test_only_compile_alloc_mb, fake_tune=settings.test_only_fake_tune,
+                   build_tasks=settings.build_tasks, build_limits=build_limits,
+                   build_delay_s=settings.test_only_build_delay_s)
 
 
 def signer_for(settings: ServiceSettings) -> Signer | None:
@@ -159,12 +170,20 @@ def compile_and_store(store: Store, job: JobRecord, policy: JobPolicy, child: Co
     work = CompileWork(request.model_dump_json(), tune_device=policy.tune_device if tune_now else None,
                        delay_s=policy.compile_delay_s, alloc_mb=policy.compile_alloc_mb)
     on_stage = partial(store.mark_stage, job.id)
+    tasks: list[BuildTask] | None = None
     if child is not None:
-        artifact = child.compile(work, job_id=job.id, store=store, on_stage=on_stage)
-        if (now := store.get_job(job.id)) is not None and now.stage is JobStage.CANCELLED:
+        if policy.build_tasks:
+            artifact, tasks = child.lower(work, job_id=job.id, store=store, on_stage=on_stage)
+        else:
+            artifact = child.compile(work, job_id=job.id, store=store, on_stage=on_stage)
+        if _cancelled(store, job.id):
             raise JobCancelled(job.id)  # between the compile's last poll and its end
     else:
         artifact = compile_steps(work, on_stage)
+    if tasks is not None and artifact.manifest.target.kind == "cuda" and artifact.manifest.kernels:
+        store.mark_stage(job.id, JobStage.BUILDING)
+        artifact = build_by_tasks(store, job, artifact, tasks, timeout_s=policy.limits.timeout_s,
+                                  cancelled=lambda: _cancelled(store, job.id))
     if artifact.manifest.key != job.key:
         raise RuntimeError(f"compiler produced key {artifact.manifest.key[:12]} for job key {job.key[:12]}: "
                            "service and worker run different compiler_core, torch or triton versions")
@@ -177,6 +196,10 @@ def compile_and_store(store: Store, job: JobRecord, policy: JobPolicy, child: Co
     store.mark_done(job.id, stats)
     log.info("job %s: done, %d kernels, %d extern ops, %.3f s", job.id, stats["kernels"],
              stats["nodes_extern"], stats["compile_s"])
+
+
+def _cancelled(store: Store, job_id: str) -> bool:
+    return (now := store.get_job(job_id)) is not None and now.stage is JobStage.CANCELLED
 
 
 def tunes_before_storing(job: JobRecord, request: CompileRequest) -> bool:

@@ -17,7 +17,14 @@ from typing import Any
 
 from fxcc.compiler_core.artifact import Artifact
 from fxcc.compiler_core.autotune import autotune_for_target
-from fxcc.compiler_core.build import build_artifact, cuda_build_unavailable
+from fxcc.compiler_core.build import (
+    apply_builds,
+    build_artifact,
+    build_kernel,
+    build_tasks,
+    cuda_build_unavailable,
+)
+from fxcc.compiler_core.build_tasks import BuildTask
 from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.errors import AutotuneError
 from fxcc.compiler_core.wire import CompileRequest, GraphSpec, Node, NodeRef, Placeholder, TensorSpec
@@ -31,10 +38,12 @@ StageCallback = Callable[[JobStage], None]
 @dataclass(frozen=True)
 class CompileWork:
     """One compile: the request as its JSON text, the GPU to tune on before building (None: no
-    tuning) and the test-only hooks (a delay, an allocation held while it lasts)."""
+    tuning), whether its kernels are left to build tasks (lower_steps) and the test-only hooks (a
+    delay, an allocation held while it lasts)."""
 
     request_json: str
     tune_device: str | None = None
+    defer_build: bool = False
     delay_s: float = 0.0  # FXCC_TEST_ONLY_COMPILE_DELAY_S
     alloc_mb: int = 0  # FXCC_TEST_ONLY_COMPILE_ALLOC_MB
 
@@ -45,13 +54,25 @@ class CompileWork:
     @classmethod
     def from_header(cls, header: dict[str, Any], request_json: str) -> CompileWork:
         return cls(request_json=request_json, tune_device=header.get("tune_device"),
+                   defer_build=bool(header.get("defer_build", False)),
                    delay_s=float(header.get("delay_s", 0.0)), alloc_mb=int(header.get("alloc_mb", 0)))
 
 
 def compile_steps(work: CompileWork, on_stage: StageCallback) -> Artifact:
     """The artifact of `work`'s request: lowered, scheduled and rendered, tuned first where a GPU
-    is given (so that the cubins are built for the winning configs), then built for a CUDA target.
-    `on_stage` hears of the autotuning and building stages as they start."""
+    is given (so that the cubins are built for the winning configs), then built for a CUDA target,
+    kernel after kernel in this process. `on_stage` hears of the autotuning and building stages as
+    they start."""
+    artifact, tasks = lower_steps(work, on_stage)
+    if tasks is not None:
+        on_stage(JobStage.BUILDING)
+        artifact = apply_builds(artifact, artifact.manifest.target.arch, {t.name: build_kernel(t) for t in tasks})
+    return artifact
+
+
+def lower_steps(work: CompileWork, on_stage: StageCallback) -> tuple[Artifact, list[BuildTask] | None]:
+    """compile_steps up to the build: the artifact and the build tasks of its kernels for the CUDA
+    target (worker/builds.py spreads them over the cluster), or None where nothing is built."""
     request = CompileRequest.model_validate_json(work.request_json)
     held = b"\xff" * (work.alloc_mb << 20) if work.alloc_mb else b""  # written, so resident
     if work.delay_s:
@@ -62,11 +83,10 @@ def compile_steps(work: CompileWork, on_stage: StageCallback) -> Artifact:
         on_stage(JobStage.AUTOTUNING)
         with gpu_tuning_lock(work.tune_device):
             artifact = autotune_for_target(artifact, request, work.tune_device)
-    if target.kind == "cuda" and artifact.manifest.kernels and cuda_build_unavailable() is None:
-        on_stage(JobStage.BUILDING)
-        artifact = build_artifact(artifact, request, target.arch)
     del held
-    return artifact
+    if target.kind == "cuda" and artifact.manifest.kernels and cuda_build_unavailable() is None:
+        return artifact, build_tasks(artifact, request, target.arch)
+    return artifact, None
 
 
 def tune_steps(request_json: str, artifact: Artifact, device: str, on_stage: StageCallback,

@@ -1,4 +1,5 @@
-"""Jobs: GET one (long-poll with ?wait=), its stages as Server-Sent Events, cancel it, list recent ones.
+"""Jobs: GET one (long-poll with ?wait=), its build tasks, its stages as Server-Sent Events, cancel it, list
+recent ones.
 
 Note: a client sees and touches only the jobs it is attached to (it submitted them, or joined them
 through single flight): another principal's job is a 404, as if it did not exist, and a job's
@@ -79,6 +80,18 @@ async def get_job(
             return job
         await asyncio.sleep(min(pause, left))
         pause = min(pause * 1.5, _POLL_MAX_S)
+
+
+@router.get("/jobs/{job_id}/tasks", response_model=list[JobRecord], responses={404: {}})
+async def job_tasks(job_id: JobIdPath, store: StoreDep, principal: ClientDep) -> list[JobRecord]:
+    """The build tasks of a compile job (worker/builds.py), in its kernels' order: each kernel's
+    stage, the worker that ran it (a build consumer, `<worker>-b<i>`), its attempts and build time.
+    A task shared with another job (the same kernel) names that job as `parent` to admins only."""
+    job = await fetch(store, job_id, principal)
+    tasks = [t for t in await run_in_threadpool(store.get_jobs, job.tasks) if t is not None]
+    if principal.may("admin"):
+        return tasks
+    return [t if t.parent == job.id else t.model_copy(update={"parent": None}) for t in tasks]
 
 
 @router.get("/jobs/{job_id}/events", responses={200: {"content": {"text/event-stream": {}}}, 404: {}})

@@ -92,3 +92,32 @@ def test_dashboard_shows_a_job_compile_and_finish(browser, service, tmp_path):
     assert browser.find_element(By.ID, "error").text == ""
     shot = Path(os.environ.get("FXCC_DASHBOARD_SCREENSHOT") or tmp_path / "dashboard.png")
     assert browser.save_screenshot(str(shot))
+
+
+def test_dashboard_lists_the_build_tasks_of_a_job_clicked(browser, service):
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from fxcc.compiler_core.build import cuda_build_unavailable
+    from tests.worker.test_builds import OPS, many_kernels
+
+    if cuda_build_unavailable() is not None:
+        pytest.skip(cuda_build_unavailable())
+    answer = httpx.post(f"{service}/v1/compile", content=many_kernels(OPS[:2]).model_dump_json(),
+                        headers={"Content-Type": "application/json"}, timeout=30).json()
+    job = answer["job_id"]
+    browser.get(service + "/")
+    wait = WebDriverWait(browser, 120, poll_frequency=0.1, ignored_exceptions=[StaleElementReferenceException])
+    row = f'tr[data-job="{job}"]'
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, row + " td.state")
+               and d.find_element(By.CSS_SELECTOR, row + " td.state").text == "done")
+    browser.find_element(By.CSS_SELECTOR, row).click()
+    wait.until(lambda d: job.upper() in d.find_element(By.ID, "taskjob").text.upper())  # h2s are upper case
+    cells = wait.until(lambda d: (rows := d.find_elements(By.CSS_SELECTOR, "#tasks tbody tr")) and len(rows) == 2
+                       and [r.text for r in rows])
+    tasks = httpx.get(f"{service}/v1/jobs/{job}/tasks", timeout=30).json()
+    assert len(tasks) == 2
+    for task in tasks:  # each task's kernel and the build consumer that ran it are on the page
+        assert any(task["name"] in text and task["worker"] in text and "done" in text for text in cells), cells
+    assert browser.find_element(By.ID, "error").text == ""

@@ -73,8 +73,8 @@ def test_job_lifecycle(client: TestClient, make_unary: Callable[..., CompileRequ
     job = client.get(f"/v1/jobs/{queued['job_id']}", params={"wait": 5}).json()
     assert set(job) == {"id", "key", "kind", "arch", "state", "stage", "stages", "priority", "created_at",
                         "started_at", "finished_at", "worker", "attempt", "error", "stats", "principals",
-                        "request_bytes"}
-    assert (job["kind"], job["arch"]) == ("compile", None)
+                        "request_bytes", "name", "parent", "tasks"}
+    assert (job["kind"], job["arch"], job["tasks"]) == ("compile", None, [])
     assert job["state"] == job["stage"] == "done" and job["worker"] == "test-worker" and job["attempt"] == 1
     assert list(job["stages"]) == ["queued", "lowering", "storing", "done"]
     assert job["key"] == queued["key"] and job["priority"] == "interactive" and job["error"] is None
@@ -159,6 +159,7 @@ def test_status_shows_queue_workers_and_cache(client: TestClient,
     assert status["queue"] == {"interactive": {"waiting": 1, "running": 0},
                                "precompile": {"waiting": 1, "running": 0},
                                "tune": {"waiting": 0, "running": 0},
+                               "builds": {"waiting": 0, "running": 0},
                                "dead_letter": {"waiting": 0, "running": 0}}
     [worker] = status["workers"]
     assert worker["id"] == "w-1" and worker["device"] == "cpu" and worker["beat_at"] > 0

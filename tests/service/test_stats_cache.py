@@ -48,6 +48,7 @@ def test_stats(client: TestClient, make_unary: Callable[..., CompileRequest]) ->
     assert stats["queue"] == {"interactive": {"waiting": 0, "running": 0},
                               "precompile": {"waiting": 1, "running": 0},
                               "tune": {"waiting": 0, "running": 0},
+                              "builds": {"waiting": 0, "running": 0},
                               "dead_letter": {"waiting": 0, "running": 0}}
     [worker] = stats["workers"]
     assert worker["id"] == "gpu-7" and worker["device"] == "cuda" and 0 <= worker["heartbeat_age_s"] < 60
