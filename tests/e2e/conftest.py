@@ -23,10 +23,12 @@ def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
 
 
 @pytest.fixture
-def cluster(redis_url: str, redis_prefix: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+def cluster(redis_url: str, redis_prefix: str, tmp_path: Path,
+            request: pytest.FixtureRequest) -> Iterator[tuple[str, dict[str, str]]]:
     """A real service and a real worker process on the test's Redis prefix: (url, their environment).
     Clients authenticate with env["FXCC_TOKEN"] (the principal `FXCC_TOKEN`); the worker signs with a
-    key pair made for the test, whose public key clients trust (client_env)."""
+    key pair made for the test, whose public key clients trust (client_env). A test marked
+    `@pytest.mark.service_env(NAME="value")` runs them with those settings too."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FXCC_")}
     signing = tmp_path / "keys" / "worker.key"
@@ -35,6 +37,8 @@ def cluster(redis_url: str, redis_prefix: str, tmp_path: Path) -> Iterator[tuple
     env.update(TRITON_INTERPRET="1", FXCC_REDIS_URL=redis_url, FXCC_REDIS_PREFIX=redis_prefix,
                FXCC_DATA_DIR=str(tmp_path / "data"), FXCC_CLAIM_BLOCK_MS="200", FXCC_TOKEN=TOKEN,
                FXCC_SIGNING_KEY_FILE=str(signing))
+    marker = request.node.get_closest_marker("service_env")
+    env.update(marker.kwargs if marker else {})
     server = _spawn(["serve", "--port", str(port)], env, tmp_path / "serve.log")
     worker = _spawn(["worker"], env, tmp_path / "worker.log")
     url = f"http://127.0.0.1:{port}"
