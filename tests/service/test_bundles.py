@@ -8,6 +8,7 @@ checked, a tampered bundle refused, one request per model on a warm start."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +70,12 @@ def test_get_misses_post_assembles_then_get_serves_it(client: TestClient, base_a
         again = client.get(f"/v1/bundles/{key}{query}", headers={**AUTH, "If-None-Match": tag})
         assert again.status_code == 304 and again.content == b"" and again.headers["etag"] == tag
         assert client.get(f"/v1/bundles/{key}{query}", headers={"If-None-Match": tag}).status_code == 401
+    client.portal.call(asyncio.sleep, 0.3)  # the hits of a tenth of a second go out as one HINCRBY
     counters = client.app.state.store.counters()
     client.get(f"/v1/bundles/{key}", headers=AUTH)
-    client.portal.call(asyncio.sleep, 0.05)  # the counter goes out with the next round of commands
-    assert client.app.state.store.counters()["hits"] == counters["hits"] + len(keys)
+    client.get(f"/v1/bundles/{key}", headers=AUTH)
+    client.portal.call(asyncio.sleep, 0.3)
+    assert client.app.state.store.counters()["hits"] == counters["hits"] + 2 * len(keys)
 
 
 def test_a_missing_member_is_answered_never_stored(client: TestClient, base_artifact: Artifact) -> None:
@@ -133,6 +136,23 @@ def test_concurrent_asks_share_one_read(client: TestClient, base_artifact: Artif
     got = client.portal.call(many)
     assert len(reads) == 1 and len(set(got)) == 1 and got[0].startswith(b"FXCCBDL1")
     assert client.portal.call(store.get_bundle_async, key) == got[0] and len(reads) == 2  # none in flight: read again
+
+
+def test_a_process_serves_what_it_read_for_the_cache_ttl_only(settings: ServiceSettings,
+                                                              base_artifact: Artifact) -> None:
+    """FXCC_BUNDLE_CACHE_S: a bundle dropped in Redis (its member tuned) is still served by a process
+    that read it, within the TTL (0.5 s here), then no more."""
+    with TestClient(create_app(settings.model_copy(update={"bundle_cache_s": 0.5}))) as c:
+        keys = [put(c, cuda(base_artifact, 135, tuned=False))]
+        key = bundle_key(keys)
+        c.post("/v1/bundles", json={"keys": keys}, headers=AUTH)
+        assert c.get(f"/v1/bundles/{key}", headers=AUTH).status_code == 200  # read, and kept
+        put(c, cuda(base_artifact, 135, tuned=True))  # drops the bundle in Redis
+        dropped_at = time.monotonic()
+        while c.get(f"/v1/bundles/{key}", headers=AUTH).status_code == 200:
+            assert time.monotonic() - dropped_at < 0.5 + 1.0, "a dropped bundle was served past the TTL"
+            time.sleep(0.05)
+        assert c.get(f"/v1/bundles/{key}", headers=AUTH).status_code == 404
 
 
 def test_byte_bound_splits_into_stored_bundles_the_client_follows(settings: ServiceSettings,
@@ -258,3 +278,17 @@ def test_decode_refuses_what_does_not_add_up(base_artifact: Artifact, damage: st
         data = data.replace(b'"bundle":', b'"bundle" ', 1)
     with pytest.raises(BundleError):
         decode_bundle(data, asked)
+
+
+def test_process_cache_is_bounded_and_keeps_the_newest() -> None:
+    from fxcc.service.redis_cache import BundleCache
+
+    cache = BundleCache(60, 1000)
+    cache.put("big", b"x" * 251)  # over a quarter of the bound: never kept
+    for name in ("a", "b", "c", "d", "e"):
+        cache.put(name, name.encode() * 250)
+    assert cache.get("big") is None and cache.get("a") is None  # the oldest went
+    assert [cache.get(n) for n in "bcde"] == [n.encode() * 250 for n in "bcde"] and cache.size == 1000
+    off = BundleCache(0, 1000)
+    off.put("a", b"a")
+    assert off.get("a") is None

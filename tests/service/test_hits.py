@@ -59,7 +59,8 @@ def put(client: TestClient, art: Artifact) -> str:
 
 @pytest.fixture
 def settings(redis_settings: ServiceSettings) -> ServiceSettings:
-    return redis_settings.model_copy(update={"anonymous": None, "token_cache_s": 0.5, "tokens": [
+    # no process cache of bundles (test_bundles.py): what Redis holds is what is served
+    return redis_settings.model_copy(update={"anonymous": None, "token_cache_s": 0.5, "bundle_cache_s": 0, "tokens": [
         TokenEntry(name="ci", role="client", token=SecretStr(TOKEN))]})
 
 
