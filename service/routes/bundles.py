@@ -73,9 +73,11 @@ async def post_bundle(body: BundleRequest, store: StoreDep, settings: SettingsDe
     key = bundle_key(keys)
     data, complete = await store.get_bundle_async(key), True
     prefix = None if data is None else stored_prefix(data)
-    if data is None or prefix is None:
+    if data is None or prefix is None:  # its look-ups count the hits and misses
         data, complete = await _assembled(request.app.state, store, key, keys, settings)
         prefix = stored_prefix(data)
+    else:
+        store.count_hits_async(prefix.artifacts)
     status, headers, answer = _answer(data, prefix, request.headers.get("if-none-match"))  # type: ignore[arg-type]
     if not complete:  # what is missing now may be compiled in a minute
         headers["Cache-Control"] = "no-store"
@@ -107,7 +109,9 @@ def _response(status: int, headers: dict[str, str], body: bytes) -> Response:
 async def _assembled(state: object, store: Store, key: str, keys: list[str],
                      settings: ServiceSettings) -> tuple[bytes, bool]:
     """The bundle of `keys`, assembled once however many requests of this process ask meanwhile."""
-    builds: dict[str, asyncio.Future] = state.__dict__.setdefault("bundle_builds", {})
+    builds: dict[str, asyncio.Future] | None = getattr(state, "bundle_builds", None)
+    if builds is None:
+        builds = state.bundle_builds = {}  # type: ignore[attr-defined]
     build = builds.get(key)
     if build is None:
         build = builds[key] = asyncio.ensure_future(assemble(store, key, keys, settings))
