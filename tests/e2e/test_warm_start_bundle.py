@@ -10,37 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_dynamo_skip_shared import _client
+from tests.e2e import test_dynamo_skip_shared as shared
 
 pytestmark = [pytest.mark.e2e, pytest.mark.service_env(FXCC_ACCESS_LOG="1")]
 
-# A file, not `python -c`: torch hashes the source of what Dynamo inlined when it loads a package.
-CLIENT = """
-import json, torch
-import torch._dynamo.utils as dynamo_utils
-from torch import nn
-from fxcc.client import backend, dynamo_cache
-
-class TwoGraphs(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 8)
-
-    def forward(self, x):
-        y = self.a(x).relu()
+# test_dynamo_skip_shared's client, its model broken into two graphs
+CLIENT = shared.CLIENT.replace("        return self.body(x).softmax(-1)\n", """\
+        y = self.body[:2](x)
         torch._dynamo.graph_break()
-        return self.b(y).softmax(-1)
-
-torch.manual_seed(0)
-model = TwoGraphs().eval()
-x = torch.randn(4, 16)
-with torch.no_grad():
-    got = torch.compile(model, backend="fxcc")(x)
-    torch.testing.assert_close(got, model(x))
-print(json.dumps({"traced": dynamo_utils.counters["frames"]["ok"], "aot_runs": backend.aot_runs(),
-                  "events": [[e.source, e.pre_aot] for e in backend.events()],
-                  "counters": dynamo_cache.counters()}))
-"""
+        return self.body[2:](y).softmax(-1)
+""")
+assert CLIENT != shared.CLIENT
 
 _REQUEST = re.compile(r'"(GET|POST|PUT) (/v1/[a-z-]+)')
 
@@ -56,17 +36,17 @@ def test_a_new_machine_fetches_a_model_in_one_request(client_env, tmp_path):
     script.write_text(CLIENT)
     key = tmp_path / "principal" / "package.key"
     log = tmp_path / "serve.log"
-    a = _client(client_env, script, tmp_path / "machine-a", key)
+    a = shared._client(client_env, script, tmp_path / "machine-a", key)
     assert a["aot_runs"] == 2 and a["counters"]["saved"] >= 1
     _, end = _requests(log, 0)
 
-    b = _client(client_env, script, tmp_path / "machine-b", key)
+    b = shared._client(client_env, script, tmp_path / "machine-b", key)
     assert (b["traced"], b["aot_runs"]) == (0, 0)
     assert b["events"] == [["local-hit", "skipped: Dynamo package"]] * 2  # both prefetched
     asked, end = _requests(log, end)
     assert asked == ["GET /v1/packages", "GET /v1/bundles", "POST /v1/bundles"]  # assembled and stored
 
-    c = _client(client_env, script, tmp_path / "machine-c", key)
+    c = shared._client(client_env, script, tmp_path / "machine-c", key)
     assert c["events"] == [["local-hit", "skipped: Dynamo package"]] * 2
     asked, _ = _requests(log, end)
     assert asked == ["GET /v1/packages", "GET /v1/bundles"]  # the stored bundle
