@@ -15,8 +15,9 @@ are measured again through deploy/nginx-cache.conf (`via`).
 
 The cluster start: `--ranks` client processes (forked, imports done) wait at a barrier, then each
 fetches a model's `--graphs` artifacts through `RemoteService` (signature and digests checked, as a
-warm start does): one GET per graph, one batch request, or its bundle (not stored before: the
-first asks assemble it). Reported: the time from the barrier until the last rank has them all. Everything goes to DIR/service_hits.json (default
+warm start does): one GET per graph, one batch request, or its bundle (none stored before: the
+first asks assemble it), `--cluster-repeats` times. Reported: the time from the first rank's start
+until the last rank has them all. `--cluster-only` skips the wrk rows. Everything goes to DIR/service_hits.json (default
 bench/results/cpu-service-hits.json) and one JSON line per measurement to stdout.
 """
 
@@ -240,6 +241,8 @@ def main() -> None:
     parser.add_argument("--graphs", type=int, default=100)
     parser.add_argument("--modes", default="single,bundle,batch", help="of single, bundle, batch")
     parser.add_argument("--no-nginx", action="store_true", help="skip the rows through deploy/nginx-cache.conf")
+    parser.add_argument("--cluster-only", action="store_true", help="only the simulated cluster starts")
+    parser.add_argument("--cluster-repeats", type=int, default=1)
     args = parser.parse_args()
     modes = tuple(args.modes.split(","))
     args.connections = [int(c) for c in args.connections.split(",")]
@@ -266,14 +269,18 @@ def main() -> None:
             try:
                 _wait_started(workdir / f"api-{processes}.log", processes, api_port)
                 _assemble(api_port, keys[:args.batch_keys])
-                rows += load_rows(api_port, redis_port, keys, size, args, processes, workdir, modes)
-                for mode in modes:
-                    c = cluster_start(api_port, keys[:args.graphs], public, args.ranks, mode)
-                    c["api_processes"] = processes
-                    print(json.dumps({"cluster_start": c}), flush=True)
-                    cluster.append(c)
-                if processes == processes_list[-1] and not args.no_nginx:
+                if not args.cluster_only:
+                    rows += load_rows(api_port, redis_port, keys, size, args, processes, workdir, modes)
+                for repeat in range(args.cluster_repeats):
+                    for mode in modes:
+                        _forget_bundles(redis_port)  # each cluster start finds none stored
+                        c = cluster_start(api_port, keys[:args.graphs], public, args.ranks, mode)
+                        c.update(api_processes=processes, repeat=repeat)
+                        print(json.dumps({"cluster_start": c}), flush=True)
+                        cluster.append(c)
+                if processes == processes_list[-1] and not (args.no_nginx or args.cluster_only):
                     nginx = start_nginx(api_port, workdir)
+                    _assemble(api_port, keys[:args.batch_keys])  # the cluster starts dropped it
                     if nginx is not None:
                         try:
                             rows += load_rows(nginx[1], redis_port, keys, size, args, processes, workdir,
@@ -292,6 +299,17 @@ def main() -> None:
         redis_proc.terminate()
         redis_proc.wait(timeout=10)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _forget_bundles(redis_port: int) -> None:
+    """No bundle stored, and none left in an API process's cache (FXCC_BUNDLE_CACHE_S, 1 s)."""
+    import redis
+
+    r = redis.Redis(port=redis_port)
+    names = list(r.scan_iter(match="fxcc:bundle:*", count=1000))
+    if names:
+        r.delete(*names)
+    time.sleep(1.2)
 
 
 def _assemble(port: int, keys: list[str]) -> None:
