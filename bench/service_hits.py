@@ -1,20 +1,23 @@
 """Cache hits measured with wrk beside redis-benchmark (issue 24), and a simulated cluster start.
 
 `python -m bench.service_hits [--out DIR] [--seconds 6] [--repeats 3] [--processes 1,2]
-[--connections 64,512] [--batch-keys 64] [--ranks 64] [--graphs 100]`
+[--connections 64,512] [--batch-keys 64] [--ranks 64] [--graphs 100] [--modes single,bundle,batch]`
 
 Starts its own redis-server on a free port and stores signed artifacts (one compiled graph under
-`--graphs` keys, as a model's graphs), then for each API process count (`fxcc serve`,
-FXCC_API_PROCESSES) and connection count: wrk on `GET /v1/artifacts/{key}` (single) and on
-`POST /v1/artifacts/batch` with `--batch-keys` keys (batched), each run followed at once by
-`redis-benchmark` GET of a value of the artifact's size on the same Redis, `--repeats` times. Each
-row has requests/s, p50/p99 and the ratio service_rps / redis_rps of that pair of runs. Where
-nginx is installed, single hits are measured again through deploy/nginx-cache.conf (`via`).
+`--graphs` keys, as a model's graphs, each with a kernel source of its own: no two share a blob),
+then for each API process count (`fxcc serve`, FXCC_API_PROCESSES) and connection count: wrk on
+`GET /v1/artifacts/{key}` (single), on `GET /v1/bundles/{key}` of `--batch-keys` artifacts
+(bundle; assembled once by a POST first) and on `POST /v1/artifacts/batch` with those keys (batch,
+the NDJSON stream), each run followed at once by `redis-benchmark` GET of a value of the artifact's
+size on the same Redis, `--repeats` times. Each row has requests/s, p50/p99 and the ratio
+service_rps / redis_rps of that pair of runs. Where nginx is installed, single hits and bundles
+are measured again through deploy/nginx-cache.conf (`via`).
 
 The cluster start: `--ranks` client processes (forked, imports done) wait at a barrier, then each
 fetches a model's `--graphs` artifacts through `RemoteService` (signature and digests checked, as a
-warm start does): one GET per graph, or one batch request. Reported: the time from the barrier
-until the last rank has them all. Everything goes to DIR/service_hits.json (default
+warm start does): one GET per graph, one batch request, or its bundle (none stored before: the
+first asks assemble it), `--cluster-repeats` times. Reported: the time from the first rank's start
+until the last rank has them all. `--cluster-only` skips the wrk rows. Everything goes to DIR/service_hits.json (default
 bench/results/cpu-service-hits.json) and one JSON line per measurement to stdout.
 """
 
@@ -49,7 +52,6 @@ end
 def store_model(redis_url: str, graphs: int) -> tuple[list[str], int, str]:
     """`graphs` signed artifacts (one compiled graph under as many keys); returns keys, bytes of one
     artifact, and the public key that signed them."""
-    from fxcc.compiler_core.artifact import Artifact
     from fxcc.compiler_core.compile import compile_request
     from fxcc.compiler_core.signing import Signer, generate
     from fxcc.compiler_core.wire import CompileRequest, GraphSpec, Node, NodeRef, Placeholder, TensorSpec
@@ -64,12 +66,27 @@ def store_model(redis_url: str, graphs: int) -> tuple[list[str], int, str]:
     store = RedisStore(ServiceSettings(redis_url=redis_url))
     keys = []
     for n in range(graphs):
-        art = Artifact(base.manifest.model_copy(update={"key": f"{n + 1:064x}"}), base.blobs)
+        art = _own_source(base, f"{n + 1:064x}", n)
         store.put_artifact(art, signer.sign(art.manifest))
         keys.append(art.manifest.key)
     store.close()
     size = len(base.manifest_json()) + sum(len(b) for b in base.blobs.values())
     return keys, size, signer.public.text
+
+
+def _own_source(base: Any, key: str, n: int) -> Any:
+    """`base` under `key`, its kernels' sources made its own (a comment): a bundle then holds as
+    many bytes as its artifacts, as a real model's graphs, which share no kernel."""
+    from fxcc.compiler_core.artifact import Artifact, BlobRef, digest
+
+    blobs = {}
+    kernels = []
+    for k in base.manifest.kernels:
+        text = base.blobs[k.source.digest] + f"\n# graph {n:05d}\n".encode()
+        blobs[digest(text)] = text
+        blobs.update({b.digest: base.blobs[b.digest] for b in k.binaries.values()})
+        kernels.append(k.model_copy(update={"source": BlobRef(digest=digest(text), size=len(text))}))
+    return Artifact(base.manifest.model_copy(update={"key": key, "kernels": kernels}), blobs)
 
 
 def wrk(url: str, connections: int, seconds: int, workdir: Path, body: str | None = None) -> dict[str, Any]:
@@ -117,8 +134,9 @@ def start_nginx(api_port: int, workdir: Path) -> tuple[subprocess.Popen, int] | 
 
 
 def load_rows(api_port: int, redis_port: int, keys: list[str], size: int, args: argparse.Namespace,
-              processes: int, workdir: Path, modes: tuple[str, ...] = ("single", "batch"),
-              via: str = "api") -> list[dict[str, Any]]:
+              processes: int, workdir: Path, modes: tuple[str, ...], via: str = "api") -> list[dict[str, Any]]:
+    from fxcc.compiler_core.bundle import bundle_key
+
     rows = []
     batch = json.dumps({"keys": keys[:args.batch_keys]})
     for connections in args.connections:
@@ -127,9 +145,13 @@ def load_rows(api_port: int, redis_port: int, keys: list[str], size: int, args: 
                 if mode == "single":
                     service = wrk(f"http://127.0.0.1:{api_port}/v1/artifacts/{keys[0]}", connections,
                                   args.seconds, workdir)
+                elif mode == "bundle":
+                    service = wrk(f"http://127.0.0.1:{api_port}/v1/bundles/{bundle_key(keys[:args.batch_keys])}",
+                                  connections, args.seconds, workdir)
                 else:
                     service = wrk(f"http://127.0.0.1:{api_port}/v1/artifacts/batch", connections,
                                   args.seconds, workdir, body=batch)
+                if mode != "single":
                     service["artifacts_per_request"] = args.batch_keys
                     service["artifacts_per_s"] = round(service["rps"] * args.batch_keys, 1)
                 baseline = redis_benchmark(redis_port, connections, size, max(int(args.seconds * 60_000), 200_000))
@@ -148,14 +170,17 @@ def _rank(url: str, keys: list[str], mode: str, public: str, barrier: Any, out: 
 
     service = RemoteService(url, TOKEN, timeout_s=120, trusted=TrustedKeys([PublicKey(public)]))
     barrier.wait()
+    start = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the machine
     try:
         if mode == "batch":
             got = len(service.get_artifacts(keys))
+        elif mode == "bundle":
+            got = len(service.get_bundled(keys))
         else:
             got = sum(service.get_artifact(k) is not None for k in keys)
-        out.put((got, time.monotonic()))
+        out.put((got, start, time.monotonic()))
     except Exception as e:  # noqa: BLE001 - reported, not raised: the parent counts failures
-        out.put((-1, f"{type(e).__name__}: {e}"))
+        out.put((-1, start, f"{type(e).__name__}: {e}"))
     finally:
         service.close()
 
@@ -168,17 +193,18 @@ def cluster_start(api_port: int, keys: list[str], public: str, ranks: int, mode:
     for p in procs:
         p.start()
     barrier.wait()
-    t0 = time.monotonic()
     results = [out.get(timeout=600) for _ in procs]
     for p in procs:
         p.join()
-    failed = [r[1] for r in results if r[0] != len(keys)]
-    ends = [r[1] - t0 for r in results if r[0] == len(keys)]
+    # from the first rank's start (a loaded machine may run the ranks before this process resumes)
+    t0 = min(r[1] for r in results)
+    failed = [r[2] for r in results if r[0] != len(keys)]
+    ends = [r[2] - t0 for r in results if r[0] == len(keys)]
     return {"mode": mode, "ranks": ranks, "graphs": len(keys), "ok_ranks": len(ends), "failures": failed[:3],
             "last_rank_s": round(max(ends), 3) if ends else None,
             "median_rank_s": round(statistics.median(ends), 3) if ends else None,
             "artifacts_per_s": round(len(ends) * len(keys) / max(ends), 1) if ends else None,
-            "requests": ranks * (1 if mode == "batch" else len(keys))}
+            "requests": ranks * (len(keys) if mode == "single" else 1)}
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -197,7 +223,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                  "service_p99_ms": med(lambda r: r["service"]["p99_ms"]), "redis_rps": med(lambda r: r["redis_benchmark_get"]["rps"]),
                  "service_rps / redis_rps": med(lambda r: r["service_rps / redis_rps"]),
                  "ratios": [r["service_rps / redis_rps"] for r in rs]}
-        if mode == "batch":
+        if mode != "single":
             entry["artifacts_per_s"] = med(lambda r: r["service"]["artifacts_per_s"])
         out.append(entry)
     return out
@@ -213,8 +239,12 @@ def main() -> None:
     parser.add_argument("--batch-keys", type=int, default=64)
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--graphs", type=int, default=100)
+    parser.add_argument("--modes", default="single,bundle,batch", help="of single, bundle, batch")
     parser.add_argument("--no-nginx", action="store_true", help="skip the rows through deploy/nginx-cache.conf")
+    parser.add_argument("--cluster-only", action="store_true", help="only the simulated cluster starts")
+    parser.add_argument("--cluster-repeats", type=int, default=1)
     args = parser.parse_args()
+    modes = tuple(args.modes.split(","))
     args.connections = [int(c) for c in args.connections.split(",")]
     processes_list = [int(p) for p in args.processes.split(",")]
     out_path = (args.out / "service_hits.json") if args.out else REPO / "bench/results/cpu-service-hits.json"
@@ -238,18 +268,23 @@ def main() -> None:
             api = start_api(f"redis://127.0.0.1:{redis_port}/0", api_port, processes, workdir / f"api-{processes}.log")
             try:
                 _wait_started(workdir / f"api-{processes}.log", processes, api_port)
-                rows += load_rows(api_port, redis_port, keys, size, args, processes, workdir)
-                for mode in ("single", "batch"):
-                    c = cluster_start(api_port, keys[:args.graphs], public, args.ranks, mode)
-                    c["api_processes"] = processes
-                    print(json.dumps({"cluster_start": c}), flush=True)
-                    cluster.append(c)
-                if processes == processes_list[-1] and not args.no_nginx:
+                _assemble(api_port, keys[:args.batch_keys])
+                if not args.cluster_only:
+                    rows += load_rows(api_port, redis_port, keys, size, args, processes, workdir, modes)
+                for repeat in range(args.cluster_repeats):
+                    for mode in modes:
+                        _forget_bundles(redis_port)  # each cluster start finds none stored
+                        c = cluster_start(api_port, keys[:args.graphs], public, args.ranks, mode)
+                        c.update(api_processes=processes, repeat=repeat)
+                        print(json.dumps({"cluster_start": c}), flush=True)
+                        cluster.append(c)
+                if processes == processes_list[-1] and not (args.no_nginx or args.cluster_only):
                     nginx = start_nginx(api_port, workdir)
+                    _assemble(api_port, keys[:args.batch_keys])  # the cluster starts dropped it
                     if nginx is not None:
                         try:
                             rows += load_rows(nginx[1], redis_port, keys, size, args, processes, workdir,
-                                              modes=("single",), via="nginx-cache.conf")
+                                              tuple(m for m in modes if m != "batch"), via="nginx-cache.conf")
                         finally:
                             nginx[0].terminate()
                             nginx[0].wait(timeout=10)
@@ -264,6 +299,26 @@ def main() -> None:
         redis_proc.terminate()
         redis_proc.wait(timeout=10)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _forget_bundles(redis_port: int) -> None:
+    """No bundle stored, and none left in an API process's cache (FXCC_BUNDLE_CACHE_S, 1 s)."""
+    import redis
+
+    r = redis.Redis(port=redis_port)
+    names = list(r.scan_iter(match="fxcc:bundle:*", count=1000))
+    if names:
+        r.delete(*names)
+    time.sleep(1.2)
+
+
+def _assemble(port: int, keys: list[str]) -> None:
+    """The bundle of `keys` assembled and stored (POST /v1/bundles), as a first rank's warm start does."""
+    import httpx
+
+    r = httpx.post(f"http://127.0.0.1:{port}/v1/bundles", json={"keys": keys},
+                   headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+    r.raise_for_status()
 
 
 def _wait_started(log: Path, processes: int, port: int) -> None:

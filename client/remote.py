@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from fxcc.compiler_core.artifact import Artifact, manifest_from_json
+from fxcc.compiler_core.bundle import BundleError, bundle_key, decode_bundle
 from fxcc.compiler_core.errors import ArtifactError, FxccError
 from fxcc.compiler_core.signing import PublicKey, SigningKeyError, TrustedKeys, read_public_keys
 from fxcc.compiler_core.wire import CompileRequest
@@ -23,6 +24,10 @@ BATCH_MAX_KEYS = 256  # keys per batch request (the service's FXCC_BATCH_MAX_KEY
 
 class ServiceError(FxccError):
     """The service could not be reached or answered with an error."""
+
+
+class NoBundles(ServiceError):
+    """The service has no bundle routes (an fxcc before them): use the batch endpoint."""
 
 
 class CompileFailed(FxccError):
@@ -113,31 +118,79 @@ class RemoteService:
         raise ServiceError(f"service {self.url} cut a batch of {len(keys)} artifacts short")
 
     def _verified(self, key: str, body: dict[str, Any]) -> Artifact:
-        """The artifact in a hit's answer, once its signature (before anything else is decoded) and
-        every blob's digest check out."""
+        """The artifact in a hit's answer (JSON, blobs in base64), as _checked checks it."""
+        manifest = body.get("manifest")
+        blobs = {d: base64.b64decode(b) for d, b in body.get("blobs", {}).items()}
+        return self._checked(key, manifest, body.get("signature"), lambda: _json_bytes(manifest), blobs)
+
+    def _checked(self, key: str, manifest: Any, signature: str | None, manifest_json: Any,
+                 blobs: dict[str, bytes]) -> Artifact:
+        """The artifact of `manifest` (decoded JSON; `manifest_json()` gives its bytes) and `blobs`,
+        once its signature (before anything else is decoded) and every blob's digest check out."""
         if self.trusted is not None:  # before anything of the artifact is decoded, let alone loaded
-            why = self.trusted.check(body.get("manifest"), body.get("signature"))
+            why = self.trusted.check(manifest, signature)
             if why is not None:
                 raise ArtifactError(f"artifact {key[:12]} from {self.url} refused: {why}. "
                                     f"Trusted keys: {', '.join(self.trusted.ids()) or 'none'} "
                                     f"(FXCC_TRUSTED_KEYS names the workers' public keys; see fxcc keygen)")
-        blobs = {d: base64.b64decode(b) for d, b in body.get("blobs", {}).items()}
-        art = Artifact(manifest_from_json(_json_bytes(body["manifest"])), blobs)
+        m = manifest_from_json(manifest_json())
+        art = Artifact(m, {ref.digest: blobs[ref.digest] for ref in m.blob_refs() if ref.digest in blobs})
         if art.manifest.key != key:
             raise ArtifactError(f"service returned artifact {art.manifest.key[:12]} for key {key[:12]}")
         art.verify()
         return art
 
+    def get_bundled(self, keys: list[str]) -> dict[str, Artifact]:
+        """The artifacts of `keys` that the shared cache holds, each verified as get_artifact does,
+        from bundles (routes/bundles.py): `GET /v1/bundles/{bundle_key(keys)}`, one Redis read on the
+        service (or an HTTP cache's hit), and on a 404 `POST /v1/bundles`, which assembles and stores
+        it for the next rank. A model larger than one bundle continues in the bundle of its `rest`.
+        Raises NoBundles when the service has no bundle routes; ArtifactError for a refused one."""
+        found: dict[str, Artifact] = {}
+        todo = sorted(set(keys))
+        while todo:
+            chunk, todo = todo[:BATCH_MAX_KEYS], todo[BATCH_MAX_KEYS:]
+            while chunk:
+                bundle = self._bundle(chunk)
+                for key, manifest_json, signature in bundle.artifacts:
+                    manifest = _json_loads(manifest_json)
+                    found[key] = self._checked(key, manifest, signature, lambda m=manifest_json: m, bundle.blobs)
+                if len(bundle.rest) >= len(chunk):
+                    raise ServiceError(f"service {self.url} answered a bundle of {len(chunk)} keys with none of them")
+                chunk = bundle.rest
+        return found
+
+    def _bundle(self, keys: list[str]) -> Any:
+        """The decoded bundle of `keys` (sorted): GET, then POST on a 404."""
+        r = self._request("GET", f"/v1/bundles/{bundle_key(keys)}")
+        if r.status_code == 404:
+            r = self._request("POST", "/v1/bundles", json={"keys": keys})
+            if r.status_code in (404, 405):
+                raise NoBundles(f"service {self.url} has no bundles ({r.status_code})")
+        _check(r)
+        try:
+            return decode_bundle(r.content, keys)
+        except BundleError as e:
+            raise ServiceError(f"service {self.url} answered a bad bundle: {e.message}") from None
+
     def prefetch(self, keys: list[str], cache: Any) -> int:
-        """Put the artifacts of `keys` that `cache` (a LocalCache) lacks into it, from one batch
-        request; returns how many arrived. The warm-start hook: whoever knows a model's keys at once
-        (a Dynamo or pre-AOT package lists its graphs') calls this before the graphs are traced, so
-        that each graph then hits the local cache. Never raises (only an optimisation)."""
+        """Put the artifacts of `keys` that `cache` (a LocalCache) lacks into it, from one bundle
+        (or, from a service without bundles, one batch request); returns how many arrived. The
+        warm-start hook: whoever knows a model's keys at once (a Dynamo package lists its graphs')
+        calls this before the graphs load, so that each then hits the local cache. Never raises
+        (only an optimisation).
+
+        Note: the bundle is of the keys the cache lacks, so ranks that share a local cache (one
+        machine) may ask for different bundles; ranks of a new job, with empty caches, all ask for
+        the one of the whole model."""
         wanted = [k for k in dict.fromkeys(keys) if cache.get(k) is None]
         if not wanted:
             return 0
         try:
-            found = self.get_artifacts(wanted)
+            try:
+                found = self.get_bundled(wanted)
+            except NoBundles:
+                found = self.get_artifacts(wanted)
         except Exception as e:  # noqa: BLE001 - each graph still fetches its own artifact
             _warn_once(f"fxcc: batch fetch of {len(wanted)} artifacts from {self.url} failed "
                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); fetching one by one")
@@ -301,6 +354,15 @@ def _json_bytes(obj: Any) -> bytes:
     import json
 
     return json.dumps(obj).encode()
+
+
+def _json_loads(data: bytes) -> Any:
+    import json
+
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise ArtifactError(f"malformed manifest: {e}") from None
 
 
 def _check(r: httpx.Response) -> None:

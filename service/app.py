@@ -14,11 +14,13 @@ from fxcc.service.handlers import BodySizeLimit, LoopbackGuard, install_handlers
 from fxcc.service.routes import (
     admin,
     artifacts,
+    bundles,
     cache,
     compile,
     dashboard,
     dead_letters,
     health,
+    hits,
     jobs,
     metrics,
     packages,
@@ -71,12 +73,12 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
 
     app = FastAPI(title="fxcc", version="1", lifespan=lifespan,
                   description="Compiler-as-a-service for PyTorch 2. Bearer tokens with roles client and admin.")
-    app.add_middleware(artifacts.ArtifactHits)  # innermost: the guards below check a hit first
+    app.add_middleware(hits.FastHits)  # innermost: the guards below check a hit first
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     if settings.loopback_guard:  # added last, so it runs first: a refused request costs nothing more
         app.add_middleware(LoopbackGuard, allowed_hosts=settings.allowed_hosts)
     install_handlers(app, quota_retry_after_s=settings.quota_retry_after_s)
-    for router in (compile.router, jobs.router, artifacts.router, pre_aot.router, packages.router, status.router, cache.router,
+    for router in (compile.router, jobs.router, artifacts.router, bundles.router, pre_aot.router, packages.router, status.router, cache.router,
                    dead_letters.router, admin.router, metrics.router, health.router, dashboard.router):
         app.include_router(router)  # each router declares the role it needs
     document_raw_bodies(app)

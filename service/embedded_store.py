@@ -169,6 +169,17 @@ class EmbeddedStore:
     async def aclose(self) -> None:
         """Nothing to close: files only."""
 
+    # Note: one user's local service keeps no bundles: each is assembled from the files when asked
+    # (POST /v1/bundles), and GET /v1/bundles/{key} is a 404.
+    async def get_bundle_async(self, key: str) -> bytes | None:
+        return None
+
+    async def put_bundle_async(self, key: str, data: bytes, members: list[tuple[str, bytes]], ttl_s: int) -> bool:
+        return False
+
+    def count_hits_async(self, n: int) -> None:
+        self.count("hits", n)
+
     def get_signature(self, key: str) -> str | None:
         try:
             return (self.root / "manifests" / f"{key}.sig").read_text()

@@ -7,6 +7,11 @@ BLOB = "blob:{digest}"  # raw bytes of one content-addressed blob
 MANIFEST = "manifest:{key}"  # ArtifactManifest JSON; written last, after every blob it names
 SIGNATURE = "sig:{key}"  # the Ed25519 signature of the manifest (compiler_core/signing.py), set with it
 MANIFEST_INDEX = "manifests"  # set of the keys that have a manifest (for listing and counting)
+# a bundle: several artifacts framed as one value (compiler_core/bundle.py), under the key of their
+# sorted artifact keys; written only while each member's manifest is the one framed, and deleted
+# when one of them is replaced or deleted (routes/bundles.py). Expires after bundle_ttl_s.
+BUNDLE = "bundle:{key}"
+BUNDLES_OF = "bundles:of:{key}"  # set: the bundle keys holding an artifact key (to delete them with it)
 CACHE_COUNTERS = "stats:cache"  # hash of counters: hits, misses, puts, rejected, bytes
 # a pre-AOT entry (a Dynamo graph's pre-AOT key -> the artifact it compiled to) of one principal, as
 # JSON; expires after pre_aot_ttl_s unless written again (routes/pre_aot.py)
@@ -75,6 +80,12 @@ class RedisKeys:
 
     def signature(self, key: str) -> str:
         return self.prefix + SIGNATURE.format(key=key)
+
+    def bundle(self, key: str) -> str:
+        return self.prefix + BUNDLE.format(key=key)
+
+    def bundles_of(self, key: str) -> str:
+        return self.prefix + BUNDLES_OF.format(key=key)
 
     def pre_aot(self, principal: str, key: str) -> str:
         return self.prefix + PRE_AOT.format(principal=principal, key=key)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import hashlib
 import logging
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -19,6 +23,7 @@ from fxcc.service.store import ArtifactTooLarge, Hit, StoredArtifact
 log = logging.getLogger("fxcc.service.redis")
 
 _PURGE_BATCH = 500
+COUNT_EVERY_S = 0.1  # bundle hits are added to the counter this often
 _ASYNC_POOL = 256  # connections of one API process to a cache Redis that PipelinedRedis cannot reach
 
 
@@ -26,7 +31,7 @@ class RedisCache:
     """The artifact half of RedisStore, on the cache's Redis (`self.c`), which may be the queue's."""
 
     def __init__(self, client: redis.Redis, keys: RedisKeys, max_artifact_bytes: int, url: str,
-                 pre_aot_ttl_s: int = 30 * 86_400) -> None:
+                 pre_aot_ttl_s: int = 30 * 86_400, bundle_cache: BundleCache | None = None) -> None:
         self.c = client
         self.k = keys
         self.url = url
@@ -37,6 +42,11 @@ class RedisCache:
         # The cache-hit route's own asyncio connection pool, made in the event loop that uses it.
         self._async: PipelinedRedis | aioredis.Redis | None = None
         self._alookup: Any = None
+        self._astore_bundle: Any = None
+        self._store_bundle_sha = self.c.register_script(lua.STORE_BUNDLE).sha
+        self._bundle_reads: dict[str, asyncio.Future] = {}
+        self._bundles = bundle_cache or BundleCache(0, 0)
+        self._uncounted = 0  # hits served from bundles, not yet added to the counter
 
     def get_manifest(self, key: str) -> ArtifactManifest | None:
         return _parse(key, self.c.get(self.k.manifest(key)))
@@ -67,21 +77,84 @@ class RedisCache:
         a miss there."""
         args = self._lookup_args(blobs, True)
         calls = [(self._lookup_keys(key), args) for key in keys]
+        client = self._async_client()
+        if isinstance(client, PipelinedRedis):
+            replies = await client.evalsha_many(self._lookup.sha, lua.LOOKUP, calls)
+        else:  # TLS, unix sockets: redis-py
+            if self._alookup is None:
+                self._alookup = client.register_script(lua.LOOKUP)
+            pipe = client.pipeline(transaction=False)
+            for call_keys, call_args in calls:
+                await self._alookup(keys=call_keys, args=call_args, client=pipe)
+            replies = await pipe.execute()
+        return [_hit(reply, blobs) for reply in replies]
+
+    def _async_client(self) -> PipelinedRedis | aioredis.Redis:
         if self._async is None:
             self._async = (PipelinedRedis(self.url) if supports(self.url) else
                            aioredis.Redis.from_url(self.url, protocol=2, max_connections=_ASYNC_POOL,
                                                    socket_timeout=RESPONSE_TIMEOUT_S,
                                                    socket_connect_timeout=CONNECT_TIMEOUT_S))
-        if isinstance(self._async, PipelinedRedis):
-            replies = await self._async.evalsha_many(self._lookup.sha, lua.LOOKUP, calls)
-        else:  # TLS, unix sockets: redis-py
-            if self._alookup is None:
-                self._alookup = self._async.register_script(lua.LOOKUP)
-            pipe = self._async.pipeline(transaction=False)
-            for call_keys, call_args in calls:
-                await self._alookup(keys=call_keys, args=call_args, client=pipe)
-            replies = await pipe.execute()
-        return [_hit(reply, blobs) for reply in replies]
+        return self._async
+
+    async def get_bundle_async(self, key: str) -> bytes | None:
+        """The stored bundle `key` (compiler_core/bundle.py), unparsed; None when there is none.
+
+        Note: the asks of one process for one bundle while a read of it is under way share that
+        read, and what was read is kept FXCC_BUNDLE_CACHE_S (BundleCache): a thousand ranks asking
+        for a model at once cost Redis a read a second, and this process one copy of the bundle,
+        however many connections it is answered on."""
+        held = self._bundles.get(key)
+        if held is not None:
+            return held
+        reading = self._bundle_reads.get(key)
+        if reading is None:
+            reading = self._bundle_reads[key] = asyncio.ensure_future(self._read_bundle(key))
+            reading.add_done_callback(lambda f: self._bundle_reads.pop(key, None)
+                                      if self._bundle_reads.get(key) is f else None)
+        return await asyncio.shield(reading)
+
+    async def _read_bundle(self, key: str) -> bytes | None:
+        client = self._async_client()
+        if isinstance(client, PipelinedRedis):
+            data = (await client.execute(("GET", self.k.bundle(key))))[0]
+        else:
+            data = await client.get(self.k.bundle(key))
+        if data is not None:
+            self._bundles.put(key, data)
+        return data
+
+    def count_hits_async(self, n: int) -> None:
+        """Add `n` to the hit counter within COUNT_EVERY_S, without waiting (a bundle's artifacts,
+        once served): one HINCRBY for all the hits of that while (one per hit cost 10% of it)."""
+        self._uncounted += n
+        if self._uncounted == n:
+            asyncio.get_running_loop().call_later(COUNT_EVERY_S, self._count_hits)
+
+    def _count_hits(self) -> None:
+        n, self._uncounted = self._uncounted, 0
+        client = self._async_client()
+        if isinstance(client, PipelinedRedis):
+            client.send_only("HINCRBY", self.k.cache_counters, "hits", n)
+        else:
+            task = asyncio.ensure_future(client.hincrby(self.k.cache_counters, "hits", n))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def put_bundle_async(self, key: str, data: bytes, members: list[tuple[str, bytes]],
+                               ttl_s: int) -> bool:
+        """Store bundle `key` for `ttl_s` if each (artifact key, manifest JSON) in `members` is still
+        what the cache holds (redis_scripts.STORE_BUNDLE); whether it was stored."""
+        keys = [self.k.bundle(key), *(self.k.manifest(k) for k, _ in members),
+                *(self.k.bundles_of(k) for k, _ in members)]
+        args = [data, ttl_s, *(hashlib.sha1(m).hexdigest() for _, m in members)]
+        client = self._async_client()
+        if isinstance(client, PipelinedRedis):
+            [stored] = await client.evalsha_many(self._store_bundle_sha, lua.STORE_BUNDLE, [(keys, args)])
+        else:
+            if self._astore_bundle is None:
+                self._astore_bundle = client.register_script(lua.STORE_BUNDLE)
+            stored = await self._astore_bundle(keys=keys, args=args)
+        return bool(stored)
 
     async def aclose(self) -> None:
         if self._async is not None:
@@ -141,16 +214,18 @@ class RedisCache:
         signature. The supersede check WATCHes the manifest key: an untuned put that raced a
         tuned one retries its check, and so can never land last.
         """
-        mkey = self.k.manifest(m.key)
+        mkey, holding = self.k.manifest(m.key), self.k.bundles_of(m.key)
         with self.c.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    pipe.watch(mkey)
+                    pipe.watch(mkey, holding)
                     old = pipe.get(mkey)
                     if not supersedes(m, _parse(m.key, old)):
                         pipe.unwatch()
                         return
+                    bundles = pipe.smembers(holding)
                     pipe.multi()
+                    pipe.delete(holding, *bundles)  # bundles framing the manifest replaced here
                     if signature is None:
                         pipe.delete(self.k.signature(m.key))
                         pipe.set(mkey, manifest_json)
@@ -173,20 +248,30 @@ class RedisCache:
         return sorted(keys)
 
     def delete_artifact(self, key: str) -> bool:
-        """Drop the manifest (its blobs may be shared by other artifacts; purge drops those)."""
-        manifest = self.c.get(self.k.manifest(key))
-        pipe = self.c.pipeline(transaction=True)
-        pipe.delete(self.k.manifest(key), self.k.signature(key))
-        pipe.srem(self.k.manifest_index, key)
-        if manifest is not None:
-            pipe.hincrby(self.k.cache_counters, "bytes", -len(manifest))
-        return bool(pipe.execute()[0])
+        """Drop the manifest, and the bundles holding it (its blobs may be shared by other
+        artifacts; purge drops those)."""
+        holding = self.k.bundles_of(key)
+        with self.c.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(holding)  # a bundle stored meanwhile names it there: check again
+                    manifest = pipe.get(self.k.manifest(key))
+                    bundles = pipe.smembers(holding)
+                    pipe.multi()
+                    pipe.delete(self.k.manifest(key), self.k.signature(key))
+                    pipe.delete(holding, *bundles)
+                    pipe.srem(self.k.manifest_index, key)
+                    if manifest is not None:
+                        pipe.hincrby(self.k.cache_counters, "bytes", -len(manifest))
+                    return bool(pipe.execute()[0])
+                except redis.WatchError:
+                    continue
 
     def purge_cache(self) -> int:
         removed = 0
         # pre-AOT entries go too: every artifact they could name is gone
         for pattern in (self.k.manifest("*"), self.k.signature("*"), self.k.blob("*"), self.k.pre_aot("*", "*"),
-                        self.k.package("*", "*")):
+                        self.k.package("*", "*"), self.k.bundle("*"), self.k.bundles_of("*")):
             batch: list[bytes] = []
             for name in self.c.scan_iter(match=pattern, count=1000):
                 batch.append(name)
@@ -228,6 +313,40 @@ class RedisCache:
 
     def cache_entries(self) -> int:
         return int(self.c.scard(self.k.manifest_index))
+
+
+class BundleCache:
+    """The bundles an API process served lately: each kept `ttl_s`, at most `max_bytes` in all (the
+    oldest go first; none larger than a quarter of it). A miss is never kept."""
+
+    def __init__(self, ttl_s: float, max_bytes: int) -> None:
+        self.ttl_s = ttl_s
+        self.max_bytes = max_bytes
+        self.held: collections.OrderedDict[str, tuple[float, bytes]] = collections.OrderedDict()
+        self.size = 0
+
+    def get(self, key: str) -> bytes | None:
+        held = self.held.get(key)
+        if held is None:
+            return None
+        if held[0] < time.monotonic():
+            self._drop(key)
+            return None
+        return held[1]
+
+    def put(self, key: str, data: bytes) -> None:
+        if self.ttl_s <= 0 or len(data) * 4 > self.max_bytes:
+            return
+        self._drop(key)
+        self.held[key] = (time.monotonic() + self.ttl_s, data)
+        self.size += len(data)
+        while self.size > self.max_bytes:
+            self._drop(next(iter(self.held)))
+
+    def _drop(self, key: str) -> None:
+        held = self.held.pop(key, None)
+        if held is not None:
+            self.size -= len(held[1])
 
 
 def _hit(reply: list[bytes], blobs: bool) -> Hit | None:

@@ -1,5 +1,5 @@
-"""A small asyncio Redis client for the cache-hit path: EVALSHA only, every concurrent request of
-an API process pipelined on a few connections.
+"""A small asyncio Redis client for the cache-hit path: EVALSHA, GET and counters, every concurrent
+request of an API process pipelined on a few connections.
 
 Note: redis-py's asyncio client took 45% of a cache hit's time (a pooled connection per request,
 retries, per-command timeouts; bench/README.md, issue 24). Here a request writes its command on
@@ -163,6 +163,23 @@ class PipelinedRedis:
             _raise_error(r)
         return replies
 
+    async def execute(self, *commands: tuple[bytes | str | int, ...]) -> list[Any]:
+        """The replies of `commands` (each a command and its arguments), written at once on one
+        connection; an error reply raises."""
+        replies = await self._send(b"".join(pack(*c) for c in commands), len(commands))
+        for r in replies:
+            _raise_error(r)
+        return replies
+
+    def send_only(self, *command: bytes | str | int) -> None:
+        """`command` written with the next round's commands, its reply read and dropped (a counter:
+        nobody waits on it). Skipped while the connection it would take is not open."""
+        i = self._next = (self._next + 1) % len(self._ring)
+        conn = self._ring[i]
+        if conn is not None and not conn.closed:
+            for future in conn.send(pack(*command), 1, time.monotonic() + self.timeout_s):
+                future.add_done_callback(_dropped)
+
     async def _send(self, data: bytes, count: int) -> list[Any]:
         i = self._next = (self._next + 1) % len(self._ring)
         conn = self._ring[i]
@@ -219,6 +236,11 @@ class PipelinedRedis:
                 conn.closed = True
                 conn.transport.close()
         self._ring = [None] * len(self._ring)
+
+
+def _dropped(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved, so that asyncio does not log it as never retrieved
 
 
 def _raise_error(reply: Any) -> None:

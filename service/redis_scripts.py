@@ -258,6 +258,26 @@ counted('hits')
 return out
 """
 
+# A bundle (compiler_core/bundle.py) goes in only while every member's manifest is the one it
+# frames (compared by sha1): a tuned copy or a delete that landed while it was assembled leaves it
+# out. Each member's set of bundles names it, so that replacing or deleting that artifact deletes it
+# (RedisCache._put_manifest, delete_artifact; they WATCH that set).
+# KEYS: bundle, then each member's manifest, then each member's bundles set. ARGV: bundle bytes,
+# ttl s, then the sha1 hex of each member's manifest.
+STORE_BUNDLE = """
+local n = (#KEYS - 1) / 2
+for i = 1, n do
+  local m = redis.call('GET', KEYS[1 + i])
+  if not m or redis.sha1hex(m) ~= ARGV[2 + i] then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+for i = 1, n do
+  redis.call('SADD', KEYS[1 + n + i], KEYS[1])
+  redis.call('EXPIRE', KEYS[1 + n + i], ARGV[2])
+end
+return 1
+"""
+
 # A pre-AOT entry goes in only while the artifact it names has a manifest: an entry never points at
 # nothing when it is written (the artifact may still be evicted or removed later).
 # KEYS: manifest, entry. ARGV: entry JSON, ttl s.

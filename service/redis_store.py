@@ -15,7 +15,7 @@ import redis
 
 from fxcc.service import redis_scripts as lua
 from fxcc.service.keys import STREAM_FIELD, RedisKeys
-from fxcc.service.redis_cache import RedisCache
+from fxcc.service.redis_cache import BundleCache, RedisCache
 from fxcc.service.settings import ServiceSettings
 from fxcc.service.store import (
     ANONYMOUS,
@@ -69,7 +69,8 @@ class RedisStore(RedisCache):
             cache_client = connect(settings.cache_redis_url) if separate else client
         keys = RedisKeys(settings.redis_prefix)
         super().__init__(cache_client, keys, settings.max_artifact_bytes, settings.cache_url or "",
-                         pre_aot_ttl_s=settings.pre_aot_ttl_s)
+                         pre_aot_ttl_s=settings.pre_aot_ttl_s,
+                         bundle_cache=BundleCache(settings.bundle_cache_s, settings.bundle_cache_bytes))
         self.r = client
         self.settings = settings
         self._submit = self.r.register_script(lua.SUBMIT)

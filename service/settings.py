@@ -74,6 +74,15 @@ class ServiceSettings(BaseSettings):
     # streamed (the keys past it are listed as not sent, for another request).
     batch_max_keys: int = Field(default=512, ge=1, le=10_000)
     batch_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
+    # GET /v1/bundles/{key}: a bundle holds artifacts up to this many bytes (the keys past it go to
+    # the next bundle, `rest`), and is kept this long in the cache's Redis after it was assembled.
+    bundle_max_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
+    bundle_ttl_s: int = Field(default=86_400, ge=1)
+    # Each API process keeps the bundles it served this long, up to this many bytes (0: off): a
+    # thousand ranks starting at once then cost Redis a read a second. A bundle dropped in Redis
+    # (a member tuned or deleted) is still served within it, as a revoked token is.
+    bundle_cache_s: float = Field(default=1.0, ge=0, le=60)
+    bundle_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
 
     # ---- limits
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1)

@@ -236,6 +236,19 @@ class Store(Protocol):
         """Close what fetch_hits_async opened (from the event loop that used it)."""
         ...
 
+    async def get_bundle_async(self, key: str) -> bytes | None:
+        """The stored bundle `key` (compiler_core/bundle.py) as stored, unparsed; None when absent."""
+        ...
+
+    async def put_bundle_async(self, key: str, data: bytes, members: list[tuple[str, bytes]], ttl_s: int) -> bool:
+        """Store a bundle for `ttl_s` while each (key, manifest JSON) in `members` is still what the
+        cache holds; it goes when one of them is replaced or deleted. Whether it was stored."""
+        ...
+
+    def count_hits_async(self, n: int) -> None:
+        """Count `n` cache hits from the event loop, without waiting for the store."""
+        ...
+
     def fetch_artifact(self, key: str, *, blobs: bool = True, count: bool = True) -> StoredArtifact | None:
         """Manifest, verified blobs (if asked) and signature, counted as a cache hit or miss (if
         asked). A manifest whose blobs are gone is a miss."""

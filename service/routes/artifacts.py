@@ -8,9 +8,8 @@ replace (tuned, or for the CPU interpreter) is `immutable`; an untuned CUDA one 
 superseded by its tuned copy under the same key, so a cache keeps it a minute, then revalidates it
 (a 304 while unchanged). `GET /v1/artifacts/access` (204) lets such a cache check a token.
 
-Note: `GET /v1/artifacts/{key}` without a query string is served by `ArtifactHits`, an ASGI
-middleware ahead of FastAPI's router, with the same authentication and answers: FastAPI's
-routing and dependency resolution cost about 60% of a hit (bench/README.md, issue 24). Every other
+Note: `GET /v1/artifacts/{key}` without a query string is served by `FastHits` (routes/hits.py),
+an ASGI middleware ahead of FastAPI's router, with the same authentication and answers. Every other
 form (`?blobs=0`, a malformed key) reaches the FastAPI route below, which builds the same answer.
 """
 
@@ -20,16 +19,14 @@ import base64
 import hashlib
 import json
 import logging
-import re
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.types import ASGIApp, Receive, Scope, Send
 
-from fxcc.service.deps import SettingsDep, StoreDep, check_role, principal_of, require
+from fxcc.service.deps import SettingsDep, StoreDep, require
 from fxcc.service.store import Hit, Store
 
 log = logging.getLogger("fxcc.service")
@@ -187,54 +184,3 @@ def cache_control(hit: Hit) -> str:
     m = hit.manifest_json
     final = b'"tuned":true' in m or b'"target":{"kind":"interpret"' in m
     return IMMUTABLE if final else SUPERSEDABLE
-
-
-_HIT_PATH = re.compile(r"/v1/artifacts/[0-9a-f]{64}")
-
-
-class ArtifactHits:
-    """ASGI middleware: `GET /v1/artifacts/{key}` without a query string, answered as the FastAPI
-    route answers it (same authentication, role check, headers and errors) without FastAPI's
-    routing and dependency resolution. Anything else goes on to the app."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (scope["type"] != "http" or scope["method"] != "GET" or scope["query_string"]
-                or not _HIT_PATH.fullmatch(scope["path"])):
-            await self.app(scope, receive, send)
-            return
-        state = scope["app"].state
-        authorization = if_none_match = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                authorization = value.decode("latin-1")
-            elif name == b"if-none-match":
-                if_none_match = value.decode("latin-1")
-        try:
-            check_role(await principal_of(state.auth, authorization), "client")
-            status, headers, body = await hit_answer(state.store, scope["path"][-64:], True, if_none_match)
-        except Exception as exc:  # noqa: BLE001 - answered by the app's own exception handlers
-            response = await _handled(scope, exc)
-            await response(scope, receive, send)
-            return
-        raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-        if body:
-            raw += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        else:
-            raw.append((b"content-length", b"0"))
-        await send({"type": "http.response.start", "status": status, "headers": raw})
-        await send({"type": "http.response.body", "body": body})
-
-
-async def _handled(scope: Scope, exc: Exception) -> Any:
-    """The response the app's exception handlers (service/handlers.py) give `exc`; re-raised when
-    none handles it (ServerErrorMiddleware then answers 500 and logs it, as for any route)."""
-    from starlette.requests import Request as StarletteRequest
-
-    handlers = scope["app"].exception_handlers
-    for cls in type(exc).__mro__:
-        if cls in handlers:
-            return await handlers[cls](StarletteRequest(scope), exc)
-    raise exc

@@ -22,10 +22,12 @@ def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
 
 
 @contextmanager
-def running_cluster(redis_url: str, redis_prefix: str, workdir: Path) -> Iterator[tuple[str, dict[str, str]]]:
+def running_cluster(redis_url: str, redis_prefix: str, workdir: Path,
+                    settings: dict[str, str] | None = None) -> Iterator[tuple[str, dict[str, str]]]:
     """A real service and a real worker process on `redis_prefix`: (url, their environment).
     Clients authenticate with env["FXCC_TOKEN"] (the principal `FXCC_TOKEN`); the worker signs with a
-    key pair made here, whose public key clients trust (client_env_of)."""
+    key pair made here, whose public key clients trust (client_env_of). `settings`: more environment
+    for both."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FXCC_")}
     signing = workdir / "keys" / "worker.key"
@@ -34,6 +36,7 @@ def running_cluster(redis_url: str, redis_prefix: str, workdir: Path) -> Iterato
     env.update(TRITON_INTERPRET="1", FXCC_REDIS_URL=redis_url, FXCC_REDIS_PREFIX=redis_prefix,
                FXCC_DATA_DIR=str(workdir / "data"), FXCC_CLAIM_BLOCK_MS="200", FXCC_TOKEN=TOKEN,
                FXCC_SIGNING_KEY_FILE=str(signing))
+    env.update(settings or {})
     server = _spawn(["serve", "--port", str(port)], env, workdir / "serve.log")
     worker = _spawn(["worker"], env, workdir / "worker.log")
     url = f"http://127.0.0.1:{port}"

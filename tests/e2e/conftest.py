@@ -12,11 +12,14 @@ from tests.e2e.cluster import client_env_of, running_cluster
 
 
 @pytest.fixture
-def cluster(redis_url: str, redis_prefix: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+def cluster(redis_url: str, redis_prefix: str, tmp_path: Path,
+            request: pytest.FixtureRequest) -> Iterator[tuple[str, dict[str, str]]]:
     """A real service and a real worker process on the test's Redis prefix: (url, their environment).
     Clients authenticate with env["FXCC_TOKEN"] (the principal `FXCC_TOKEN`); the worker signs with a
-    key pair made for the test, whose public key clients trust (client_env)."""
-    with running_cluster(redis_url, redis_prefix, tmp_path) as running:
+    key pair made for the test, whose public key clients trust (client_env). A test marked
+    `@pytest.mark.service_env(NAME="value")` runs them with those settings too."""
+    marker = request.node.get_closest_marker("service_env")
+    with running_cluster(redis_url, redis_prefix, tmp_path, marker.kwargs if marker else None) as running:
         yield running
 
 

@@ -59,7 +59,8 @@ def put(client: TestClient, art: Artifact) -> str:
 
 @pytest.fixture
 def settings(redis_settings: ServiceSettings) -> ServiceSettings:
-    return redis_settings.model_copy(update={"anonymous": None, "token_cache_s": 0.5, "tokens": [
+    # no process cache of bundles (test_bundles.py): what Redis holds is what is served
+    return redis_settings.model_copy(update={"anonymous": None, "token_cache_s": 0.5, "bundle_cache_s": 0, "tokens": [
         TokenEntry(name="ci", role="client", token=SecretStr(TOKEN))]})
 
 
@@ -275,6 +276,8 @@ def test_pipelined_client_survives_redis_going_and_coming_back(tmp_path: Path, b
             down = c.get(f"/v1/artifacts/{key}")
             assert down.status_code == 503 and down.headers["retry-after"] and down.json()["error"] == "StoreUnavailable"
             assert c.post("/v1/artifacts/batch", json={"keys": [key]}).status_code == 503
+            for r in (c.get(f"/v1/bundles/{'b' * 64}"), c.post("/v1/bundles", json={"keys": [key]})):
+                assert r.status_code == 503 and r.json()["error"] == "StoreUnavailable"
             server.start()
             assert c.get(f"/v1/artifacts/{key}").status_code == 404
             put(c, base_artifact)
