@@ -459,13 +459,8 @@ def prefetch(settings: Any, backends: list[BackendArtifact]) -> int:
     if not settings.url or len(set(keys)) < 2:
         return 0
     from fxcc.client.cache import LocalCache
-    from fxcc.client.remote import RemoteService
 
-    remote = RemoteService.for_settings(settings)
-    try:
-        return remote.prefetch(keys, LocalCache(settings.cache_dir))
-    finally:
-        remote.close()
+    return _remote(settings).prefetch(keys, LocalCache(settings.cache_dir))
 
 
 def _write_local(settings: Any, key: str, data: bytes) -> None:
