@@ -57,7 +57,8 @@ def opaque_refusal(op: Any) -> str | None:
     has_fake = getattr(torch._library.utils, "has_fake_kernel", None)
     if has_fake is not None and not has_fake(op):
         return "it has no fake kernel"
-    if torch.Tag.out in op.tags:
+    out_tag = getattr(torch.Tag, "out", None)  # torch 2.11 has no Tag.out: its schema says it
+    if (out_tag is not None and out_tag in op.tags) or any(a.is_out for a in op._schema.arguments):
         return "it is an out= op"
     return None
 
