@@ -305,11 +305,21 @@ def _patch_guards(cf: Any) -> None:
         bound = signature.bind(*args, **kwargs).arguments
         user_filter = bound.get("guard_filter_fn")
         identities: list[Any] = []
-        saved = original(**{**bound, "guard_filter_fn": lambda entries: dynamo_identity.observe(
-            entries, user_filter, identities)})
+        try:
+            saved = original(**{**bound, "guard_filter_fn": lambda entries: dynamo_identity.observe(
+                entries, user_filter, identities)})
+        except Exception as e:  # noqa: BLE001 - torch lets more than PackageError out (an op it cannot pickle)
+            saved = None
+            log_once(f"guards:{type(e).__name__}", "a frame's guards cannot be saved (%s); it stays out of "
+                     "the package", _first_line(e))
+            try:
+                bound["output_graph"].bypass_package(f"fxcc: guards not serializable: {_first_line(e)}")
+            except Exception:  # noqa: BLE001, S110 - nothing to keep out
+                pass
         with dynamo_config.patch(caching_precompile=False):
             whole = original(**{**bound, "save_guards": False})
-        whole.guards_state = dynamo_identity.attach(saved.guards_state, identities)
+        # a frame kept out of the package still hands torch a guards state, which it then ignores
+        whole.guards_state = b"" if saved is None else dynamo_identity.attach(saved.guards_state, identities)
         return whole
 
     check_function_manager._fxcc = True  # type: ignore[attr-defined]
