@@ -28,7 +28,7 @@ from fxcc.client.cache import LocalCache
 from fxcc.client.capture import capture_graph
 from fxcc.client.process_groups import hand_on
 from fxcc.client.runtime import GuardFailed, load_plan
-from fxcc.client.settings import ClientSettings
+from fxcc.client.settings import ClientSettings, compile_options
 from fxcc.compiler_core.artifact import Artifact, CompileStats
 from fxcc.compiler_core.keys import compile_key
 from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
@@ -464,7 +464,7 @@ def fxcc_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -
     """
     t0 = time.perf_counter()
     try:
-        settings = ClientSettings.from_env().with_options(kwargs.get("options"))
+        settings = ClientSettings.from_env().with_options(compile_options(kwargs))
     except ValueError as e:
         raise ValueError(f"fxcc: {e}") from None
     compiler = GraphCompiler(settings)

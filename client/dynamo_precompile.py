@@ -33,6 +33,7 @@ from fxcc.client.dynamo_cache import _first_line, _load, _save, _settings, _stat
 def _fxcc_backend_options(backend: Any) -> tuple[bool, dict[str, Any] | None]:
     """(whether `backend`, as torch.compile hands it to Dynamo's `_optimize`, is fxcc's, its options)."""
     from fxcc.client.backend import fxcc_backend
+    from fxcc.client.settings import compile_options
 
     is_fxcc, options = False, None
     for _ in range(8):  # _TorchCompileWrapper -> WrapBackendDebug -> ... -> fxcc_backend
@@ -42,7 +43,7 @@ def _fxcc_backend_options(backend: Any) -> tuple[bool, dict[str, Any] | None]:
             or getattr(backend, "compiler_name", None) == "fxcc"
         kwargs = getattr(backend, "kwargs", None)
         if options is None and isinstance(kwargs, dict):
-            options = kwargs.get("options")
+            options = compile_options(kwargs)
         backend = getattr(backend, "_torchdynamo_orig_backend", None) or getattr(backend, "compiler_fn", None)
     return is_fxcc, options if is_fxcc else None
 

@@ -122,6 +122,28 @@ class ClientSettings:
         return self
 
 
+# torch.compile's modes, as fxcc's settings: fxcc replays CUDA graphs by default (reduce-overhead's
+# point); max-autotune tunes each kernel's configs on a GPU worker.
+TORCH_MODES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "reduce-overhead": {"cuda_graphs": True},
+    "max-autotune": {"mode": "max-autotune"},
+    "max-autotune-no-cudagraphs": {"mode": "max-autotune", "cuda_graphs": False},
+}
+
+
+def compile_options(kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """fxcc's options from what torch.compile hands a backend: `options=` as they are, or `mode=`
+    as TORCH_MODES says (torch allows one of the two); a mode fxcc does not know is a ValueError."""
+    options = dict(kwargs.get("options") or {})
+    mode = kwargs.get("mode")
+    if mode is not None:
+        if mode not in TORCH_MODES:
+            raise ValueError(f"torch.compile mode {mode!r} is not one fxcc knows ({', '.join(TORCH_MODES)})")
+        options = {**TORCH_MODES[mode], **options}
+    return options or None
+
+
 def split_keys(raw: str) -> tuple[str, ...]:
     """FXCC_TRUSTED_KEYS's entries: public keys or paths of key files, separated by commas."""
     return tuple(e.strip() for e in raw.split(",") if e.strip())

@@ -118,3 +118,24 @@ def test_bad_env_setting_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("FXCC_BLOCKING", "maybe")
     with pytest.raises(Exception, match="FXCC_BLOCKING must be 0 or 1"):
         torch.compile(lambda t: t.sin(), backend="fxcc")(torch.randn(4))
+
+
+def test_torch_compile_modes_reach_fxcc():
+    """torch.compile(mode=...) hands fxcc `mode`: max-autotune compiles apart (another key: its
+    kernels are tuned), reduce-overhead and default are the same compile (fxcc replays CUDA graphs
+    by default), and a mode fxcc does not know is refused with its name."""
+    from fxcc.client.settings import compile_options
+
+    f = seed_workloads("cpu", small=True)[0]
+    keys = {}
+    with torch.no_grad():
+        for mode in ("default", "reduce-overhead", "max-autotune"):
+            torch._dynamo.reset()
+            got = torch.compile(f.fn, backend="fxcc", mode=mode)(*f.inputs)
+            torch.testing.assert_close(got, f.fn(*f.inputs))
+            keys[mode] = backend.events()[-1].key
+    assert keys["default"] == keys["reduce-overhead"] != keys["max-autotune"]
+    assert compile_options({"mode": "max-autotune-no-cudagraphs"}) == {"mode": "max-autotune", "cuda_graphs": False}
+    assert compile_options({"options": {"cuda_graphs": False}}) == {"cuda_graphs": False}
+    with pytest.raises(ValueError, match="'fastest' is not one fxcc knows"):
+        compile_options({"mode": "fastest"})
