@@ -18,7 +18,8 @@ Times run from torch.compile(...) (where a package loads) to the synchronized re
 torch._dynamo, torch._dynamo.repro.after_dynamo (torch.compile imports it for every backend), the
 backend and (fxcc with a service) its HTTP client, and model construction, come before the clock
 (`imports_s`).
-`outputs_match`: the warm fxcc result against eager in that process (max_abs_err beside it).
+`outputs_match`: the warm fxcc result against eager in full fp32 (TF32 off) in that process, within
+twice eager-with-TF32's own error (or 1e-4 of the output's scale); `max_abs_err` against eager with TF32.
 Writes OUT/h200-first-call.json (`--tag` renames it: OUT/<tag>-first-call.json) and logs to OUT/logs.
 """
 
@@ -92,6 +93,7 @@ def run_one(workload: str, compiler: str, tiny: bool, device: str) -> dict[str, 
 
         profiler = cProfile.Profile()
         profiler.enable()
+    gc_time = _GcTimer()
     t0 = time.perf_counter()
     compiled = torch.compile(model, backend={"fxcc": "fxcc", "eager": "eager", "inductor": "inductor"}[compiler])
     wrapped_s = time.perf_counter() - t0
@@ -99,16 +101,25 @@ def run_one(workload: str, compiler: str, tiny: bool, device: str) -> dict[str, 
         out = _tensor(compiled(*inputs))
         sync()
         first_call_s = time.perf_counter() - t0
+        gc_time.stop()
         if profiler is not None:
             profiler.disable()
             _write_profile(profiler, Path(profile_to))
         expected = _tensor(model(*inputs))
+        # TF32 rounds eager's own matmuls and convolutions (a 0.03 difference in ResNet-50's logits,
+        # Inductor's the same): both are judged against eager in full fp32.
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        reference = _tensor(model(*inputs)).float()
     err = float((out.float() - expected.float()).abs().max())
-    tol = 1e-4 if tiny or not device.startswith("cuda") else 2e-2  # TF32 on both sides on a GPU
+    err_ref = float((out.float() - reference).abs().max())
+    eager_err_ref = float((expected.float() - reference).abs().max())
+    matches = err_ref <= max(2 * eager_err_ref, 1e-4 * max(1.0, float(reference.abs().max())))
     res: dict[str, Any] = {"first_call_s": round(first_call_s, 4), "torch_compile_s": round(wrapped_s, 4),
                            "imports_s": round(imports_s, 3), "max_abs_err": err,
-                           "outputs_match": bool(torch.allclose(out.float(), expected.float(), atol=tol, rtol=tol)),
-                           "traced_frames": dynamo_utils.counters["frames"]["ok"]}
+                           "max_abs_err_vs_fp32": err_ref, "eager_tf32_err_vs_fp32": eager_err_ref,
+                           "outputs_match": bool(matches),
+                           "traced_frames": dynamo_utils.counters["frames"]["ok"],
+                           "gc_s": round(gc_time.seconds, 4), "gc_full_collections": gc_time.full}
     if compiler == "fxcc":
         from fxcc.client import backend, dynamo_cache
 
@@ -117,6 +128,27 @@ def run_one(workload: str, compiler: str, tiny: bool, device: str) -> dict[str, 
                    package_load=dynamo_cache.load_timings(),
                    fxcc_own_s=round(sum(e.seconds for e in backend.events()), 4))
     return res
+
+
+class _GcTimer:
+    """Time the cyclic garbage collector spent from here to `stop` (gc's own callbacks)."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.seconds, self.full, self._start = 0.0, 0, 0.0
+        self._gc = gc
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._start
+        self.full += info.get("generation") == 2
+
+    def stop(self) -> None:
+        self._gc.callbacks.remove(self._callback)
 
 
 def _write_profile(profiler: Any, path: Path) -> None:

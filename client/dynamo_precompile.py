@@ -15,12 +15,15 @@ once (`enable`).
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import gc
 import itertools
 import logging
 import re
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -75,9 +78,39 @@ def _store_class() -> type:
     return PackageStore
 
 
+@contextlib.contextmanager
+def _quick_load() -> Iterator[None]:
+    """What a package's load does not need, off while it runs (restored after, whatever happens).
+
+    Note: loading a package unpickles its guard states and builds thousands of guards (ResNet-50:
+    3250), allocating enough for the cyclic garbage collector to run full collections over the
+    whole heap of a process that imported transformers (0.25 s of a 0.77 s warm start of GPT-2 on
+    the H200); what the load allocates is kept, so collecting during it finds nothing to free.
+    Each guard's description names the user's source line, shortened against torch's folder with
+    realpath (an lstat a path component, 6755 of them for ResNet-50): the same few files, so
+    shortened once each."""
+    from torch.utils import _traceback
+
+    was_enabled = gc.isenabled()
+    shorten = _traceback.shorten_filename
+    gc.disable()
+    _traceback.shorten_filename = functools.lru_cache(maxsize=4096)(shorten)
+    try:
+        yield
+    finally:
+        _traceback.shorten_filename = shorten
+        if was_enabled:
+            gc.enable()
+
+
 def _load_into(package: Any, fn: Any) -> None:
     """Initialize the fxcc package of a torch.compile that wraps `fn`: from a saved package (its
     frames installed, so the first call skips tracing) or empty (tracing fills it)."""
+    with _quick_load():
+        _load_package_into(package, fn)
+
+
+def _load_package_into(package: Any, fn: Any) -> None:
     import torch._dynamo.config as dynamo_config
 
     fn_key = fn.forward if isinstance(fn, torch.nn.Module) else fn
@@ -160,11 +193,11 @@ def _patch_guard_loading(pk: Any) -> None:
 
     def load_guards_state(guards_state: bytes) -> Any:
         pending.identities, rest = dynamo_identity.split(guards_state)
-        pending.loading, pending.fake_mode = True, None
+        pending.loading, pending.fake_mode, pending.converter = True, None, None
         try:
             return load_state(rest)
         finally:
-            pending.loading, pending.fake_mode = False, None
+            pending.loading, pending.fake_mode, pending.converter = False, None, None
 
     def load_guard_manager(guards_state: Any, target_code: Any, runtime_global_scope: Any) -> Any:
         manager = load_manager(guards_state, target_code, runtime_global_scope)
@@ -181,9 +214,10 @@ def _patch_guard_loading(pk: Any) -> None:
 def _patch_tensor_unpickling(pending: Any) -> None:
     """A guard state's tensors unpickled under one FakeTensorMode per state, not one each.
 
-    Note: torch makes a FakeTensorMode for every tensor of a guard state (each records a stack
-    trace): 268 of them for ResNet-50's parameters and buffers, 0.08 s of a warm start on the H200.
-    The tensors only carry metadata for the guards to be rebuilt from, which one mode serves."""
+    Note: torch makes a FakeTensorMode and a FakeTensorConverter for every tensor of a guard state
+    (each mode records a stack trace, each converter makes weak dictionaries): 268 of them for
+    ResNet-50's parameters and buffers, 0.08 s of a warm start on the H200. The tensors only carry
+    metadata for the guards to be rebuilt from, which one mode and one converter serve."""
     from torch._dynamo import guards
     from torch._subclasses import fake_tensor
 
@@ -197,8 +231,8 @@ def _patch_tensor_unpickling(pending: Any) -> None:
         if not getattr(pending, "loading", False):  # not inside fxcc's load: torch's own way
             return original.__func__(klass, meta_tensor, device, pytype, dispatch_keys_raw, grad)
         if pending.fake_mode is None:
-            pending.fake_mode = fake_tensor.FakeTensorMode()
-        tensor = fake_tensor.FakeTensorConverter().from_meta_and_device(
+            pending.fake_mode, pending.converter = fake_tensor.FakeTensorMode(), fake_tensor.FakeTensorConverter()
+        tensor = pending.converter.from_meta_and_device(
             pending.fake_mode, meta_tensor, device, pytype, torch._C.DispatchKeySet.from_raw_repr(dispatch_keys_raw))
         tensor.grad = grad
         return tensor
