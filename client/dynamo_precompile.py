@@ -83,11 +83,11 @@ def _quick_load() -> Iterator[None]:
     """What a package's load does not need, off while it runs (restored after, whatever happens).
 
     Note: loading a package unpickles its guard states and builds thousands of guards (ResNet-50:
-    3250), allocating enough for the cyclic garbage collector to run full collections over the
-    whole heap of a process that imported transformers (0.25 s of a 0.77 s warm start of GPT-2 on
-    the H200); what the load allocates is kept, so collecting during it finds nothing to free.
-    Each guard's description names the user's source line, shortened against torch's folder with
-    realpath (an lstat a path component, 6755 of them for ResNet-50): the same few files, so
+    3250), allocating enough for the cyclic garbage collector to run collections over the whole
+    heap of a process that imported transformers (a profile of GPT-2's warm start on the H200 put
+    0.25 s of 0.77 s in trivial allocations, which is where collections land); what the load
+    allocates is kept, so collecting during it finds nothing to free. Each guard's description
+    names the user's source line, shortened against torch's folder: the same few files, so
     shortened once each."""
     from torch.utils import _traceback
 
