@@ -23,9 +23,9 @@ from bench.workloads import make_workload
 def spy_on_plans(seen: list[dict[str, Any]]) -> None:
     """Record each plan fxcc hands to AOTAutograd: its boxed callable, the runner inside it, its
     constants, and the first inputs AOTAutograd passes it."""
-    from fxcc.client import backend
+    from fxcc.client import graphs
 
-    original = backend._guarded
+    original = graphs._guarded
 
     def spy(runner: Any, constants: list[Any], eager: Any, key: str) -> Any:
         boxed = original(runner, constants, eager, key)
@@ -39,7 +39,7 @@ def spy_on_plans(seen: list[dict[str, Any]]) -> None:
         seen.append(entry)
         return recording
 
-    backend._guarded = spy  # type: ignore[assignment]
+    graphs._guarded = spy  # type: ignore[assignment]
 
 
 def layers(name: str, seen: list[dict[str, Any]], calls: int) -> dict[str, Any]:

@@ -10,414 +10,34 @@ compile, loading, a first run), the graph runs eagerly and fxcc warns once per c
 
 from __future__ import annotations
 
-import itertools
 import logging
 import sys
-import threading
 import time
-import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import fx
 
-from fxcc.client.cache import LocalCache
-from fxcc.client.capture import capture_graph
-from fxcc.client.process_groups import hand_on
-from fxcc.client.runtime import GuardFailed, load_plan
+from fxcc.client.graphs import (
+    CompileEvent,
+    GraphCompiler,
+    _can_run,
+    _cause,
+    _cause_text,
+    _log,
+    aot_runs,
+    clear_events,
+    events,
+    reset,
+    target_for,
+    warn_once,
+)
 from fxcc.client.settings import ClientSettings, compile_options
-from fxcc.compiler_core.artifact import Artifact, CompileStats
-from fxcc.compiler_core.keys import compile_key
-from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 
 log = logging.getLogger("fxcc.client")
 
-
-@dataclass
-class CompileEvent:
-    """What happened to one graph: where its artifact came from and what it holds."""
-
-    key: str
-    # local-hit | remote-hit | remote-compiled | compiled-in-process | fallback | precompile-*
-    source: str
-    seconds: float
-    stats: CompileStats | None = None
-    error: str | None = None
-    graph_nodes: int = 0
-    job_id: str | None = None
-    # how the plan runs: "cuda graph" (replayed once its inputs' addresses repeat), or
-    # "step by step: <why not a CUDA graph>"; None for no plan (fallback, precompile)
-    runs_as: str | None = None
-    # AOTAutograd and the pre-AOT cache (client/pre_aot.py): "skipped: pre-AOT cache hit",
-    # "skipped: pre-AOT cache hit from the service", "ran; stored for the next process",
-    # "ran; not cached: <why>"; None when not looked at
-    pre_aot: str | None = None
-    # Whether AOTAutograd's runtime wrapper runs around each call. False for a plain inference
-    # graph (client/pre_aot.py): fxcc calls its plan directly, as on a pre-AOT cache hit.
-    aot_wrapper: bool | None = None
-
-
-@dataclass
-class _Log:
-    events: list[CompileEvent] = field(default_factory=list)
-    warned: set[str] = field(default_factory=set)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    aot_runs: int = 0  # Dynamo graphs handed to AOTAutograd (a pre-AOT cache hit skips it)
-
-
-_log = _Log()
-
-
-def events() -> list[CompileEvent]:
-    """Every graph this process has handed to fxcc, in order."""
-    with _log.lock:
-        return list(_log.events)
-
-
-def clear_events() -> None:
-    with _log.lock:
-        _log.events.clear()
-
-
-def reset() -> None:
-    """Forget recorded events and which causes were already warned about."""
-    with _log.lock:
-        _log.events.clear()
-        _log.warned.clear()
-        _log.aot_runs = 0
-
-
-def aot_runs() -> int:
-    """How many Dynamo graphs this process has run through AOTAutograd."""
-    with _log.lock:
-        return _log.aot_runs
-
-
-def _record(event: CompileEvent) -> None:
-    with _log.lock:
-        _log.events.append(event)
-
-
-def warn_once(cause: str, message: str) -> None:
-    with _log.lock:
-        if cause in _log.warned:
-            return
-        _log.warned.add(cause)
-    warnings.warn(f"fxcc: {message}", RuntimeWarning, stacklevel=3)
-    log.warning("fxcc: %s", message)
-
-
-def target_for(example_inputs: list[Any], gm: fx.GraphModule | None = None) -> Target:
-    """Where the graph's kernels will run, from the devices of its inputs; for a graph without a
-    CUDA input (factory ops alone: torch.arange(n, device="cuda")), from the tensors it makes."""
-    made = (n.meta.get("val", n.meta.get("example_value")) for n in gm.graph.nodes) if gm is not None else ()
-    for t in itertools.chain(example_inputs, made):
-        if isinstance(t, torch.Tensor) and t.device.type == "cuda":
-            major, minor = torch.cuda.get_device_capability(t.device)
-            return Target(kind="cuda", arch=major * 10 + minor)
-    return Target(kind="interpret")
-
-
-class GraphCompiler:
-    """AOTAutograd's fw/bw compiler: aten GraphModule + example inputs → a boxed callable."""
-
-    # Called with (event, artifact, capture, request) once a plan is ready (client/pre_aot.py).
-    on_ready: Callable[[CompileEvent, Artifact, Any, CompileRequest | None], None] | None = None
-
-    def __init__(self, settings: ClientSettings, inference: bool = False) -> None:
-        self.settings = settings
-        self.inference = inference  # AOTAutograd's inference graphs: nothing saved for a backward
-        self.cache = LocalCache(settings.cache_dir)
-
-    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[[list[Any]], Any]:
-        t0 = time.perf_counter()
-        eager = _boxed(gm)
-        try:
-            capture = capture_graph(gm, example_inputs)
-            from fxcc.client.precision import matmul_allows_tf32  # the flag as it is now: Dynamo guards it
-
-            request = CompileRequest(
-                graph=capture.spec,
-                options=CompileOptions(mode=self.settings.mode, target=target_for(example_inputs, gm),
-                                       allow_tf32=matmul_allows_tf32()),
-                priority="precompile" if self.settings.precompile else "interactive",
-                hints=capture.hints,
-            )
-            key = compile_key(request)
-            art = self.cache.get(key)
-            if art is not None:
-                if self.settings.url and not art.manifest.tuned and art.manifest.target.kind == "cuda":
-                    _executor().submit(self.refresh_tuned, key)
-                return self._ready(art, "local-hit", capture, eager, t0, request)
-            if self.settings.precompile:
-                return self._precompile(request, key, eager, t0)
-            if not self.settings.blocking:
-                return self._background(request, key, capture, eager, t0)
-            art, source = self.fetch(request, key)
-            return self._ready(art, source, capture, eager, t0, request)
-        except Exception as e:  # noqa: BLE001 - the user's program must keep running
-            return self._fallback(gm, example_inputs, eager, e, t0)
-
-    def fetch(self, request: CompileRequest, key: str) -> tuple[Artifact, str]:
-        """The artifact for `key` from the service (or an in-process compile), stored locally."""
-        if self.settings.url:
-            from fxcc.client.remote import RemoteService
-
-            remote = RemoteService.for_settings(self.settings)
-            try:
-                art, source = remote.compile(request, key, self.settings.compile_timeout_s)
-            finally:
-                remote.close()
-        else:
-            from fxcc.compiler_core.build import compile_and_build
-
-            # Note: in-process compiles tune only in max-autotune mode (on a GPU of the target's
-            # arch): tuning takes seconds per kernel, which a default-mode first call should not.
-            tune = "cuda" if request.options.mode == "max-autotune" else None
-            art, source = compile_and_build(request, tune_device=tune), "compiled-in-process"
-        self.cache.put(art)
-        return art, source
-
-    def refresh_tuned(self, key: str) -> bool:
-        """Replace an untuned local copy of `key` by the service's tuned one, if it has one by now
-        (a GPU worker tuned it after this machine cached it). The process that started the
-        refresh keeps its plan; the next one loads the tuned artifact. Never raises."""
-        from fxcc.client.remote import RemoteService
-
-        try:
-            remote = RemoteService.for_settings(self.settings)
-            try:
-                art = remote.get_artifact(key)
-            finally:
-                remote.close()
-        except Exception as e:  # noqa: BLE001 - only an optimisation
-            log.info("fxcc: no tuned artifact for %s from the service: %s", key[:12], _cause_text(e))
-            return False
-        if art is None or not art.manifest.tuned:
-            return False
-        self.cache.put(art)
-        log.info("fxcc: the service has a tuned artifact for %s; the next process loads it", key[:12])
-        return True
-
-    def _ready(self, art: Artifact, source: str, capture: Any, eager: Callable, t0: float,
-               request: CompileRequest | None = None, graph_nodes: int = 0,
-               pre_aot: str | None = None) -> Callable:
-        """The plan of `art`, ready to run. `capture` is None for a pre-AOT cache hit (a plan with
-        no constants and no size symbols, whose graph has `graph_nodes` nodes)."""
-        runner: Callable = load_plan(art, () if capture is None else capture.bindings.groups)
-        key = art.manifest.key
-        if request is not None and request.graph.symbols:
-            runner, runs_as = Variants(runner, lambda args: self._variant(request, capture, args)), \
-                "step by step: sizes are symbolic"
-        elif not self.settings.cuda_graphs:
-            runs_as = "step by step: cuda_graphs is off"
-        else:
-            from fxcc.client.cuda_graphs import GraphedPlan, why_not_graphed
-
-            why = why_not_graphed(art.manifest, self.inference)
-            runs_as = "cuda graph, once its inputs' addresses repeat" if why is None else f"step by step: {why}"
-        nodes = graph_nodes if capture is None else len(capture.spec.nodes)
-        event = CompileEvent(key=key, source=source, seconds=time.perf_counter() - t0,
-                             stats=art.manifest.stats, graph_nodes=nodes, runs_as=runs_as, pre_aot=pre_aot,
-                             aot_wrapper=False if capture is None else None if self.inference else True)
-        if runs_as.startswith("cuda graph"):
-            runner = GraphedPlan(runner, art.manifest,
-                                 on_disable=lambda why: setattr(event, "runs_as", f"step by step: {why}"),
-                                 on_cut=lambda how: setattr(event, "runs_as", how))
-        _record(event)
-        log.info("fxcc: graph %s from %s (%d kernels; %s)%s", key[:12], source, art.manifest.stats.kernels,
-                 runs_as, "; AOTAutograd skipped (pre-AOT cache)" if capture is None else "")
-        if self.on_ready is not None:
-            try:
-                self.on_ready(event, art, capture, request)
-            except Exception as e:  # noqa: BLE001 - an observer never costs the plan
-                log.info("fxcc: on_ready hook failed (%s)", _cause_text(e))
-        if capture is not None:
-            runner = hand_on(runner, capture.bindings)
-        return _guarded(runner, [] if capture is None else capture.constants, eager, key)
-
-    def _variant(self, request: CompileRequest, capture: Any, args: list[Any]) -> Callable:
-        """A plan for sizes that every known plan's guards reject: compiled with the call's sizes
-        as hints, under its own key (local cache first, then the service or in-process)."""
-        t0 = time.perf_counter()
-        hints = read_symbols(request, args)
-        variant = request.model_copy(update={"hints": hints, "variant": True})
-        key = compile_key(variant)
-        art = self.cache.get(key)
-        source = "local-hit"
-        if art is None:
-            art, source = self.fetch(variant, key)
-        _record(CompileEvent(key=key, source="variant", seconds=time.perf_counter() - t0,
-                             stats=art.manifest.stats, graph_nodes=len(capture.spec.nodes)))
-        log.info("fxcc: variant %s of a dynamic graph for %s (%s)", key[:12], hints, source)
-        return load_plan(art, capture.bindings.groups)
-
-    def _precompile(self, request: CompileRequest, key: str, eager: Callable, t0: float) -> Callable:
-        """Submit without waiting (or, with no service, compile now into the local cache)."""
-        if self.settings.url:
-            from fxcc.client.remote import RemoteService
-
-            remote = RemoteService.for_settings(self.settings)
-            try:
-                answer = remote.submit(request)
-            finally:
-                remote.close()
-            source = "precompile-cached" if answer["status"] == "done" else "precompile-submitted"
-            job = answer.get("job_id")
-        else:
-            self.fetch(request, key)
-            source, job = "precompile-compiled", None
-        _record(CompileEvent(key=key, source=source, seconds=time.perf_counter() - t0,
-                             graph_nodes=len(request.graph.nodes), job_id=job))
-        return eager
-
-    def _background(self, request: CompileRequest, key: str, capture: Any, eager: Callable,
-                    t0: float) -> Callable:
-        """Run eagerly while the compile is in flight; switch to the artifact once it arrives."""
-        future = _executor().submit(self.fetch, request, key)
-        state: dict[str, Callable] = {}
-
-        def run(args: list[Any]) -> Any:
-            fn = state.get("fn")
-            if fn is None:
-                if not future.done():
-                    return eager(args)
-                try:
-                    art, source = future.result()
-                    fn = self._ready(art, source, capture, eager, t0, request)
-                except Exception as e:  # noqa: BLE001
-                    warn_once(_cause(e), f"running a graph eagerly: {_cause_text(e)}")
-                    fn = eager
-                state["fn"] = fn
-            return fn(args)
-        run._boxed_call = True  # type: ignore[attr-defined]
-        return run
-
-    def _fallback(self, gm: fx.GraphModule, example_inputs: list[Any], eager: Callable,
-                  e: Exception, t0: float) -> Callable:
-        if self.settings.fallback == "error":
-            raise e
-        fn, how = eager, "eagerly"
-        if self.settings.fallback == "inductor":
-            try:
-                from torch._inductor.compile_fx import compile_fx_inner
-
-                fn, how = compile_fx_inner(gm, example_inputs), "with Inductor"
-            except Exception as inductor_error:  # noqa: BLE001
-                log.warning("fxcc: Inductor fallback failed too (%s); running eagerly",
-                            _cause_text(inductor_error))
-        warn_once(f"{how}:{_cause(e)}", f"running a graph {how}: {_cause_text(e)}")
-        _record(CompileEvent(key="", source="fallback", seconds=time.perf_counter() - t0,
-                             error=_cause_text(e), graph_nodes=sum(1 for _ in gm.graph.nodes)))
-        return fn
-
-
-_pool: ThreadPoolExecutor | None = None
-
-
-def _executor() -> ThreadPoolExecutor:
-    global _pool
-    with _log.lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fxcc-compile")
-        return _pool
-
-
-def _cause(e: Exception) -> str:
-    """What counts as 'the same cause' for warn-once: the error class and its first words."""
-    return f"{type(e).__name__}:{str(e)[:40]}"
-
-
-def _cause_text(e: Exception) -> str:
-    first = str(e).splitlines()[0] if str(e) else ""
-    return f"{type(e).__name__}: {first}"
-
-
-def _boxed(gm: fx.GraphModule) -> Callable[[list[Any]], Any]:
-    def run(args: list[Any]) -> Any:
-        return gm(*args)
-    run._boxed_call = True  # type: ignore[attr-defined]
-    return run
-
-
-MAX_VARIANTS = 8
-VARIANT_RETRY_S = 60.0  # after a variant's compile failed, sizes it would serve run eagerly this long
-
-
-class Variants:
-    """The plans of one dynamic graph: the first whose guards hold runs; when none holds, one
-    more variant is compiled for the call's sizes (at most MAX_VARIANTS; then GuardFailed).
-
-    Note: a variant whose compile fails (the service unreachable, a compile error) raises
-    GuardFailed too, so that only that call runs eagerly, not every later call of the graph; for
-    VARIANT_RETRY_S no compile is tried again (a service outage does not cost each call a timeout).
-    """
-
-    def __init__(self, first: Callable, compile_variant: Callable[[list[Any]], Callable]) -> None:
-        self.plans = [first]
-        self.compile_variant = compile_variant
-        self.lock = threading.Lock()
-        self.failed_at: float | None = None
-        self.failure = ""
-
-    def __call__(self, args: list[Any]) -> Any:
-        for plan in list(self.plans):
-            try:
-                return plan(args)
-            except GuardFailed:
-                continue
-        with self.lock:
-            if len(self.plans) >= MAX_VARIANTS:
-                raise GuardFailed(f"{len(self.plans)} variants and none serves these sizes")
-            if self.failed_at is not None and time.monotonic() - self.failed_at < VARIANT_RETRY_S:
-                raise GuardFailed(f"no variant serves these sizes; the last compile failed ({self.failure})")
-            try:
-                plan = self.compile_variant(args)
-            except Exception as e:  # the graph's other plans still serve their sizes
-                self.failed_at, self.failure = time.monotonic(), _cause_text(e)
-                raise GuardFailed(f"a variant for these sizes failed to compile ({self.failure})") from e
-            self.failed_at = None
-            self.plans.append(plan)
-        return plan(args)
-
-
-def read_symbols(request: CompileRequest, args: list[Any]) -> dict[str, int]:
-    """The size symbols' values in a call (each read where the graph's inputs define it)."""
-    out: dict[str, int] = {}
-    for p, a in zip(request.graph.placeholders, args):
-        if p.symbol is not None:
-            out.setdefault(p.symbol, int(a))
-        elif p.spec is not None:
-            for size, actual in zip(p.spec.sizes, a.shape):
-                if isinstance(size, str) and size in {s.name for s in request.graph.symbols}:
-                    out.setdefault(size, int(actual))
-    return out
-
-
-def _guarded(runner: Callable, constants: list[torch.Tensor], eager: Callable, key: str) -> Callable:
-    """The artifact's runner; if it fails at run time, this graph switches to eager for good."""
-    state = {"runner": runner}
-
-    def run(args: list[Any]) -> Any:
-        fn = state["runner"]
-        if fn is eager:
-            return eager(args)
-        try:
-            return fn(list(args) + constants)
-        except GuardFailed as e:
-            # Sizes no variant serves (or one more variant would be too many): this call only.
-            warn_once(f"guard:{key}", f"a dynamic graph runs eagerly for some sizes: {e}")
-            return eager(args)
-        except Exception as e:  # noqa: BLE001
-            warn_once(f"run:{key}", f"artifact {key[:12]} failed to run ({type(e).__name__}: {e}); "
-                      "running this graph eagerly from now on")
-            state["runner"] = eager
-            return eager(args)
-    run._boxed_call = True  # type: ignore[attr-defined]
-    return run
+__all__ = ["CompileEvent", "GraphCompiler", "aot_runs", "clear_events", "decomposition_table", "events",
+           "fxcc_backend", "partition_joint_graph", "reset", "target_for"]
 
 
 # Ops kept whole (extern aten calls) instead of decomposed: attention runs faster as one library
@@ -467,6 +87,8 @@ def fxcc_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -
         settings = ClientSettings.from_env().with_options(compile_options(kwargs))
     except ValueError as e:
         raise ValueError(f"fxcc: {e}") from None
+    if not _can_run(example_inputs, gm):
+        return gm.forward
     compiler = GraphCompiler(settings)
     inference = GraphCompiler(settings, inference=True)
     served, recorder, entry = _pre_aot(gm, example_inputs, settings, inference, t0)
@@ -601,6 +223,7 @@ def _ready() -> None:
 # `from fxcc.client.backend import fxcc_backend` first turn the Dynamo package cache on. Where
 # torch._dynamo is already imported, that happens now.
 _BACKEND = fxcc_backend
+_BACKEND._is_fxcc_backend = True  # type: ignore[attr-defined]  # what client/dynamo_precompile.py recognizes
 del fxcc_backend
 _started: list[bool] = []
 

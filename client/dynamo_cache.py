@@ -181,7 +181,7 @@ def wrap(fn: Callable, entry: Any, gm: torch.fx.GraphModule, example_inputs: lis
          settings: Any) -> Callable:
     """What fxcc's backend returns for a plain inference graph served as `entry` (a pre-AOT
     entry): `fn` as an FxccCompiled, recorded by Dynamo's backend id for this process's package."""
-    from fxcc.client.backend import target_for
+    from fxcc.client.graphs import target_for
 
     state = {"schema": SCHEMA, "artifact_key": entry.artifact_key, "inputs": entry.inputs,
              "outputs": entry.outputs, "graph_nodes": entry.graph_nodes,
@@ -197,7 +197,7 @@ def wrap(fn: Callable, entry: Any, gm: torch.fx.GraphModule, example_inputs: lis
 def load_plan_for(state: dict[str, Any], graph: Callable, settings: Any) -> Callable:
     """The runnable plan of a serialized FxccCompiled: its artifact from the local cache or the
     service (verified and signed as every artifact is), run as a pre-AOT hit runs it."""
-    from fxcc.client.backend import GraphCompiler, _boxed
+    from fxcc.client.graphs import GraphCompiler, _boxed
     from fxcc.client.pre_aot import as_aot_runtime
     from fxcc.compiler_core.wire import Target
 
@@ -280,13 +280,13 @@ def package_key(fn: Any, settings_digest: str) -> str:
     torch, Python and fxcc versions. Nothing machine-local: every machine of a cluster computes it."""
     import platform
 
-    import fxcc
+    from fxcc import version
     from fxcc.client.pre_aot import _versions
 
     h = hashlib.sha256()
     h.update(json.dumps({"schema": SCHEMA, "qualname": getattr(fn, "__qualname__", ""),
                          "module": getattr(fn, "__module__", ""), "settings": settings_digest,
-                         "python": platform.python_version(), "fxcc": fxcc.__version__,
+                         "python": platform.python_version(), "fxcc": version.__version__,
                          "versions": _versions()}, sort_keys=True).encode())
     _code_digest(fn.__code__, h)
     return h.hexdigest()
@@ -490,7 +490,7 @@ def _fix_main_module(entry: Any, fn: Any) -> None:
 def _save(package: Any) -> None:
     from torch._dynamo import package as pk
 
-    from fxcc.client.backend import _executor
+    from fxcc.client.graphs import _executor
 
     entry = package.cache_entry()
     _fix_main_module(entry, package._innermost_fn)

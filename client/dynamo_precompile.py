@@ -35,14 +35,13 @@ from fxcc.client.dynamo_cache import _first_line, _load, _save, _settings, _stat
 
 def _fxcc_backend_options(backend: Any) -> tuple[bool, dict[str, Any] | None]:
     """(whether `backend`, as torch.compile hands it to Dynamo's `_optimize`, is fxcc's, its options)."""
-    from fxcc.client.backend import fxcc_backend
     from fxcc.client.settings import compile_options
 
     is_fxcc, options = False, None
     for _ in range(8):  # _TorchCompileWrapper -> WrapBackendDebug -> ... -> fxcc_backend
         if backend is None:
             break
-        is_fxcc = is_fxcc or backend is fxcc_backend or backend == "fxcc" \
+        is_fxcc = is_fxcc or getattr(backend, "_is_fxcc_backend", False) is True or backend == "fxcc" \
             or getattr(backend, "compiler_name", None) == "fxcc"
         kwargs = getattr(backend, "kwargs", None)
         if options is None and isinstance(kwargs, dict):

@@ -107,7 +107,7 @@ class Ineligible(Exception):
 
 def graph_key(gm: fx.GraphModule, example_inputs: list[Any], settings: Any) -> str:
     """The pre-AOT key of a Dynamo graph and its inputs; raises Ineligible."""
-    from fxcc.client.backend import target_for
+    from fxcc.client.graphs import target_for
 
     _check_global_state(example_inputs)
     payload = {
@@ -177,7 +177,7 @@ def _versions() -> dict[str, str]:
     options and AOTAutograd's arguments live there: any edit invalidates every entry)."""
     client = Path(__file__).parent
     h = hashlib.sha256()
-    for name in ("backend.py", "capture.py", "pre_aot.py", "settings.py"):
+    for name in ("backend.py", "graphs.py", "capture.py", "pre_aot.py", "settings.py"):
         h.update(name.encode())
         h.update((client / name).read_bytes())
     return {"torch": torch.__version__, "torch_git": str(torch.version.git_version),
@@ -541,7 +541,7 @@ def serve(entry: Entry, gm: fx.GraphModule, example_inputs: list[Any], compiler:
     """The callable Dynamo gets for a hit: the cached artifact (`art`, else the local cache's) run as
     AOTAutograd's runtime wrapper runs an inference graph in the plain case; None (a miss) when the
     artifact is gone or does not fit the entry. `source` and `how` go into the CompileEvent."""
-    from fxcc.client.backend import _boxed, _executor, target_for
+    from fxcc.client.graphs import _boxed, _executor, target_for
 
     art = art if art is not None else compiler.cache.get(entry.artifact_key)
     if art is None:

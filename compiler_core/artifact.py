@@ -137,7 +137,7 @@ GuardText = Annotated[str, Field(max_length=4096), AfterValidator(_guard_text)]
 class Plan(_Model):
     """Steps over named values. With size symbols, `symbols` says how to read them from the
     inputs and `guards` are the relations between them that the plan's code assumes; the client
-    checks both before each run (compiler_core.guards)."""
+    checks both before each run (client/runtime.py, SymbolReader)."""
 
     inputs: list[Name]
     steps: list[Step]

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from fxcc.compiler_core.artifact import AllocStep, KernelInfo, KernelStep, Plan, TuningRecord
-from fxcc.compiler_core.autotune import Timer, device_name, load_jit, mismatch, select_config
 from fxcc.compiler_core.codegen.attention import (
     HEAD_DIMS,
     AttentionConfig,
@@ -25,6 +24,7 @@ from fxcc.compiler_core.codegen.attention import (
     source_facts,
 )
 from fxcc.compiler_core.codegen.triton import next_pow2
+from fxcc.compiler_core.tuning import Timer, device_name, load_jit, mismatch, select_config
 from fxcc.compiler_core.wire import NodeRef
 
 log = logging.getLogger("fxcc.autotune")

@@ -96,25 +96,6 @@ def contiguous_strides(sizes: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def dense_strides_like(sizes: Sequence[int], strides: Sequence[int]) -> tuple[int, ...] | None:
-    """`strides` if they describe a dense, non-overlapping layout of `sizes`, else None.
-
-    Symbolic strides are ordered by their value in the example; the check itself is exact."""
-    from fxcc.compiler_core.symbolic import hint
-
-    try:
-        dims = sorted(((st, sz) for sz, st in zip(sizes, strides) if sz != 1),
-                      key=lambda d: (hint(d[0]), hint(d[1])))
-    except Exception:  # noqa: BLE001 - no hint: not provably dense
-        return None
-    acc = 1
-    for st, sz in dims:
-        if st != acc:
-            return None
-        acc *= sz
-    return tuple(strides)
-
-
 def linear_index(index: Sequence[Expr], strides: Sequence[int], offset: int = 0) -> Expr:
     return sympy.Add(sympy.Integer(offset), *[i * s for i, s in zip(index, strides) if s != 0])
 

@@ -178,3 +178,20 @@ def hint(expr: SizeExpr) -> int:
 
 def hints_of(exprs: Sequence[SizeExpr]) -> tuple[int, ...]:
     return tuple(hint(e) for e in exprs)
+
+
+def dense_strides_like(sizes: Sequence[int], strides: Sequence[int]) -> tuple[int, ...] | None:
+    """`strides` if they describe a dense, non-overlapping layout of `sizes`, else None.
+
+    Symbolic strides are ordered by their value in the example; the check itself is exact."""
+    try:
+        dims = sorted(((st, sz) for sz, st in zip(sizes, strides) if sz != 1),
+                      key=lambda d: (hint(d[0]), hint(d[1])))
+    except Exception:  # noqa: BLE001 - no hint: not provably dense
+        return None
+    acc = 1
+    for st, sz in dims:
+        if st != acc:
+            return None
+        acc *= sz
+    return tuple(strides)

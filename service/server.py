@@ -12,7 +12,7 @@ import signal
 import threading
 from typing import Any
 
-from fxcc.service.settings import ServiceSettings, redacted_url
+from fxcc.service.settings import ServiceSettings, api_processes, redacted_url
 
 log = logging.getLogger("fxcc.service")
 
@@ -25,16 +25,6 @@ LOG_CONFIG = {
     "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["stderr"], "level": "INFO"},
 }
-
-
-def api_processes(settings: ServiceSettings, cpus: int | None = None) -> int:
-    """How many API processes serve: one in embedded mode (its jobs and worker live in the process),
-    else FXCC_API_PROCESSES, or half the CPUs (1 to 8) when that is 0."""
-    if not settings.redis_url:
-        return 1
-    if settings.api_processes:
-        return settings.api_processes
-    return max(1, min(8, (cpus or os.cpu_count() or 1) // 2))
 
 
 def serve_main(host: str | None = None, port: int | None = None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -218,3 +219,13 @@ def redacted_url(url: str) -> str:
         host = f"{host}:{parts.port}"
     user = parts.username or ""
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def api_processes(settings: ServiceSettings, cpus: int | None = None) -> int:
+    """How many API processes serve: one in embedded mode (its jobs and worker live in the process),
+    else FXCC_API_PROCESSES, or half the CPUs (1 to 8) when that is 0."""
+    if not settings.redis_url:
+        return 1
+    if settings.api_processes:
+        return settings.api_processes
+    return max(1, min(8, (cpus or os.cpu_count() or 1) // 2))

@@ -24,32 +24,17 @@ from typing import Any
 import torch
 
 from fxcc.compiler_core.codegen.triton import TL_DTYPES, RenderedKernel, next_pow2
+from fxcc.compiler_core.ir.templates import AttentionParams
 from fxcc.compiler_core.symbolic import hint, is_symbolic
+from fxcc.compiler_core.target import ATTENTION_DTYPES, ATTENTION_HEAD_DIMS
 
-# The head dims the template renders: powers of two that tl.dot takes (K >= 16) and whose tiles
-# fit registers. Others keep aten's kernel.
-HEAD_DIMS = (16, 32, 64, 128)
-# Input dtypes the template serves. Note: fp16/bf16 attention stays on aten's flash kernel (FA2,
-# tuned per arch, with warp-specialised Hopper variants in newer torch): this template has no
-# claim to be faster there, and has not been measured against it. fp32 runs here only with
-# TF32 allowed (compile option `allow_tf32`); exact fp32 keeps aten's kernel.
-DTYPES = (torch.float32,)
+# The head dims and dtypes the template renders (compiler_core.target, which passes and lowering ask).
+HEAD_DIMS = ATTENTION_HEAD_DIMS
+DTYPES = ATTENTION_DTYPES
 # Positions of the KernelStep's integer arguments (after the four pointers q, k, v, out).
 INT_ARGS = ("q_off", "q_sz", "q_sh", "q_sm", "k_off", "k_sz", "k_sh", "k_sn",
             "v_off", "v_sz", "v_sh", "v_sn", "o_sz", "o_sh", "o_sm", "batch", "heads", "q_len", "kv_len")
 KERNEL_PREFIX = "fxcc_flash_"
-
-
-@dataclass(frozen=True)
-class AttentionParams:
-    """What the source of one attention kernel depends on (sizes and strides are arguments)."""
-
-    head_dim: int
-    value_dim: int
-    causal: bool
-    scale: float
-    dtype: torch.dtype
-    precision: str  # tl.dot's input_precision for fp32 inputs: "tf32" or "ieee"
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from fxcc.compiler_core.ir.ops import OpsHandler, compute_dtype, result_dtype, u
 from fxcc.compiler_core.scheduler import Coords, Kernel, kernel_index, node_coords, run_body, store_index
 from fxcc.compiler_core.sizevars import RINDEX, XINDEX, Expr, FloorDiv, render_index
 from fxcc.compiler_core.symbolic import hint, is_symbolic, size_symbols_of
+from fxcc.compiler_core.target import capabilities
 
 TL_DTYPES = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -81,9 +82,17 @@ def binary_table(target: str) -> dict[str, str]:
     return BINARY | FLOAT_BINARY | (CUDA_BINARY if target == "cuda" else {})
 
 
-def supports(op: str, target: str) -> bool:
-    """Whether the renderer for `target` spells `op` exactly (lowerings extern the rest)."""
-    return op in unary_table(target) or op in binary_table(target)
+def _check_capabilities() -> None:
+    """The tables spell exactly what compiler_core.target says each target spells (lowerings ask it)."""
+    for target in ("cuda", "interpret"):
+        caps = capabilities(target)
+        if set(unary_table(target)) != caps.unary or set(binary_table(target)) != caps.binary:
+            raise CodegenError(f"codegen's {target} spellings differ from compiler_core.target's capabilities: "
+                               f"{sorted(set(unary_table(target)) ^ caps.unary)} "
+                               f"{sorted(set(binary_table(target)) ^ caps.binary)}")
+
+
+_check_capabilities()
 
 
 REDUCE_IDENTITY = {"sum": 0, "prod": 1, "max": "-inf", "min": "inf"}

@@ -6,12 +6,13 @@ from typing import Any
 
 import torch
 
-from fxcc.compiler_core.codegen.attention import HEAD_DIMS, AttentionParams
 from fxcc.compiler_core.errors import UnsupportedOp
 from fxcc.compiler_core.ir.nodes import Buffer, Lazy, StridedView, TensorValue, make_loader
-from fxcc.compiler_core.lowering import TemplateKernel, current_graph, node_val, register_lowering
+from fxcc.compiler_core.ir.templates import AttentionParams
+from fxcc.compiler_core.lowering.core import TemplateKernel, current_graph, node_val, register_lowering
 from fxcc.compiler_core.sizevars import contiguous_strides
 from fxcc.compiler_core.symbolic import is_symbolic, sizes_of, strides_of
+from fxcc.compiler_core.target import ATTENTION_HEAD_DIMS
 from fxcc.compiler_core.wire import NodeRef, target_name
 
 
@@ -32,7 +33,7 @@ def flash_attention(q: TensorValue, k: TensorValue, v: TensorValue, scale: float
         raise UnsupportedOp(f"attention template takes no {q.dtype}")
     z, h, q_len, head_dim = q.sizes
     kv_len, value_dim = k.sizes[2], v.sizes[3]
-    if is_symbolic(head_dim) or is_symbolic(value_dim) or head_dim not in HEAD_DIMS or value_dim not in HEAD_DIMS:
+    if is_symbolic(head_dim) or is_symbolic(value_dim) or head_dim not in ATTENTION_HEAD_DIMS or value_dim not in ATTENTION_HEAD_DIMS:
         raise UnsupportedOp(f"attention template takes no head dims {head_dim}, {value_dim}")
     views = [_dense_last(g, t) for t in (q, k, v)]
     out = g.add_buffer(Buffer(g.new_name("attn"), val.dtype, sizes_of(val), strides_of(val), "computed"))

@@ -12,9 +12,10 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 from fxcc.compiler_core.errors import UnsupportedOp
 from fxcc.compiler_core.ir.nodes import Lazy, Loader, StridedView, TensorValue, index_vars, make_loader
 from fxcc.compiler_core.ir.ops import compute_dtype, ops
-from fxcc.compiler_core.lowering import node_val
+from fxcc.compiler_core.lowering.core import current_graph, node_val
 from fxcc.compiler_core.sizevars import Expr, FloorDiv, ModularIndexing, linear_index, simplify_index
 from fxcc.compiler_core.symbolic import hints_of, is_symbolic, sizes_of
+from fxcc.compiler_core.target import capabilities
 
 Kind = ELEMENTWISE_TYPE_PROMOTION_KIND
 SUPPORTED_DTYPES = frozenset({
@@ -148,10 +149,8 @@ def _size(e: Expr) -> Any:
 
 def require(*ops_needed: str) -> None:
     """Raise UnsupportedOp unless the target's renderer spells every op exactly."""
-    from fxcc.compiler_core.codegen.triton import supports
-    from fxcc.compiler_core.lowering import current_graph
-
     target = current_graph().target
+    caps = capabilities(target)
     for op in ops_needed:
-        if not supports(op, target):
+        if not caps.spells(op):
             raise UnsupportedOp(f"{op} has no exact {target} spelling")

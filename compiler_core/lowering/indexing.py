@@ -20,8 +20,8 @@ import torch
 from fxcc.compiler_core.errors import UnsupportedOp
 from fxcc.compiler_core.ir.nodes import Lazy, TensorValue, count_ops, make_loader
 from fxcc.compiler_core.ir.ops import compute_dtype, ops
-from fxcc.compiler_core.lowering import aten, current_graph, node_val, register_lowering
 from fxcc.compiler_core.lowering.common import broadcast_loader, check_dtypes, is_tensor, remap_view
+from fxcc.compiler_core.lowering.core import aten, current_graph, node_val, register_lowering
 from fxcc.compiler_core.sizevars import Expr
 from fxcc.compiler_core.symbolic import sizes_of
 

@@ -10,8 +10,8 @@ import torch
 from fxcc.compiler_core.errors import UnsupportedOp
 from fxcc.compiler_core.ir.nodes import Lazy, Loader, TensorValue, make_loader
 from fxcc.compiler_core.ir.ops import compute_dtype, ops
-from fxcc.compiler_core.lowering import aten, node_val, register_lowering
 from fxcc.compiler_core.lowering.common import broadcast_loader, check_dtypes, remap_view, require
+from fxcc.compiler_core.lowering.core import aten, node_val, register_lowering
 from fxcc.compiler_core.lowering.reduction import _keep_or_squeeze, _two_pass
 from fxcc.compiler_core.sizevars import Expr, FloorDiv, flatten, unflatten
 from fxcc.compiler_core.symbolic import sizes_of

@@ -10,9 +10,10 @@ import torch
 from fxcc.compiler_core.errors import UnsupportedOp
 from fxcc.compiler_core.ir.nodes import Lazy, TensorValue
 from fxcc.compiler_core.ir.ops import compute_dtype, ops
-from fxcc.compiler_core.lowering import aten, node_val, prims, register_lowering
 from fxcc.compiler_core.lowering.common import Kind, check_dtypes, is_tensor, operand, pointwise, require
+from fxcc.compiler_core.lowering.core import aten, current_graph, node_val, prims, register_lowering
 from fxcc.compiler_core.symbolic import sizes_of
+from fxcc.compiler_core.target import capabilities
 
 _FLOAT_UNARY = {
     aten.sin: "sin", aten.cos: "cos", aten.tan: "tan", aten.exp: "exp", aten.exp2: "exp2",
@@ -120,9 +121,7 @@ _VIA_FLOAT64 = {
 
 
 def has_spelling(op: str) -> bool:
-    from fxcc.compiler_core.codegen.triton import supports
-    from fxcc.compiler_core.lowering import current_graph
-    return supports(op, current_graph().target)
+    return capabilities(current_graph().target).spells(op)
 
 
 for _packet, _name in _FLOAT_UNARY.items():

@@ -15,8 +15,8 @@ import torch
 from fxcc.compiler_core.errors import UnsupportedOp
 from fxcc.compiler_core.ir.nodes import Lazy, Pointwise, Reduction, StridedView, TensorValue, make_loader
 from fxcc.compiler_core.ir.ops import compute_dtype, ops
-from fxcc.compiler_core.lowering import aten, current_graph, node_val, register_lowering
 from fxcc.compiler_core.lowering.common import broadcast_loader, check_dtypes, require
+from fxcc.compiler_core.lowering.core import aten, current_graph, node_val, register_lowering
 from fxcc.compiler_core.sizevars import Expr, flatten, numel, unflatten
 from fxcc.compiler_core.symbolic import is_symbolic, sizes_of, strides_of
 

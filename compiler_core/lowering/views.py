@@ -15,8 +15,8 @@ import sympy
 from fxcc.compiler_core.errors import UnsupportedOp
 from fxcc.compiler_core.ir.nodes import Lazy, TensorValue
 from fxcc.compiler_core.ir.ops import compute_dtype, ops
-from fxcc.compiler_core.lowering import aten, node_val, prims, register_lowering
 from fxcc.compiler_core.lowering.common import remap_view
+from fxcc.compiler_core.lowering.core import aten, node_val, prims, register_lowering
 from fxcc.compiler_core.sizevars import Expr, ModularIndexing, flatten, numel, unflatten
 from fxcc.compiler_core.symbolic import sizes_of
 

@@ -18,7 +18,7 @@ client graph) and only where the result is the same:
 
 fxcc's own flash-attention kernel (codegen.attention) replaces the aten kernel where the request
 allows it: fp32 with TF32 allowed (`CompileOptions.allow_tf32`), static power-of-two head dims
-(codegen.attention.HEAD_DIMS), on CUDA or the interpreter. The chain then becomes one
+(compiler_core.target.ATTENTION_HEAD_DIMS), on CUDA or the interpreter. The chain then becomes one
 `fxcc.flash_attention` node, which the lowering turns into a template kernel. Direct SDPA calls
 that AOTAutograd left in the graph (F.scaled_dot_product_attention: aten's memory-efficient op on
 CUDA, the CPU flash op in the interpreter) become that node too, where only their attention
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from fxcc.compiler_core.codegen import attention as template
 from fxcc.compiler_core.graph import rebuild_graph
+from fxcc.compiler_core.target import ATTENTION_DTYPES, ATTENTION_HEAD_DIMS
 from fxcc.compiler_core.wire import BoolArg, FloatArg, GraphSpec, IntArg, Node, NodeRef, NoneArg
 
 log = logging.getLogger("fxcc.passes.attention")
@@ -156,12 +156,12 @@ def template_applies(dtypes: tuple[torch.dtype, ...], dims: tuple[object, ...], 
     """
     if target not in ("cuda", "interpret") or len(set(dtypes)) != 1 or not dense:
         return False
-    if dtypes[0] not in template.DTYPES or (dtypes[0] == torch.float32 and not allow_tf32):
+    if dtypes[0] not in ATTENTION_DTYPES or (dtypes[0] == torch.float32 and not allow_tf32):
         return False
     e, ek, ev = dims
     if not all(isinstance(d, int) for d in dims) or e != ek:
         return False
-    return e in template.HEAD_DIMS and ev in template.HEAD_DIMS
+    return e in ATTENTION_HEAD_DIMS and ev in ATTENTION_HEAD_DIMS
 
 
 def find_direct_sdpa(gm: fx.GraphModule, target: str, allow_tf32: bool) -> list[SdpaMatch]:

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from fxcc.compiler_core.artifact import ArtifactManifest
 from fxcc.service.checker import Checked, CheckLimits, pool_for
 from fxcc.service.deps import ClientDep, SettingsDep, StoreDep, require
-from fxcc.service.settings import ServiceSettings
+from fxcc.service.settings import ServiceSettings, api_processes
 from fxcc.service.store import Store
 
 router = APIRouter(prefix="/v1", tags=["compile"], dependencies=[Depends(require("client"))])
@@ -57,8 +57,6 @@ def checker_pool(settings: ServiceSettings) -> Any:
 def check_limits(settings: ServiceSettings) -> CheckLimits:
     """The checkers' limits; FXCC_CHECK_PROCESSES=0 (default) means 2 in a lone API process and 1
     in each of several (each checker holds torch: about 0.5 GB at rest)."""
-    from fxcc.service.server import api_processes
-
     processes = settings.check_processes or (2 if api_processes(settings) == 1 else 1)
     return CheckLimits(processes=processes, timeout_s=settings.check_timeout_s,
                        memory_mb=settings.check_memory_mb, per_principal=settings.check_per_principal,

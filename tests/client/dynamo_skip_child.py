@@ -174,10 +174,10 @@ elif phase == "guards":
             loaded = torch.compiler.load_compiled_function(f)
         case(out, "aot_compile_loaded", loaded, for_aot_compile, x, grad=True)
 elif phase == "trust":
-    real_fxcc = fxcc.__version__
-    fxcc.__version__ = real_fxcc + "+another"
+    real_fxcc = fxcc.version.__version__
+    fxcc.version.__version__ = real_fxcc + "+another"
     case(out, "fxcc_version", torch.compile(other_fxcc, backend="fxcc"), other_fxcc, x)
-    fxcc.__version__ = real_fxcc
+    fxcc.version.__version__ = real_fxcc
     from fxcc.client import pre_aot
 
     real_torch = torch.__version__

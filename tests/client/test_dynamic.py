@@ -157,7 +157,7 @@ def test_a_variant_that_fails_to_compile_costs_only_its_own_calls(monkeypatch):
     """With the variant's compile failing (a service outage), calls of sizes only a variant would
     serve run eagerly (one warning); calls the plan serves keep running it; after the retry
     delay a working compile adds the variant."""
-    from fxcc.client import backend
+    from fxcc.client import backend, graphs
     from fxcc.client.runtime import PlanRunner
 
     seen = _narrow_the_dynamic_artifact(monkeypatch)
@@ -191,7 +191,7 @@ def test_a_variant_that_fails_to_compile_costs_only_its_own_calls(monkeypatch):
         for x, y in zip(xs, got):
             torch.testing.assert_close(y, model(x))
         assert runs["plan"] - before == 2  # batches 5 and 7 still ran the compiled plan
-        monkeypatch.setattr(backend, "VARIANT_RETRY_S", 0.0)
+        monkeypatch.setattr(graphs, "VARIANT_RETRY_S", 0.0)
         down["now"] = False
         x = torch.randn(12, 16)
         torch.testing.assert_close(compiled(x), model(x))

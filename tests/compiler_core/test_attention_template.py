@@ -118,7 +118,6 @@ def test_a_failing_template_lowering_runs_the_op_as_an_extern_call(monkeypatch: 
         raise RuntimeError("template lowering bug")
 
     op = resolve_target(TEMPLATE_OP)
-    lowering._load_lowerings()
     monkeypatch.setitem(lowering.LOWERINGS, op, broken)
     inputs = qkv(2, 2, 20, 16)
     art = compiled(traced(causal_sdpa, *inputs), tf32=True)

@@ -21,14 +21,13 @@ from fxcc.compiler_core.autotune import (
     autotune_artifact,
     autotune_for_target,
     candidate_configs,
-    mismatch,
     retile_step,
-    select_config,
 )
 from fxcc.compiler_core.build import compile_and_build
 from fxcc.compiler_core.codegen.triton import next_pow2
 from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.errors import AutotuneError
+from fxcc.compiler_core.tuning import mismatch, select_config
 from fxcc.compiler_core.wire import CompileRequest, IntArg, NodeRef, Target
 
 # ---------------------------------------------------------------- candidates

@@ -8,13 +8,13 @@ from fxcc.compiler_core.sizevars import (
     FloorDiv,
     ModularIndexing,
     contiguous_strides,
-    dense_strides_like,
     flatten,
     linear_index,
     render_index,
     simplify_index,
     unflatten,
 )
+from fxcc.compiler_core.symbolic import dense_strides_like
 
 
 def test_contiguous_load_is_xindex():

@@ -19,8 +19,7 @@ from fxcc.compiler_core.artifact import Artifact
 from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.signing import Signer, TrustedKeys, generate
 from fxcc.service.redis_store import RedisStore
-from fxcc.service.server import api_processes
-from fxcc.service.settings import ServiceSettings
+from fxcc.service.settings import ServiceSettings, api_processes
 from tests.service.conftest import unary_request
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,0 +1,19 @@
+"""What a template kernel's source depends on, as lowering describes it for codegen to render."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionParams:
+    """What the source of one attention kernel depends on (sizes and strides are arguments)."""
+
+    head_dim: int
+    value_dim: int
+    causal: bool
+    scale: float
+    dtype: torch.dtype
+    precision: str  # tl.dot's input_precision for fp32 inputs: "tf32" or "ieee"
