@@ -228,10 +228,16 @@ class ArtifactManifest(_Model):
     plan: Plan
     kernels: list[KernelInfo] = Field(default_factory=list)
     stats: CompileStats = Field(default_factory=CompileStats)
+    # What the compile did, stage by stage, for the service's compile explorer (a JSON blob of
+    # compiler_core.stage_logs: the aten graph, the schedule's fusion decisions, the plan, the
+    # guards). Data to show, never run; clients ignore it.
+    stage_log: BlobRef | None = None
 
     def blob_refs(self) -> list[BlobRef]:
         refs = [k.source for k in self.kernels]
         refs += [b for k in self.kernels for b in k.binaries.values()]
+        if self.stage_log is not None:
+            refs.append(self.stage_log)
         return refs
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import sympy
 from torch import fx
 
+from fxcc.compiler_core import stage_logs
 from fxcc.compiler_core.artifact import (
     Artifact,
     ArtifactManifest,
@@ -55,11 +56,13 @@ def compile_request(request: CompileRequest) -> Artifact:
     """Compile one graph for its target. Raises FxccError subclasses on bad input."""
     t0 = time.perf_counter()
     key = compile_key(request)
-    plan, kernels, stats, blobs = compile_or_extern(request.graph, request.hints, request.options.target.kind,
-                                                    request.options.allow_tf32, f"key {key[:12]}")
+    with stage_logs.recording() as stages:
+        plan, kernels, stats, blobs = compile_or_extern(request.graph, request.hints, request.options.target.kind,
+                                                        request.options.allow_tf32, f"key {key[:12]}")
     stats = stats.model_copy(update={"compile_s": round(time.perf_counter() - t0, 4)})
     manifest = ArtifactManifest(key=key, versions=local_versions(), target=request.options.target,
-                                plan=plan, kernels=kernels, stats=stats)
+                                plan=plan, kernels=kernels, stats=stats,
+                                stage_log=add_blob(blobs, stage_logs.stage_log_json(stages)))
     return Artifact(manifest, blobs)
 
 

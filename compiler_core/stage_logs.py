@@ -16,10 +16,13 @@ service): set FXCC_LOGS there. Without it nothing is formatted.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import sympy
@@ -45,6 +48,12 @@ def configure(spec: str | None = None) -> set[str]:
     unknown = sorted(names - set(STAGES))
     if unknown:
         raise ValueError(f"FXCC_LOGS names unknown stages {unknown}; known: {', '.join(STAGES)}, all")
+    for stage in set(STAGES) - names:
+        # Note: off unless named (or given a level of their own by the process's logging setup),
+        # whatever the root logger's level: a service logging at INFO (`fxcc serve`) formatted
+        # every stage of every compile, the loop IR included.
+        if logger(stage).level == logging.NOTSET:
+            logger(stage).setLevel(logging.WARNING)
     for stage in names:
         log = logger(stage)
         log.setLevel(logging.INFO)
@@ -59,8 +68,58 @@ def configure(spec: str | None = None) -> set[str]:
 _configured = False
 
 
+# ---------------------------------------------------------------- the artifact's stage log
+
+# What an artifact keeps of its compile for the service to show (the compile explorer): the aten
+# graph, the schedule with its fusion decisions, the plan and the guards; the loop IR and the
+# kernels' sources are not kept (the sources are blobs of their own). Each stage's text is cut at
+# RECORD_MAX_CHARS, saying so: the log stays small next to the kernels it describes.
+RECORDED = ("graph", "schedule", "plan", "guards")
+RECORD_MAX_CHARS = 32_768
+_RECORDING: ContextVar[list[dict[str, str]] | None] = ContextVar("fxcc_stage_record", default=None)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[dict[str, str]]]:
+    """Record the RECORDED stages of the compiles inside (each {"stage", "title", "text"}), whether
+    or not FXCC_LOGS prints them."""
+    entries: list[dict[str, str]] = []
+    token = _RECORDING.set(entries)
+    try:
+        yield entries
+    finally:
+        _RECORDING.reset(token)
+
+
+def stage_log_json(entries: list[dict[str, str]]) -> bytes:
+    """The stage log as an artifact stores it (a blob the manifest names)."""
+    return json.dumps({"schema": 1, "stages": entries}, sort_keys=True, separators=(",", ":")).encode()
+
+
+_BUDGET: ContextVar[int | None] = ContextVar("fxcc_stage_budget", default=None)
+
+
+def _cut(text: str) -> str:
+    if len(text) <= RECORD_MAX_CHARS:
+        return text
+    return text[:RECORD_MAX_CHARS] + f"\n... ({len(text) - RECORD_MAX_CHARS} more characters not kept)"
+
+
+def _joined(lines: Iterable[str], total: int) -> str:
+    """`lines` joined, stopping once past the budget of a recording-only emit (of `total` lines):
+    a big graph's stage log costs no more to make than the part of it that is kept."""
+    budget, out, size = _BUDGET.get(), [], 0
+    for line in lines:
+        out.append(line)
+        size += len(line) + 1
+        if budget is not None and size > budget:
+            out.append(f"... ({total - len(out)} more lines not kept)")
+            break
+    return "\n".join(out)
+
+
 def emit(stage: str, title: str, text: Callable[[], str]) -> None:
-    """Log `text()` (formatted only when `stage` is on) under a title naming the graph."""
+    """Log `text()` (formatted only when `stage` is on, or is recorded) under a title naming the graph."""
     global _configured
     if not _configured:
         _configured = True
@@ -69,8 +128,19 @@ def emit(stage: str, title: str, text: Callable[[], str]) -> None:
         except ValueError as e:
             logging.getLogger("fxcc.compile").warning("%s", e)
     log = logger(stage)
-    if log.isEnabledFor(logging.INFO):
-        log.info("===== %s: %s =====\n%s", stage, title, text())
+    entries = _RECORDING.get() if stage in RECORDED else None
+    if not log.isEnabledFor(logging.INFO) and entries is None:
+        return
+    printing = log.isEnabledFor(logging.INFO)
+    token = _BUDGET.set(None if printing else RECORD_MAX_CHARS - 256)
+    try:
+        body = text()
+    finally:
+        _BUDGET.reset(token)
+    if printing:
+        log.info("===== %s: %s =====\n%s", stage, title, body)
+    if entries is not None:
+        entries.append({"stage": stage, "title": title, "text": _cut(body)})
 
 
 # ---------------------------------------------------------------- the formats
@@ -78,17 +148,17 @@ def emit(stage: str, title: str, text: Callable[[], str]) -> None:
 
 def format_graph(gm: Any) -> str:
     """The FX graph: `name = target(args)  # dtype[sizes]` a node."""
-    lines = []
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        shape = f"  # {_describe(val)}" if val is not None else ""
-        if node.op == "placeholder":
-            lines.append(f"{node.name}: input{shape}")
-        elif node.op == "output":
-            lines.append(f"return {_args(node.args[0])}")
-        else:
-            lines.append(f"{node.name} = {_target(node.target)}({_args(node.args, node.kwargs)}){shape}")
-    return "\n".join(lines)
+    def lines() -> Iterator[str]:
+        for node in gm.graph.nodes:
+            val = node.meta.get("val")
+            shape = f"  # {_describe(val)}" if val is not None else ""
+            if node.op == "placeholder":
+                yield f"{node.name}: input{shape}"
+            elif node.op == "output":
+                yield f"return {_args(node.args[0])}"
+            else:
+                yield f"{node.name} = {_target(node.target)}({_args(node.args, node.kwargs)}){shape}"
+    return _joined(lines(), len(gm.graph.nodes))
 
 
 def format_ir(lowered: Any) -> str:
@@ -127,18 +197,17 @@ def format_schedule(items: Sequence[Any]) -> str:
     """Kernels and extern calls in launch order; for each kernel its nodes, stores and why it ended."""
     from fxcc.compiler_core.scheduler import Kernel
 
-    out = []
-    for i, item in enumerate(items):
-        if isinstance(item, Kernel):
-            kind = "looped" if item.looped else "persistent" if item.rnumel != 1 else "pointwise"
-            out.append(f"[{i}] kernel ({kind}, x={item.xnumel}, r={item.rnumel}): "
-                       f"{', '.join(n.name for n in item.nodes)}")
-            out.append(f"      stores: {', '.join(sorted(item.stored)) or 'nothing'}")
-            if item.closed_by:
-                out.append(f"      ended: {item.closed_by}")
-        else:
-            out.append(f"[{i}] extern {item.op} -> {item.out}")
-    return "\n".join(out)
+    def lines() -> Iterator[str]:
+        for i, item in enumerate(items):
+            if isinstance(item, Kernel):
+                kind = "looped" if item.looped else "persistent" if item.rnumel != 1 else "pointwise"
+                yield (f"[{i}] kernel ({kind}, x={item.xnumel}, r={item.rnumel}): "
+                       f"{', '.join(n.name for n in item.nodes)}\n"
+                       f"      stores: {', '.join(sorted(item.stored)) or 'nothing'}"
+                       + (f"\n      ended: {item.closed_by}" if item.closed_by else ""))
+            else:
+                yield f"[{i}] extern {item.op} -> {item.out}"
+    return _joined(lines(), len(items))
 
 
 def format_kernels(rendered: dict[int, Any]) -> str:
@@ -148,12 +217,13 @@ def format_kernels(rendered: dict[int, Any]) -> str:
 
 def format_plan(plan: Any) -> str:
     """The plan's steps, one a line."""
-    out = [f"inputs: {', '.join(plan.inputs)}"]
-    for step in plan.steps:
-        fields = step.model_dump(exclude={"kind"}, exclude_defaults=True, mode="json")
-        out.append(f"{step.kind:7s} {fields}")
-    out.append(f"outputs: {[a.model_dump(mode='json') for a in plan.outputs]}")
-    return "\n".join(out)
+    def lines() -> Iterator[str]:
+        yield f"inputs: {', '.join(plan.inputs)}"
+        for step in plan.steps:
+            fields = step.model_dump(exclude={"kind"}, exclude_defaults=True, mode="json")
+            yield f"{step.kind:7s} {fields}"
+        yield f"outputs: {[a.model_dump(mode='json') for a in plan.outputs]}"
+    return _joined(lines(), len(plan.steps) + 2)
 
 
 def format_guards(plan: Any) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -9,6 +10,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from fxcc.service import stats
 from fxcc.service.auth import Authenticator
 from fxcc.service.handlers import BodySizeLimit, LoopbackGuard, install_handlers
 from fxcc.service.routes import (
@@ -19,6 +21,7 @@ from fxcc.service.routes import (
     compile,
     dashboard,
     dead_letters,
+    explorer,
     health,
     hits,
     jobs,
@@ -61,9 +64,13 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         consumers = start_embedded_workers(store, settings, stop) if store.mode == "embedded" else []
         if settings.compile_process_warm:
             compile.checker_pool(settings).start()  # they import torch meanwhile
+        sampling = asyncio.Event()
+        sampler = asyncio.create_task(stats.sample_minutes(store, sampling))
         try:
             yield
         finally:
+            sampling.set()
+            await sampler
             stop.set()
             await store.aclose()
             store.close()
@@ -78,7 +85,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     if settings.loopback_guard:  # added last, so it runs first: a refused request costs nothing more
         app.add_middleware(LoopbackGuard, allowed_hosts=settings.allowed_hosts)
     install_handlers(app, quota_retry_after_s=settings.quota_retry_after_s)
-    for router in (compile.router, jobs.router, artifacts.router, bundles.router, pre_aot.router, packages.router, status.router, cache.router,
+    for router in (compile.router, jobs.router, explorer.router, artifacts.router, bundles.router, pre_aot.router, packages.router, status.router, cache.router,
                    dead_letters.router, admin.router, metrics.router, health.router, dashboard.router):
         app.include_router(router)  # each router declares the role it needs
     document_raw_bodies(app)

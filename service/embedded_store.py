@@ -28,6 +28,7 @@ from fxcc.compiler_core.artifact import (
 )
 from fxcc.service.store import (
     ANONYMOUS,
+    MINUTES_KEPT,
     PRIORITIES,
     RUNNING_STAGES,
     ArtifactTooLarge,
@@ -93,6 +94,7 @@ class EmbeddedStore:
         self._cond = threading.Condition()
         self._put_lock = threading.Lock()
         self._jobs: dict[str, JobRecord] = {}
+        self._minutes: dict[int, dict[str, int]] = {}  # the dashboard's per-minute counters (in memory)
         self._requests: dict[str, str] = {}
         self._inflight: dict[str, str] = {}
         self._tune_inflight: dict[str, str] = {}  # artifact key -> its tune job (one in flight per key)
@@ -237,6 +239,16 @@ class EmbeddedStore:
 
     def cache_entries(self) -> int:
         return len(self.list_artifacts(1 << 62))
+
+    def record_minute(self, minute: int, counters: dict[str, int]) -> None:
+        with self._cond:
+            self._minutes.setdefault(minute, dict(counters))
+            for old in [m for m in self._minutes if m <= minute - MINUTES_KEPT]:
+                del self._minutes[old]
+
+    def minutes(self, first: int, last: int) -> list[dict[str, int]]:
+        with self._cond:
+            return [dict(c, minute=m) for m, c in sorted(self._minutes.items()) if first <= m <= last]
 
     # ------------------------------------------------------------ pre-AOT entries
 

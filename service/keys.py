@@ -13,6 +13,7 @@ MANIFEST_INDEX = "manifests"  # set of the keys that have a manifest (for listin
 BUNDLE = "bundle:{key}"
 BUNDLES_OF = "bundles:of:{key}"  # set: the bundle keys holding an artifact key (to delete them with it)
 CACHE_COUNTERS = "stats:cache"  # hash of counters: hits, misses, puts, rejected, bytes
+STATS_MINUTE = "stats:minute:{minute}"  # JSON counters at the start of one Unix minute (SET NX, 2 h; the dashboard's charts)
 # a pre-AOT entry (a Dynamo graph's pre-AOT key -> the artifact it compiled to) of one principal, as
 # JSON; expires after pre_aot_ttl_s unless written again (routes/pre_aot.py)
 PRE_AOT = "preaot:{principal}:{key}"
@@ -86,6 +87,9 @@ class RedisKeys:
 
     def bundles_of(self, key: str) -> str:
         return self.prefix + BUNDLES_OF.format(key=key)
+
+    def stats_minute(self, minute: int) -> str:
+        return self.prefix + STATS_MINUTE.format(minute=minute)
 
     def pre_aot(self, principal: str, key: str) -> str:
         return self.prefix + PRE_AOT.format(principal=principal, key=key)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import hashlib
+import json
 import logging
 import time
 from dataclasses import replace
@@ -18,7 +19,7 @@ from fxcc.compiler_core.errors import ArtifactError
 from fxcc.service import redis_scripts as lua
 from fxcc.service.keys import RedisKeys
 from fxcc.service.redis_pipelined import CONNECT_TIMEOUT_S, RESPONSE_TIMEOUT_S, PipelinedRedis, supports
-from fxcc.service.store import ArtifactTooLarge, Hit, StoredArtifact
+from fxcc.service.store import MINUTES_KEPT, ArtifactTooLarge, Hit, StoredArtifact
 
 log = logging.getLogger("fxcc.service.redis")
 
@@ -313,6 +314,14 @@ class RedisCache:
 
     def cache_entries(self) -> int:
         return int(self.c.scard(self.k.manifest_index))
+
+    def record_minute(self, minute: int, counters: dict[str, int]) -> None:
+        self.c.set(self.k.stats_minute(minute), json.dumps(counters), nx=True, ex=MINUTES_KEPT * 60)
+
+    def minutes(self, first: int, last: int) -> list[dict[str, int]]:
+        wanted = list(range(max(first, last - MINUTES_KEPT), last + 1))
+        found = self.c.mget([self.k.stats_minute(m) for m in wanted]) if wanted else []
+        return [dict(json.loads(v), minute=m) for m, v in zip(wanted, found) if v is not None]
 
 
 class BundleCache:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
 from typing import Any
 
 from fxcc.service.store import Store
+
+log = logging.getLogger("fxcc.service")
 
 
 def gather_stats(store: Store) -> dict[str, Any]:
@@ -28,6 +33,34 @@ def gather_stats(store: Store) -> dict[str, Any]:
     pre_aot = {name: counters.get(f"pre_aot_{name}", 0) for name in ("hits", "misses", "puts", "refused")}
     return {"store": store.mode, "queue": store.queue_depths(), "tune": store.tune_depths(),
             "workers": workers, "jobs": store.job_counts(), "cache": cache, "pre_aot": pre_aot}
+
+
+MINUTE_COUNTERS = ("hits", "misses", "puts", "rejected")
+SAMPLE_EVERY_S = 15.0
+
+
+def record_minute(store: Store, now: float | None = None) -> int:
+    """Keep the cache counters as they are now as the current minute's, unless it is kept; the minute."""
+    minute = int((time.time() if now is None else now) // 60)
+    counters = store.counters()
+    store.record_minute(minute, {k: int(counters.get(k, 0)) for k in MINUTE_COUNTERS})
+    return minute
+
+
+async def sample_minutes(store: Store, stop: asyncio.Event) -> None:
+    """Each minute's counters, for the dashboard's hit-rate chart (an API process's lifespan runs
+    it; with several processes the first to sample a minute keeps it)."""
+    last = None
+    while not stop.is_set():
+        minute = int(time.time() // 60)
+        if minute != last:
+            try:
+                await asyncio.to_thread(record_minute, store)
+                last = minute
+            except Exception as e:  # noqa: BLE001 - only the charts' history
+                log.warning("could not sample the cache counters: %s", e)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), SAMPLE_EVERY_S)
 
 
 def render_metrics(stats: dict[str, Any]) -> str:

@@ -202,6 +202,7 @@ class ArtifactTooLarge(FxccError):
 # conflict: the job is running (and the caller no admin) or finished; missing: no such job (for a
 # principal: none of its own).
 CancelOutcome = Literal["cancelled", "detached", "conflict", "missing"]
+MINUTES_KEPT = 120  # how long the per-minute counters of the dashboard's charts are kept
 ANONYMOUS = "anonymous"  # the principal of requests without a token, where anonymous access is on
 
 
@@ -273,6 +274,15 @@ class Store(Protocol):
     def counters(self) -> dict[str, int]: ...
 
     def cache_entries(self) -> int: ...
+
+    def record_minute(self, minute: int, counters: dict[str, int]) -> None:
+        """Keep `counters` as they were at the start of Unix minute `minute` (for MINUTES_KEPT
+        minutes), unless that minute is kept already (several API processes sample it)."""
+        ...
+
+    def minutes(self, first: int, last: int) -> list[dict[str, int]]:
+        """The kept minutes from `first` to `last`, oldest first, each with its `minute`."""
+        ...
 
     # ---- pre-AOT entries, one namespace per principal (routes/pre_aot.py)
     def put_pre_aot(self, principal: str, key: str, artifact_key: str, entry_json: bytes) -> bool:

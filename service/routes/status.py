@@ -1,7 +1,9 @@
-"""GET /v1/status (clients: queue, workers, cache counters) and GET /v1/stats (admins: the full picture)."""
+"""GET /v1/status (clients: queue, workers, cache counters), GET /v1/stats (admins: the full picture) and
+GET /v1/stats/history (admins: the cache counters a minute, the last hour)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fastapi import APIRouter, Depends
@@ -21,6 +23,14 @@ def get_status(store: StoreDep, principal: ClientDep) -> dict[str, Any]:
         workers = [{k: v for k, v in w.items() if k != "jobs"} for w in workers]
     return {"store": store.mode, "queue": store.queue_depths(), "tune": store.tune_depths(),
             "workers": workers, "cache": store.counters()}
+
+
+@router.get("/stats/history", dependencies=[Depends(require("admin"))])
+def get_history(store: StoreDep) -> list[dict[str, Any]]:
+    """The cache counters at the start of each of the last 60 minutes the service kept (`t` in Unix
+    seconds; hits, misses, puts, rejected): the dashboard charts the hit rate a minute from them."""
+    now = int(time.time() // 60)
+    return [dict(m, t=m["minute"] * 60) for m in store.minutes(now - 60, now)]
 
 
 @router.get("/stats", dependencies=[Depends(require("admin"))])

@@ -71,6 +71,25 @@ def test_stages_that_are_off_are_never_formatted(monkeypatch: pytest.MonkeyPatch
     compile_fn(lambda x: x.cos(), torch.randn(3))
 
 
+def test_a_process_logging_at_info_formats_no_stage_unless_named(monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    def boom(*args: object) -> str:
+        raise AssertionError("formatted although FXCC_LOGS does not name it")
+
+    for name in ("format_graph", "format_ir", "format_schedule", "format_kernels", "format_plan", "format_guards"):
+        monkeypatch.setattr(stage_logs, name, boom)
+    monkeypatch.setattr(stage_logs, "RECORDED", ())  # the artifact's stage log would format some
+    caplog.set_level(logging.INFO)  # the root logger, as `fxcc serve` sets it
+    try:
+        assert stage_logs.configure("") == set()
+        art = compile_fn(lambda x: x.cos(), torch.randn(3))
+        assert art.manifest.stats.kernels == 1  # a formatter's AssertionError would have made it extern
+        assert not [r for r in caplog.records if r.name.startswith("fxcc.logs.")]
+    finally:
+        for stage in stage_logs.STAGES:
+            stage_logs.logger(stage).setLevel(logging.NOTSET)
+
+
 def test_fxcc_logs_names_stages_or_all() -> None:
     try:
         assert stage_logs.configure("ir, plan") == {"ir", "plan"}
@@ -84,3 +103,18 @@ def test_fxcc_logs_names_stages_or_all() -> None:
             log.handlers.clear()
             log.setLevel(logging.NOTSET)
             log.propagate = True
+
+
+def test_the_artifact_keeps_a_bounded_stage_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from bench.compile_scaling import fan_graph
+
+    monkeypatch.setattr(stage_logs, "RECORD_MAX_CHARS", 2000)
+    art = compile_request(CompileRequest(graph=fan_graph(120)))
+    log = json.loads(art.blobs[art.manifest.stage_log.digest])
+    texts = {e["stage"]: e["text"] for e in log["stages"]}
+    assert set(texts) == {"graph", "schedule", "plan", "guards"} and log["schema"] == 1
+    for stage in ("graph", "plan"):  # 120 nodes and steps: cut, saying so
+        assert len(texts[stage]) <= 2000 and texts[stage].endswith("more lines not kept)"), texts[stage][-200:]
+    assert texts["graph"].startswith("x: input  # float32[8, 16]")

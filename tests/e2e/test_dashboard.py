@@ -121,3 +121,43 @@ def test_dashboard_lists_the_build_tasks_of_a_job_clicked(browser, service):
     for task in tasks:  # each task's kernel and the build consumer that ran it are on the page
         assert any(task["name"] in text and task["worker"] in text and "done" in text for text in cells), cells
     assert browser.find_element(By.ID, "error").text == ""
+
+
+def test_each_job_has_a_page_showing_its_compile(browser, service, tmp_path):
+    """The compile explorer: a job's row opens its page (#job=<id>) with its stages, kernels (source,
+    config), extern calls and the compile's stage log; the overview charts the finished compile."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    answer = httpx.post(f"{service}/v1/compile", content=_request(),
+                        headers={"Content-Type": "application/json"}, timeout=30).json()
+    job = answer["job_id"]
+    browser.get(service + "/")
+    wait = WebDriverWait(browser, 60, poll_frequency=0.1, ignored_exceptions=[StaleElementReferenceException])
+    row = f'tr[data-job="{job}"]'
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, row + " td.state")
+               and d.find_element(By.CSS_SELECTOR, row + " td.state").text == "done")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#compilechart svg rect"))  # the job, on the hour's chart
+    browser.find_element(By.CSS_SELECTOR, row).click()
+    wait.until(lambda d: d.find_element(By.ID, "jobview").is_displayed() and not d.find_element(By.ID, "overview").is_displayed())
+    assert browser.current_url.endswith(f"#job={job}")
+    explorer = httpx.get(f"{service}/v1/jobs/{job}/explorer", timeout=30).json()
+    [kernel] = explorer["kernels"]
+    wait.until(lambda d: kernel["name"] in d.find_element(By.CSS_SELECTOR, "#kernels tbody").text)
+    assert "lowering" in browser.find_element(By.ID, "jobstages").text
+    assert "none" in browser.find_element(By.ID, "jobexterns").text  # sin and cos fuse: no extern call
+    details = browser.find_element(By.CSS_SELECTOR, f'details.kernel[data-kernel="{kernel["name"]}"]')
+    details.find_element(By.TAG_NAME, "summary").click()
+    source = details.find_element(By.TAG_NAME, "pre").text
+    assert "@triton.jit" in source and f"def {kernel['name']}(" in source
+    schedule = browser.find_element(By.CSS_SELECTOR, 'details.stage[data-stage="schedule"] pre').text
+    assert "kernel (pointwise" in schedule and "s, c" in schedule
+    graph = browser.find_element(By.CSS_SELECTOR, 'details.stage[data-stage="graph"]')
+    graph.find_element(By.TAG_NAME, "summary").click()
+    assert "aten.cos.default(s)" in graph.find_element(By.TAG_NAME, "pre").text
+    assert browser.find_element(By.ID, "error").text == ""
+    shot = Path(os.environ.get("FXCC_EXPLORER_SCREENSHOT") or tmp_path / "explorer.png")
+    assert browser.save_screenshot(str(shot))
+    browser.find_element(By.CSS_SELECTOR, "a.back").click()
+    wait.until(lambda d: d.find_element(By.ID, "overview").is_displayed())
