@@ -54,20 +54,20 @@ class CheckRejected(FxccError):
 class TooCostly(FxccError):
     """Checking the request ran past its time or memory limit: the graph is too costly to accept."""
 
-    http_status = 422
+    kind = "invalid"
 
 
 class ChecksBusy(FxccError):
     """The principal has FXCC_CHECK_PER_PRINCIPAL requests being checked already."""
 
-    http_status = 429
+    kind = "quota"
     quota = "FXCC_CHECK_PER_PRINCIPAL"
 
 
 class CheckerUnavailable(FxccError):
     """No checker process could answer (it crashed, or could not start)."""
 
-    http_status = 503
+    kind = "unavailable"
 
 
 @dataclass(frozen=True)
@@ -242,7 +242,7 @@ def check_body(body: bytes, max_nodes: int) -> tuple[dict[str, Any], list[bytes]
 
     from fxcc.compiler_core.keys import compile_key
     from fxcc.compiler_core.wire import CompileRequest
-    from fxcc.service.handlers import validation_body
+    from fxcc.service.handlers import http_status, validation_body
 
     try:
         request = CompileRequest.model_validate_json(body)
@@ -252,7 +252,8 @@ def check_body(body: bytes, max_nodes: int) -> tuple[dict[str, Any], list[bytes]
     except ValidationError as e:
         return {"type": "rejected", "status": 422, "body": validation_body(e.errors(include_input=False))}, []
     except FxccError as e:
-        status = e.http_status if 400 <= e.http_status < 500 else 422
+        status = http_status(e)
+        status = status if 400 <= status < 500 else 422
         return {"type": "rejected", "status": status, "body": e.to_dict()}, []
     except Exception as e:
         log.warning("a request could not be checked", exc_info=True)

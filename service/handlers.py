@@ -67,18 +67,29 @@ def validation_body(errors: Sequence[Any]) -> dict[str, Any]:
     return error_body("ValidationError", f"{where}: {first['msg']}", detail=details)
 
 
+# The HTTP status of each kind of error (compiler_core/errors.py): errors carry kinds, the service
+# alone speaks HTTP. An error that knows its status (a checker's answer) says so as `http_status`.
+STATUS_OF_KIND = {"invalid": 422, "quota": 429, "unavailable": 503, "conflict": 409, "failed": 500}
+
+
+def http_status(exc: FxccError) -> int:
+    status = getattr(exc, "http_status", None)
+    return status if isinstance(status, int) else STATUS_OF_KIND.get(exc.kind, 500)
+
+
 async def _fxcc_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, FxccError)
     headers = None
-    if exc.http_status == 503:
+    status = http_status(exc)
+    if status == 503:
         headers = {"Retry-After": str(RETRY_AFTER_S)}
-    elif exc.http_status == 429:
+    elif status == 429:
         headers = {"Retry-After": str(request.app.state.quota_retry_after_s)}
         if getattr(exc, "quota", None):
             headers["X-Fxcc-Quota"] = exc.quota
-    elif exc.http_status >= 500:
+    elif status >= 500:
         log.error("%s %s failed: %s", request.method, request.url.path, exc)
-    return JSONResponse(status_code=exc.http_status, content=exc.to_dict(), headers=headers)
+    return JSONResponse(status_code=status, content=exc.to_dict(), headers=headers)
 
 
 async def _store_unavailable(request: Request, exc: Exception) -> JSONResponse:

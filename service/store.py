@@ -174,7 +174,7 @@ class Submitted:
 class QueueFull(FxccError):
     """A job stream holds stream_max_len entries: the service refuses more until workers catch up."""
 
-    http_status = 503
+    kind = "unavailable"
 
 
 def aborted_by(admin: str) -> JobError:
@@ -186,7 +186,7 @@ class QuotaExceeded(FxccError):
     """A principal holds as many unfinished jobs (or request bytes) as its quota allows: 429 for it
     alone, until some of its jobs finish."""
 
-    http_status = 429
+    kind = "quota"
 
     def __init__(self, principal: str, what: str, would_hold: int, limit: int, setting: str) -> None:
         super().__init__(f"principal {principal!r} would have {would_hold} {what} queued or running with this "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fxcc.compiler_core.errors import FxccError
+from fxcc.compiler_core.errors import FINAL_KINDS, FxccError
 from fxcc.service.store import ArtifactTooLarge, JobError
 
 
@@ -53,7 +53,7 @@ def is_final(exc: BaseException) -> bool:
         return exc.final
     if isinstance(exc, (CompileTimeout, CompileMemoryLimit, ArtifactTooLarge)):
         return True
-    return isinstance(exc, FxccError) and exc.http_status < 500
+    return isinstance(exc, FxccError) and exc.kind in FINAL_KINDS
 
 
 def job_error(exc: BaseException) -> JobError:

@@ -37,7 +37,7 @@ class NothingToTune(FxccError):
     """The tune job's artifact is gone (deleted, evicted) or refused (a bad signature): a retry
     cannot help, so the job fails at once."""
 
-    http_status = 409
+    kind = "conflict"
 
 
 class NoGpuForTuning(FxccError):

@@ -85,7 +85,7 @@ def test_refused_ops_are_invalid_graphs_naming_op_node_and_reason(target: str, r
     with pytest.raises(InvalidGraph) as info:
         resolve_target(target, node="n7")
     e = info.value
-    assert e.http_status == 422 and e.op == target and e.node == "n7"
+    assert e.kind == "invalid" and e.op == target and e.node == "n7"
     assert target in e.message and reason in e.message
 
 

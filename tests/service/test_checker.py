@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from fxcc.service.checker import CheckerPool, CheckLimits, CheckRejected, ChecksBusy, TooCostly
+from fxcc.service.handlers import http_status
 from tests.service.conftest import unary_request
 
 
@@ -80,7 +81,7 @@ def test_a_costly_body_is_stopped_and_holds_only_its_principals_slot(pool: Check
     assert pool.check(unary_request("aten.exp.default").model_dump_json().encode(), "bob").key
     t.join(120)
     assert len(outcome) == 1 and isinstance(outcome[0], TooCostly), outcome
-    assert "FXCC_CHECK_TIMEOUT_S" in str(outcome[0]) and outcome[0].http_status == 422
+    assert "FXCC_CHECK_TIMEOUT_S" in str(outcome[0]) and http_status(outcome[0]) == 422 and outcome[0].kind == "invalid"
     # The stopped checker was replaced: alice is checked again.
     assert pool.check(unary_request("aten.exp.default", sizes=(2, 2)).model_dump_json().encode(), "alice").key
 
