@@ -123,6 +123,8 @@ class PeakWindow:
         self.base_reserved = 0
 
     def start(self) -> None:
+        """Drop what the modes before held (Dynamo's caches, Inductor's cudagraph trees), then start."""
+        torch._dynamo.reset()
         if self.device != "cuda":
             return
         gc.collect()
@@ -146,8 +148,7 @@ def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def compiled(mode: str, module: torch.nn.Module) -> Callable[..., Any]:
-    """`module` under one of the suite's modes (after a Dynamo reset)."""
-    torch._dynamo.reset()
+    """`module` under one of the suite's modes (the caller has reset Dynamo: see PeakWindow.start)."""
     if mode == "eager":
         return module
     if mode == "inductor_default":
@@ -285,6 +286,7 @@ def measure_model(spec: ModelSpec, device: str, tiny: bool, modes: tuple[str, ..
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+        row["gpu"] = torch.cuda.get_device_name()
     try:
         built = spec.build(device, tiny)
     except Skip as e:
@@ -314,8 +316,7 @@ def versions() -> dict[str, Any]:
             out[lib] = importlib.import_module(lib).__version__
         except Exception:  # noqa: BLE001
             out[lib] = None
-    out["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    return out
+    return out  # the GPU's name is each row's (the parent never starts CUDA)
 
 
 def resolve(names: str) -> list[str]:
