@@ -123,6 +123,8 @@ class PlanRunner:
             elif isinstance(step, FreeStep):
                 self._steps.append(self._free(step))
         self._outputs = plan.outputs
+        # names and constants (a backward's None gradients) read as extern arguments are: decoded once
+        self._output_readers = [_arg_reader(a) for a in plan.outputs]
         # the common case, outputs that are all plan values: read by name, no decoding per call
         self._output_names = ([a.name for a in plan.outputs]
                               if all(isinstance(a, NodeRef) for a in plan.outputs) else None)
@@ -299,7 +301,8 @@ class PlanRunner:
         """The call's outputs, read from `env` once every step has run."""
         if self._output_names is not None:
             return tuple([env[n] for n in self._output_names])
-        return tuple(decode_arg(a, env, env.get(SYMS)) for a in self._outputs)
+        syms = env.get(SYMS)
+        return tuple([env[x] if kind is _REF else _read(kind, x, env, syms) for kind, x in self._output_readers])
 
 
 def _opaque_step(step: ExternStep, groups: tuple[str, ...] = ()) -> Callable[[dict[str, Any]], None]:
