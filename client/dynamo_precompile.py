@@ -349,8 +349,11 @@ def _patch_guards(cf: Any) -> None:
                 pass
         with dynamo_config.patch(caching_precompile=False):
             whole = original(**{**bound, "save_guards": False})
-        # a frame kept out of the package still hands torch a guards state, which it then ignores
-        whole.guards_state = b"" if saved is None else dynamo_identity.attach(saved.guards_state, identities)
+        # a frame kept out of the package still hands torch a guards state, which it then ignores;
+        # so does one whose guards torch could not serialize itself (it bypassed the package, left
+        # the state None and would then assert on it: a CLASS_MATCH guard, in transformers' T5)
+        state = None if saved is None else saved.guards_state
+        whole.guards_state = b"" if state is None else dynamo_identity.attach(state, identities)
         return whole
 
     check_function_manager._fxcc = True  # type: ignore[attr-defined]
