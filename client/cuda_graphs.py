@@ -27,8 +27,16 @@ Note: what a captured graph assumes, and how each assumption is kept:
   the pool's tensors for a backward), whose extern ops are all known to be capture-safe (no host
   sync, no random numbers, no data-dependent sizes) are graphed; a capture that fails anyway is
   reported once and the plan runs step by step from then on.
-- Ordering. Replays of one plan share one pool; a replay on another stream than the last one
-  first waits for it.
+- One pool. Every graph of the process on a device captures into one memory pool (a model's
+  graphs between graph breaks, several models, each plan's pointer sets), as Inductor's cudagraph
+  trees do: a capture takes the memory the captures before it freed (their temporaries), so the
+  pools of a model of N graphs hold about its largest graph's temporaries, not the sum of N. This
+  is safe because nothing a replay leaves in the pool outlives its call: outputs are copied out
+  (or, behind a cut, consumed and copied) before the call returns, and no caller's tensor (a
+  plan's input) is pool memory. So any graph may overwrite any other's temporaries and outputs
+  once that graph's call is over, whatever order they replay in.
+- Ordering. Captures and replays on one device hold the pool's lock, one at a time (a tail after
+  a cut included); a replay on another stream than the pool's last one first waits for it.
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ from fxcc.compiler_core.wire import NodeRef, _refs, torch_dtype
 
 log = logging.getLogger("fxcc.cuda_graphs")
 
-MAX_GRAPHS = 2  # pointer sets captured per plan (each adds only its outputs: the pool is shared)
+MAX_GRAPHS = 2  # pointer sets captured per plan (each adds little: the pool is shared)
 MIN_LAUNCHES = 8  # kernels + extern calls below which a graph saves too little to matter
 OUTPUT_SHARE = 50  # graphed only when the plan allocates ≥ this many times its outputs' bytes
 _MAX_SEEN = 16
@@ -59,7 +67,7 @@ class GraphStats:
     captures: int = 0
     replays: int = 0
     step_by_step: int = 0  # calls of graphable plans that ran step by step (first sight, misses)
-    pool_bytes: int = 0  # memory the graphs' pools reserved while capturing (held between calls)
+    pool_bytes: int = 0  # memory the shared pools reserved while capturing (held between calls)
     cut_plans: int = 0  # plans graphed up to a step, the rest step by step (outputs too large to copy)
     disabled: list[str] = field(default_factory=list)  # why a plan stopped trying
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -215,12 +223,9 @@ class GraphedPlan:
         self.graphs: dict[tuple[Any, ...], _Captured] = {}
         self.seen: set[tuple[Any, ...]] = set()
         self.disabled: str | None = None
-        self.pool: Any = None
         self.device: torch.device | None = None
-        self.lock = threading.Lock()
-        self.last_stream: Any = None
-        self.done: Any = None  # event recorded after the last replay's copies
-        self.pool_bytes = 0  # bytes the shared pool reserved while capturing
+        self.shared: SharedPool | None = None  # the device's pool, its lock and last replay (see module)
+        self.pool_bytes = 0  # bytes the shared pool grew by while this plan captured
         self.warmed = False  # whether the plan ran once on the capture stream
 
     def __call__(self, args: list[Any]) -> tuple[Any, ...]:
@@ -232,9 +237,11 @@ class GraphedPlan:
         device = next(a.device for a in args if isinstance(a, torch.Tensor))
         if self.device is None:
             self.device = device
+            self.shared = shared_pool(device)
         elif device != self.device:
             return self.runner(args)  # graphs (and their pool) live on the first GPU seen
-        with self.lock:  # replays share one pool: one at a time
+        assert self.shared is not None
+        with self.shared.lock:  # every graph of the device shares one pool: one at a time
             captured = self.graphs.get(key)
             if captured is None and key in self.seen and len(self.graphs) < MAX_GRAPHS:
                 captured = self._capture(args, key)
@@ -301,12 +308,11 @@ class GraphedPlan:
         return None
 
     def _capture(self, args: list[Any], key: tuple[Any, ...]) -> _Captured | None:
+        assert self.shared is not None
         try:
-            if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.device(self.device), \
-                    torch.cuda.graph(graph, pool=self.pool, stream=capture_stream(self.device),
+                    torch.cuda.graph(graph, pool=self.shared.handle(), stream=capture_stream(self.device),
                                      capture_error_mode="thread_local"):
                 before = torch.cuda.memory_reserved(self.device)  # after the cache was emptied for the capture
                 live = None
@@ -349,8 +355,10 @@ class GraphedPlan:
             with torch.cuda.device(self.device):
                 return self._replay(captured, args)
         stream = torch.cuda.current_stream()
-        if self.done is not None and stream != self.last_stream:
-            stream.wait_event(self.done)  # the pool's last user may still be running elsewhere
+        shared = self.shared
+        assert shared is not None
+        if shared.done is not None and stream != shared.last_stream:
+            stream.wait_event(shared.done)  # the pool's last user may still be running elsewhere
         captured.graph.replay()
         if captured.live is None:
             out = tuple(_copy_out(o, layout) for o, layout in zip(captured.outputs, captured.layouts))
@@ -362,12 +370,40 @@ class GraphedPlan:
             out = tuple(_copy_out(o, _layout(o)) if isinstance(o, torch.Tensor)
                         and o.untyped_storage().data_ptr() in pool else o
                         for o in self.runner.finish(env))  # type: ignore[attr-defined]
-        if self.done is None:
-            self.done = torch.cuda.Event()
-        self.done.record(stream)
-        self.last_stream = stream
+        if shared.done is None:
+            shared.done = torch.cuda.Event()
+        shared.done.record(stream)
+        shared.last_stream = stream
         stats.count("replays")
         return out
+
+
+class SharedPool:
+    """The CUDA graph memory pool every graphed plan of the process captures into on one device,
+    the lock its captures and replays hold, and the event of its last replay (see module Note)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self._handle: Any = None
+        self.done: Any = None  # recorded after the last replay's copies, on `last_stream`
+        self.last_stream: Any = None
+
+    def handle(self) -> Any:
+        if self._handle is None:
+            self._handle = torch.cuda.graph_pool_handle()
+        return self._handle
+
+
+_pools: dict[int, SharedPool] = {}
+
+
+def shared_pool(device: torch.device) -> SharedPool:
+    """The process's graph pool on `device` (made on first use)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _streams_lock:
+        if index not in _pools:
+            _pools[index] = SharedPool()
+        return _pools[index]
 
 
 _streams: dict[int, Any] = {}

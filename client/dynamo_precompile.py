@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import inspect
 import itertools
 import logging
 import re
@@ -300,6 +301,18 @@ def _patch_convert(cf: Any) -> None:
         package = getattr(self, "_package", None)
         if package is None or not getattr(package, "_fxcc", False) or dynamo_config.caching_precompile:
             return original(self, *args, **kwargs)
+        code = getattr(args[0] if args else kwargs.get("frame"), "f_code", None)
+        if code is not None and not _nameable(package, code):
+            # torch's package raises (PackageError) for a frame it cannot name: the frame
+            # compiles outside the package, as without one; the other frames stay in it.
+            log_once("unnameable", "a frame (%s) cannot be named in a package; it compiles outside it",
+                     getattr(code, "co_qualname", code.co_name))
+            with cf.compile_lock:
+                self._package = None
+                try:
+                    return original(self, *args, **kwargs)
+                finally:
+                    self._package = package
         with cf.compile_lock, dynamo_config.patch(caching_precompile=True):
             _state.compiling.active = True
             try:
@@ -310,6 +323,23 @@ def _patch_convert(cf: Any) -> None:
     __call__._fxcc = True  # type: ignore[attr-defined]
     cls.__call__ = __call__
     _patch_guards(cf)
+
+
+def _nameable(package: Any, code: Any) -> bool:
+    """Whether torch's package can name `code` by module and qualified name (a property's getter
+    that Dynamo compiles as a frame of its own, after a graph break in it, it cannot)."""
+    if code in getattr(package, "_codes", {}):
+        return True
+    from torch._dynamo import package as pk
+
+    find = getattr(pk, "_get_code_source", None)
+    if find is None:
+        return True  # a torch without it names codes its own way: let it
+    try:
+        find(code)
+    except Exception:  # noqa: BLE001 - PackageError, or whatever the lookup met
+        return False
+    return inspect.getmodule(code) is not None
 
 
 def _patch_guards(cf: Any) -> None:
@@ -352,8 +382,11 @@ def _patch_guards(cf: Any) -> None:
                 pass
         with dynamo_config.patch(caching_precompile=False):
             whole = original(**{**bound, "save_guards": False})
-        # a frame kept out of the package still hands torch a guards state, which it then ignores
-        whole.guards_state = b"" if saved is None else dynamo_identity.attach(saved.guards_state, identities)
+        # a frame kept out of the package still hands torch a guards state, which it then ignores;
+        # so does one whose guards torch could not serialize itself (it bypassed the package, left
+        # the state None and would then assert on it: a CLASS_MATCH guard, in transformers' T5)
+        state = None if saved is None else saved.guards_state
+        whole.guards_state = b"" if state is None else dynamo_identity.attach(state, identities)
         return whole
 
     check_function_manager._fxcc = True  # type: ignore[attr-defined]

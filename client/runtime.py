@@ -123,6 +123,8 @@ class PlanRunner:
             elif isinstance(step, FreeStep):
                 self._steps.append(self._free(step))
         self._outputs = plan.outputs
+        # names and constants (a backward's None gradients) read as extern arguments are: decoded once
+        self._output_readers = [_arg_reader(a) for a in plan.outputs]
         # the common case, outputs that are all plan values: read by name, no decoding per call
         self._output_names = ([a.name for a in plan.outputs]
                               if all(isinstance(a, NodeRef) for a in plan.outputs) else None)
@@ -132,7 +134,7 @@ class PlanRunner:
     def _extern(step: ExternStep, groups: tuple[str, ...] = ()) -> Callable[[dict[str, Any]], None]:
         if step.opaque is not None or step.triton is not None:
             return _opaque_step(step, groups)
-        op = resolve_target(step.op, node=step.out)
+        op = _direct(resolve_target(step.op, node=step.out))
         if not step.kwargs:
             op = VIEW_METHODS.get(step.op, op)
         out = step.out
@@ -154,6 +156,17 @@ class PlanRunner:
             refs = [(i, x) for i, (kind, x) in enumerate(args) if kind is _REF]
             lists = [i for i, (kind, x) in enumerate(args) if kind is _CONST and isinstance(x, list)]
             fixed = expect(None) if expect is not None and not step_symbolic(step) else None
+
+            if fixed is not None and not lists:
+                def run_laid_out(env: dict[str, Any]) -> None:  # the common case: mm, addmm, convolution
+                    call = template.copy()
+                    for i, n in refs:
+                        call[i] = env[n]
+                    value = op(*call)
+                    if type(value) is not torch.Tensor or value.stride() != fixed:
+                        value = _in_layout(value, fixed, step)
+                    env[out] = value
+                return run_laid_out
 
             def run_template(env: dict[str, Any]) -> None:
                 call = template.copy()
@@ -221,6 +234,14 @@ class PlanRunner:
                 env[out] = _take_storage(env.pop(reuse), sizes, strides, dtype, env["__device__"], step)
             return take
 
+        if not spec.symbolic:  # sizes known at load: nothing to work out per call
+            sizes, strides = fixed
+            empty = torch.empty_strided
+
+            def run_fixed(env: dict[str, Any]) -> None:
+                env[out] = empty(sizes, strides, dtype=dtype, device=env["__device__"])
+            return run_fixed
+
         def run(env: dict[str, Any]) -> None:
             sizes, strides = shape(env)
             env[out] = torch.empty_strided(sizes, strides, dtype=dtype, device=env["__device__"])
@@ -229,6 +250,12 @@ class PlanRunner:
     @staticmethod
     def _free(step: FreeStep) -> Callable[[dict[str, Any]], None]:
         names = step.names
+        if len(names) == 1:
+            (name,) = names
+
+            def run_one(env: dict[str, Any]) -> None:
+                env.pop(name, None)
+            return run_one
 
         def run(env: dict[str, Any]) -> None:
             for n in names:
@@ -274,7 +301,8 @@ class PlanRunner:
         """The call's outputs, read from `env` once every step has run."""
         if self._output_names is not None:
             return tuple([env[n] for n in self._output_names])
-        return tuple(decode_arg(a, env, env.get(SYMS)) for a in self._outputs)
+        syms = env.get(SYMS)
+        return tuple([env[x] if kind is _REF else _read(kind, x, env, syms) for kind, x in self._output_readers])
 
 
 def _opaque_step(step: ExternStep, groups: tuple[str, ...] = ()) -> Callable[[dict[str, Any]], None]:
@@ -316,6 +344,17 @@ VIEW_METHODS: dict[str, Callable[..., Any]] = {
     "aten.squeeze.dim": torch.Tensor.squeeze,
     "aten.select.int": torch.Tensor.select,
 }
+
+
+def _direct(op: Any) -> Any:
+    """The C++ callable behind an aten/prims OpOverload: OpOverload.__call__ is a Python frame that
+    only forwards to it (one frame fewer for each extern call). Other callables as they are."""
+    if type(op) is torch._ops.OpOverload and type(op).__call__ is _OVERLOAD_CALL:
+        return getattr(op, "_op", op)
+    return op
+
+
+_OVERLOAD_CALL = torch._ops.OpOverload.__call__
 
 
 # How an extern argument is read per call: a plan name, a constant decoded once, or (size
