@@ -33,9 +33,9 @@ import torch
 
 def spy_on_runners(seen: list[dict[str, Any]]) -> None:
     """Record each plan runner fxcc's backend hands on, with the first arguments it is called with."""
-    from fxcc.client import backend
+    from fxcc.client import graphs
 
-    original = backend._guarded
+    original = graphs._guarded
 
     def spy(runner: Any, constants: list[Any], eager: Any, key: str) -> Any:
         entry: dict[str, Any] = {"runner": runner, "constants": constants, "args": None}
@@ -49,7 +49,7 @@ def spy_on_runners(seen: list[dict[str, Any]]) -> None:
         seen.append(entry)
         return recording
 
-    backend._guarded = spy  # type: ignore[assignment]
+    graphs._guarded = spy  # type: ignore[assignment]
 
 
 def plan_runner(runner: Any) -> Any:
