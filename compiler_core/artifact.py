@@ -251,6 +251,10 @@ class Artifact:
 
     manifest: ArtifactManifest
     blobs: dict[str, bytes] = field(default_factory=dict)
+    # The dtypes of the compiled graph's values (passes applied), by node name, as the compile that
+    # made this artifact saw them: the build's kernel signatures read them instead of propagating
+    # the graph's shapes again. In memory only: never stored, sent or trusted from elsewhere.
+    value_dtypes: dict[str, str] | None = field(default=None, compare=False, repr=False)
 
     def verify(self) -> None:
         """Raise ArtifactError unless every referenced blob is present with the right digest."""

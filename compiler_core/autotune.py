@@ -414,7 +414,7 @@ def autotune_artifact(artifact: Artifact, request: CompileRequest, device: str =
     stats = manifest.stats.model_copy(update={"tune_s": round(time.monotonic() - started, 3)})
     new = manifest.model_copy(update={"kernels": kernels, "plan": plan, "tuned": True, "stats": stats})
     used = {ref.digest for ref in new.blob_refs()}
-    return Artifact(new, {d: b for d, b in blobs.items() if d in used})
+    return Artifact(new, {d: b for d, b in blobs.items() if d in used}, value_dtypes=artifact.value_dtypes)
 
 
 def _regrid(step: KernelStep, info: KernelInfo) -> KernelStep:
