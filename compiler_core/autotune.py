@@ -379,7 +379,9 @@ def autotune_artifact(artifact: Artifact, request: CompileRequest, device: str =
     manifest = artifact.manifest
     if not manifest.kernels:
         return artifact
-    scheduled = scheduled_kernels(request)
+    # The compile's own kernels where it ran in this process, else the pipeline's again (deterministic)
+    scheduled = {name: _Scheduled(*found) for name, found in artifact.scheduled.items()} if artifact.scheduled \
+        else scheduled_kernels(request)
     launches = launches_by_kernel(manifest.plan)
     blobs = dict(artifact.blobs)
     started = time.monotonic()

@@ -91,3 +91,29 @@ def test_build_tasks_read_the_compiles_dtypes_instead_of_rebuilding(monkeypatch)
     tasks = build.build_tasks(art, request, 90)
     assert {t.name for t in tasks} == set(derived)
     assert all(t.types == derived[t.name].types for t in tasks)
+
+
+def test_tuning_in_the_compiles_process_reads_its_kernels_and_tunes_as_from_a_stored_artifact(monkeypatch):
+    from fxcc.compiler_core import autotune
+    from fxcc.compiler_core.artifact import Artifact, manifest_from_json
+
+    x, y = torch.randn(2, 1100), torch.randn(1000)
+    spec = _spec(lambda a, b: (a.sum(-1) * 3, b.sin() * 2), x, y)
+    request = CompileRequest(graph=spec)
+    art = compile_request(request)
+    assert set(art.scheduled) == {k.name for k in art.manifest.kernels}
+    stored = Artifact(manifest_from_json(art.manifest_json()), dict(art.blobs))  # as a tune job gets it
+    assert stored.scheduled is None
+
+    def timer(config, launch):
+        return config.xblock + config.num_warps / 100  # small tiles win: not the heuristic's
+
+    from_stored = autotune.autotune_artifact(stored, request, "cpu", timer=timer)
+    derive = autotune.scheduled_kernels
+    monkeypatch.setattr(autotune, "scheduled_kernels", lambda r: pytest.fail("lowered the graph again"))
+    in_process = autotune.autotune_artifact(art, request, "cpu", timer=timer)
+    assert in_process.manifest.tuned and from_stored.manifest.tuned
+    same = {"stats": None}
+    assert in_process.manifest.model_copy(update=same) == from_stored.manifest.model_copy(update=same)
+    assert in_process.blobs == from_stored.blobs
+    assert set(derive(request)) == set(art.scheduled)
