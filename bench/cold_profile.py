@@ -129,11 +129,10 @@ def client_part(layers: int, batch: int, seq: int, timer: Timer) -> list[bytes]:
 
     importlib.import_module("torch._dynamo")
     importlib.import_module("torch._dynamo.repro.after_dynamo")
-    entry = backend.fxcc_backend
-
-    def timed_backend(gm: Any, example_inputs: list[Any], **kwargs: Any) -> Any:
-        with timer.stage("client.backend_total"):
-            return entry(gm, example_inputs, **kwargs)
+    # Note: timed inside fxcc's backend, which Dynamo gets by its name as a user's call does (a
+    # wrapped backend would get no Dynamo package, whose saving a cold call pays).
+    timer.wrap(backend, "_pre_aot", "client.backend_total")
+    timer.wrap(backend, "_run_aot", "client.backend_total")
 
     os.environ["FXCC_FALLBACK"] = "eager"
     with torch.no_grad():
@@ -142,7 +141,7 @@ def client_part(layers: int, batch: int, seq: int, timer: Timer) -> list[bytes]:
             model(ids)
     import warnings
     with timer.stage("client.first_call_total"), torch.no_grad(), warnings.catch_warnings():
-        compiled = torch.compile(model, backend=timed_backend)
+        compiled = torch.compile(model, backend="fxcc")
         warnings.simplefilter("ignore")
         compiled(ids)
     backend.GraphCompiler.__call__ = original_call  # type: ignore[method-assign]
