@@ -259,7 +259,9 @@ def autotune_artifact(artifact: Artifact, request: CompileRequest, device: str =
     manifest = artifact.manifest
     if not manifest.kernels:
         return artifact
-    scheduled = scheduled_kernels(request)
+    # The compile's own kernels where it ran in this process, else the pipeline's again (deterministic)
+    scheduled = {name: _Scheduled(*found) for name, found in artifact.scheduled.items()} if artifact.scheduled \
+        else scheduled_kernels(request)
     launches = launches_by_kernel(manifest.plan)
     blobs = dict(artifact.blobs)
     started = time.monotonic()
@@ -294,7 +296,7 @@ def autotune_artifact(artifact: Artifact, request: CompileRequest, device: str =
     stats = manifest.stats.model_copy(update={"tune_s": round(time.monotonic() - started, 3)})
     new = manifest.model_copy(update={"kernels": kernels, "plan": plan, "tuned": True, "stats": stats})
     used = {ref.digest for ref in new.blob_refs()}
-    return Artifact(new, {d: b for d, b in blobs.items() if d in used})
+    return Artifact(new, {d: b for d, b in blobs.items() if d in used}, value_dtypes=artifact.value_dtypes)
 
 
 def _regrid(step: KernelStep, info: KernelInfo) -> KernelStep:

@@ -94,7 +94,7 @@ def build_tasks(artifact: Artifact, request: CompileRequest, arch: int) -> list[
         return []
     import triton
 
-    signatures = kernel_signatures(artifact.manifest.plan, request)
+    signatures = kernel_signatures(artifact.manifest.plan, request, artifact.value_dtypes)
     tasks = []
     for info in artifact.manifest.kernels:
         sig = signatures.get(info.name)
@@ -148,7 +148,8 @@ def apply_builds(artifact: Artifact, arch: int, built: dict[str, BuiltKernel]) -
                 "binaries": dict(info.binaries, **{key: add_blob(blobs, result.cubin)}), "metadata": meta}))
             continue
         kernels.append(info.model_copy(update={"metadata": meta}))
-    return Artifact(artifact.manifest.model_copy(update={"kernels": kernels}), blobs)
+    return Artifact(artifact.manifest.model_copy(update={"kernels": kernels}), blobs,
+                    value_dtypes=artifact.value_dtypes)
 
 
 def compile_cubin(fn: Any, info: KernelInfo, sig: KernelSignature, arch: int) -> tuple[bytes, dict[str, int | str]]:
@@ -206,14 +207,16 @@ def _check_launchable(md: dict[str, Any], name: str) -> None:
 # ---------------------------------------------------------------- signatures from the plan
 
 
-def kernel_signatures(plan: Plan, request: CompileRequest) -> dict[str, KernelSignature]:
+def kernel_signatures(plan: Plan, request: CompileRequest,
+                      value_dtypes: dict[str, str] | None = None) -> dict[str, KernelSignature]:
     """For each kernel that the plan launches consistently: its argument types and div-16 facts.
 
     A kernel launched with different argument types by different steps gets no entry (no
-    binary can serve all of them).
+    binary can serve all of them). `value_dtypes`: the compiled graph's value dtypes where the
+    compile that made the plan gave them (Artifact.value_dtypes), else they are derived again.
     """
     found: dict[str, KernelSignature | None] = {}
-    for step, dtypes in _kernel_steps(plan, request):
+    for step, dtypes in _kernel_steps(plan, request, value_dtypes):
         sig = _step_signature(step, dtypes)
         if step.kernel not in found:
             found[step.kernel] = sig
@@ -226,9 +229,11 @@ def kernel_signatures(plan: Plan, request: CompileRequest) -> dict[str, KernelSi
     return {k: s for k, s in found.items() if s is not None}
 
 
-def _kernel_steps(plan: Plan, request: CompileRequest) -> Iterator[tuple[KernelStep, _BufferDtypes]]:
-    """Every KernelStep of the plan and of its control flow steps' plans, with its plan's dtypes."""
-    dtypes = _BufferDtypes(plan, request)
+def _kernel_steps(plan: Plan, request: CompileRequest,
+                  value_dtypes: dict[str, str] | None = None) -> Iterator[tuple[KernelStep, _BufferDtypes]]:
+    """Every KernelStep of the plan and of its control flow steps' plans, with its plan's dtypes
+    (`value_dtypes` are the top plan's graph's; a subgraph's are derived again)."""
+    dtypes = _BufferDtypes(plan, request, value_dtypes)
     subgraphs = {n.name: n.control for n in request.graph.nodes if n.control is not None}
     for step in plan.steps:
         if isinstance(step, KernelStep):
@@ -271,11 +276,11 @@ def int_type(value: int) -> str:
 class _BufferDtypes:
     """dtype names of plan buffers: allocations, placeholders, then (lazily) graph node values."""
 
-    def __init__(self, plan: Plan, request: CompileRequest) -> None:
+    def __init__(self, plan: Plan, request: CompileRequest, value_dtypes: dict[str, str] | None = None) -> None:
         self._known = {p.name: p.spec.dtype for p in request.graph.placeholders if p.spec is not None}
         self._known.update({s.out: s.spec.dtype for s in plan.steps if isinstance(s, AllocStep)})
         self._request = request
-        self._graph_dtypes: dict[str, str] | None = None
+        self._graph_dtypes: dict[str, str] | None = value_dtypes
 
     def get(self, name: str) -> str | None:
         if name in self._known:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import sympy
+import torch
 from torch import fx
 
 from fxcc.compiler_core import stage_logs
@@ -56,24 +57,32 @@ def compile_request(request: CompileRequest) -> Artifact:
     """Compile one graph for its target. Raises FxccError subclasses on bad input."""
     t0 = time.perf_counter()
     key = compile_key(request)
+    dtypes: dict[str, str] = {}
+    scheduled: dict[str, tuple[Kernel, dict[str, Any], str]] = {}
     with stage_logs.recording() as stages:
         plan, kernels, stats, blobs = compile_or_extern(request.graph, request.hints, request.options.target.kind,
-                                                        request.options.allow_tf32, f"key {key[:12]}")
+                                                        request.options.allow_tf32, f"key {key[:12]}", dtypes, scheduled)
     stats = stats.model_copy(update={"compile_s": round(time.perf_counter() - t0, 4)})
     manifest = ArtifactManifest(key=key, versions=local_versions(), target=request.options.target,
                                 plan=plan, kernels=kernels, stats=stats,
                                 stage_log=add_blob(blobs, stage_logs.stage_log_json(stages)))
-    return Artifact(manifest, blobs)
+    return Artifact(manifest, blobs, value_dtypes=dtypes or None, scheduled=scheduled or None)
 
 
 def compile_or_extern(graph: GraphSpec, hints: dict[str, int], target: str, allow_tf32: bool,
-                      title: str) -> tuple[Plan, list[KernelInfo], CompileStats, dict[str, bytes]]:
+                      title: str, dtypes: dict[str, str] | None = None,
+                      scheduled: dict[str, tuple[Kernel, dict[str, Any], str]] | None = None,
+                      ) -> tuple[Plan, list[KernelInfo], CompileStats, dict[str, bytes]]:
     """The graph compiled (its plan, kernels, stats and blobs), or where the compiler cannot, run
-    node by node as extern calls. Raises InvalidGraph for a graph that is wrong."""
+    node by node as extern calls. Raises InvalidGraph for a graph that is wrong. `dtypes`, when
+    given, gets the dtype of each tensor value of the graph the plan was made from (passes
+    applied): the build's kernel signatures read them (Artifact.value_dtypes); `scheduled` the
+    fused kernels by name (Artifact.scheduled)."""
     gm = rebuild_graph(graph, hints)
     blobs: dict[str, bytes] = {}
     try:
-        plan, kernels, stats = compile_graph(gm, graph, target, blobs, allow_tf32=allow_tf32, title=title)
+        plan, kernels, stats = compile_graph(gm, graph, target, blobs, allow_tf32=allow_tf32, title=title,
+                                             dtypes=dtypes, scheduled=scheduled)
         return plan, kernels, stats, blobs
     except InvalidGraph:
         raise
@@ -87,7 +96,10 @@ def compile_or_extern(graph: GraphSpec, hints: dict[str, int], target: str, allo
 
 
 def compile_graph(gm: fx.GraphModule, graph: GraphSpec, target: str, blobs: dict[str, bytes],
-                  allow_tf32: bool = False, title: str = "graph") -> tuple[Plan, list[KernelInfo], CompileStats]:
+                  allow_tf32: bool = False, title: str = "graph",
+                  dtypes: dict[str, str] | None = None,
+                  scheduled: dict[str, tuple[Kernel, dict[str, Any], str]] | None = None,
+                  ) -> tuple[Plan, list[KernelInfo], CompileStats]:
     """The pipeline, one step per line: loop IR, fused kernels, Triton source, plan (blobs filled).
 
     With size symbols, everything runs in their scope (sizes are SymPy over s0, s1, …), and the
@@ -95,6 +107,8 @@ def compile_graph(gm: fx.GraphModule, graph: GraphSpec, target: str, blobs: dict
     output is printed where FXCC_LOGS asks for it (compiler_core.stage_logs).
     """
     gm, graph = run_passes(gm, graph, target, allow_tf32)
+    if dtypes is not None:
+        dtypes.update(value_dtypes(gm))
     emit("graph", title, lambda: format_graph(gm))
     syms = gm.meta.get("fxcc_syms")
     scope = symbol_scope(syms.rename, syms.hints) if syms else contextlib.nullcontext()
@@ -106,6 +120,10 @@ def compile_graph(gm: fx.GraphModule, graph: GraphSpec, target: str, blobs: dict
         items, sub_kernels, sub_stats = compile_control_flow(
             items, lambda sub, hints: _compile_subgraph(sub, hints, target, blobs, allow_tf32, title))
         rendered = render_kernels(lowered, items, target)
+        if scheduled is not None:
+            for i, rk in rendered.items():
+                if isinstance(items[i], Kernel):
+                    scheduled.setdefault(rk.name, (items[i], lowered.buffers, target))
         emit("kernels", title, lambda: format_kernels(rendered))
         if syms:
             lowered.symbols = symbol_bindings(graph)
@@ -125,6 +143,12 @@ def _compile_subgraph(graph: GraphSpec, hints: dict[str, int], target: str, blob
     plan, kernels, stats, sub_blobs = compile_or_extern(graph, hints, target, allow_tf32, f"{title} (subgraph)")
     blobs.update(sub_blobs)
     return plan, kernels, stats
+
+
+def value_dtypes(gm: fx.GraphModule) -> dict[str, str]:
+    """The dtype name of each node of `gm` whose value is a tensor."""
+    return {n.name: str(v.dtype).removeprefix("torch.") for n in gm.graph.nodes
+            if isinstance(v := n.meta.get("val"), torch.Tensor)}
 
 
 def symbol_bindings(graph: GraphSpec) -> list[SymbolBinding]:

@@ -36,6 +36,7 @@ from fxcc.compiler_core.wire import (
     StrArg,
     SymArg,
     TensorSpec,
+    _refs,
     resolve_target,
     torch_dtype,
 )
@@ -147,14 +148,19 @@ def _opaque_target(n: Any, mode: FakeTensorMode, syms: SymValues | None) -> Opaq
     return OpaqueTarget(n.target, lambda: [None if s is None else fake_input(mode, s, syms) for s in specs], form)
 
 
-def rebuild_graph(spec: GraphSpec, hints: dict[str, int] | None = None) -> fx.GraphModule:
+def rebuild_graph(spec: GraphSpec, hints: dict[str, int] | None = None,
+                  like: tuple[fx.GraphModule, GraphSpec] | None = None) -> fx.GraphModule:
     """An FX GraphModule equivalent to `spec`, with `meta["val"]` (a FakeTensor) on every node.
 
     With size symbols, FakeTensors have symbolic sizes from one ShapeEnv (in gm.meta["fxcc_syms"]).
+    `like`: an earlier rebuild (gm, spec) of a static graph that `spec` was rewritten from (a
+    graph pass): each node the rewrite left as it was keeps its value (see _Reuse).
     """
     graph = fx.Graph()
     syms = SymValues(spec, hints or {}) if spec.symbols else None
-    mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=syms.shape_env if syms else None)
+    reuse = _Reuse.of(like, spec)
+    mode = reuse.mode if reuse else FakeTensorMode(allow_non_fake_inputs=False,
+                                                   shape_env=syms.shape_env if syms else None)
     nodes: dict[str, fx.Node] = {}
     fakes: dict[str, Any] = {}
     for p in spec.placeholders:
@@ -162,7 +168,8 @@ def rebuild_graph(spec: GraphSpec, hints: dict[str, int] | None = None) -> fx.Gr
         if p.symbol is not None:
             node.meta["val"] = fakes[p.name] = _size(p.symbol, syms)
         else:
-            node.meta["val"] = fakes[p.name] = fake_input(mode, p.spec, syms)
+            kept = reuse.placeholder(p) if reuse else None
+            node.meta["val"] = fakes[p.name] = fake_input(mode, p.spec, syms) if kept is None else kept
         nodes[p.name] = node
     for n in spec.nodes:
         target = _opaque_target(n, mode, syms) if n.opaque or n.triton or n.control else \
@@ -171,17 +178,9 @@ def rebuild_graph(spec: GraphSpec, hints: dict[str, int] | None = None) -> fx.Gr
             collectives.check_node(n.target, n.args, n.name)
         args = tuple(decode_arg(a, nodes, syms) for a in n.args)
         kwargs = {k: decode_arg(v, nodes, syms) for k, v in n.kwargs.items()}
-        fake_args = tuple(decode_arg(a, fakes, syms) for a in n.args)
-        fake_kwargs = {k: decode_arg(v, fakes, syms) for k, v in n.kwargs.items()}
-        try:
-            with mode:
-                val = target(*fake_args, **fake_kwargs)
-        except Exception as e:  # noqa: BLE001 - any failure here means the spec is wrong
-            raise InvalidGraph(f"{n.target} rejects its arguments: {type(e).__name__}: "
-                               f"{str(e).splitlines()[0] if str(e) else ''}",
-                               op=n.target, node=n.name) from None
-        if target is operator.getitem and not isinstance(fake_args[0], (tuple, list)):
-            raise InvalidGraph("getitem of a non-tuple", op="getitem", node=n.name)
+        val = reuse.value(n, fakes) if reuse else _NOT_KEPT
+        if val is _NOT_KEPT:
+            val = _propagate(n, target, mode, fakes, syms)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # size expressions as SymInt arguments
             node = graph.call_function(target, args, kwargs)
@@ -189,6 +188,99 @@ def rebuild_graph(spec: GraphSpec, hints: dict[str, int] | None = None) -> fx.Gr
         node.meta["val"] = fakes[n.name] = val
         nodes[n.name] = node
     graph.output(tuple(decode_arg(a, nodes, syms) for a in spec.outputs))
-    gm = fx.GraphModule(torch.nn.Module(), graph)
+    gm = _graph_module(graph)
     gm.meta["fxcc_syms"] = syms
+    gm.meta["fxcc_fake_mode"] = mode
     return gm
+
+
+def propagate_shapes(spec: GraphSpec) -> None:
+    """What rebuild_graph checks (every node's op runs on FakeTensors of its arguments), without
+    the FX graph: the service's request check. Raises InvalidGraph naming the node that fails."""
+    syms = SymValues(spec, {}) if spec.symbols else None
+    mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=syms.shape_env if syms else None)
+    fakes: dict[str, Any] = {}
+    for p in spec.placeholders:
+        fakes[p.name] = _size(p.symbol, syms) if p.symbol is not None else fake_input(mode, p.spec, syms)
+    for n in spec.nodes:
+        target = _opaque_target(n, mode, syms) if n.opaque or n.triton or n.control else \
+            resolve_target(n.target, node=n.name)
+        if n.target in collectives.OPS:
+            collectives.check_node(n.target, n.args, n.name)
+        fakes[n.name] = _propagate(n, target, mode, fakes, syms)
+    for a in spec.outputs:
+        decode_arg(a, fakes, syms)
+
+
+def _propagate(n: Any, target: Any, mode: FakeTensorMode, fakes: dict[str, Any], syms: SymValues | None) -> Any:
+    """Node `n`'s value: its op run on its arguments' FakeTensors. Raises InvalidGraph."""
+    fake_args = tuple(decode_arg(a, fakes, syms) for a in n.args)
+    fake_kwargs = {k: decode_arg(v, fakes, syms) for k, v in n.kwargs.items()}
+    try:
+        with mode:
+            val = target(*fake_args, **fake_kwargs)
+    except Exception as e:  # noqa: BLE001 - any failure here means the spec is wrong
+        raise InvalidGraph(f"{n.target} rejects its arguments: {type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''}",
+                           op=n.target, node=n.name) from None
+    if target is operator.getitem and not isinstance(fake_args[0], (tuple, list)):
+        raise InvalidGraph("getitem of a non-tuple", op="getitem", node=n.name)
+    return val
+
+
+_NOT_KEPT = object()
+
+
+class _Reuse:
+    """The values of an earlier rebuild that a rewritten spec may keep.
+
+    Note: a node keeps its earlier value only when its wire form is equal (same op, arguments
+    and keyword arguments, by name) and every node it reads kept its value too: then the op
+    would see the same FakeTensors and give the same result. The values and the FakeTensorMode
+    are shared with the earlier graph (FakeTensors of one graph must come from one mode). Only
+    for static graphs: a symbolic graph is rebuilt in a ShapeEnv of its own (passes/attention.py
+    says why), and FakeTensor propagation costs most of a pass's rebuild of a deep network.
+    """
+
+    def __init__(self, gm: fx.GraphModule, spec: GraphSpec) -> None:
+        self.mode: FakeTensorMode = gm.meta["fxcc_fake_mode"]
+        self.vals = {n.name: n.meta["val"] for n in gm.graph.nodes if n.op != "output"}
+        self.wire = {n.name: n for n in spec.nodes}
+        self.placeholders = {p.name: p for p in spec.placeholders}
+        self.kept: set[str] = set()
+
+    @classmethod
+    def of(cls, like: tuple[fx.GraphModule, GraphSpec] | None, spec: GraphSpec) -> _Reuse | None:
+        if like is None or spec.symbols or like[1].symbols or like[0].meta.get("fxcc_fake_mode") is None:
+            return None
+        return cls(*like)
+
+    def placeholder(self, p: Any) -> Any:
+        old = self.placeholders.get(p.name)
+        if old is None or old != p or p.name not in self.vals:
+            return None
+        self.kept.add(p.name)
+        return self.vals[p.name]
+
+    def value(self, n: Any, fakes: dict[str, Any]) -> Any:
+        old = self.wire.get(n.name)
+        if old is None or old != n or n.name not in self.vals:
+            return _NOT_KEPT
+        if not all(name in self.kept for name in _refs(list(n.args) + list(n.kwargs.values()))):
+            return _NOT_KEPT
+        self.kept.add(n.name)
+        return self.vals[n.name]
+
+
+def _graph_module(graph: fx.Graph) -> fx.GraphModule:
+    """A GraphModule of `graph` whose Python code is made only if something calls it.
+
+    Note: the compiler reads the graph and never runs the module; generating a deep network's
+    forward (thousands of nodes) cost about 0.3 s per rebuild, and a compile rebuilds after
+    each pass that rewrites the graph.
+    """
+    try:
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+    except ImportError:  # an older or newer torch without it: eager code generation
+        return fx.GraphModule(torch.nn.Module(), graph)
+    return _LazyGraphModule(torch.nn.Module(), graph)

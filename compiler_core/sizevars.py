@@ -6,6 +6,7 @@ exact and no guard is ever recorded. Index expressions only ever see non-negativ
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -97,6 +98,11 @@ def contiguous_strides(sizes: Sequence[int]) -> tuple[int, ...]:
 
 
 def linear_index(index: Sequence[Expr], strides: Sequence[int], offset: int = 0) -> Expr:
+    return _linear_index(tuple(index), tuple(strides), offset)
+
+
+@functools.lru_cache(maxsize=1 << 15)  # pure, and asked again in every layer (simplify_index says why)
+def _linear_index(index: tuple[Expr, ...], strides: tuple[int, ...], offset: int) -> Expr:
     return sympy.Add(sympy.Integer(offset), *[i * s for i, s in zip(index, strides) if s != 0])
 
 
@@ -119,7 +125,18 @@ def simplify_index(expr: Expr, bounds: dict[sympy.Symbol, int]) -> Expr:
 
     `bounds[s]` is an exclusive upper bound of symbol s (only in-range values matter: others
     are masked off).
+
+    Note: a pure function of its arguments (symbols carry their assumptions in their identity),
+    so its results are kept: index symbols are named by position (xindex, v0, …), and the blocks
+    of a deep network ask the same questions again in every layer (most of a 48-layer GPT-2's
+    simplification time went to repeats).
     """
+    return _simplify_index(expr, tuple(bounds.items()))
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _simplify_index(expr: Expr, bounds_items: tuple[tuple[sympy.Symbol, int], ...]) -> Expr:
+    bounds = dict(bounds_items)
     expr = sympy.expand(expr)
     for _ in range(8):
         new = _merge_chains(expr)

@@ -277,11 +277,12 @@ def check_graph(graph: Any, max_nodes: int) -> None:
 
 
 def propagate_shapes(graph: Any) -> None:
-    """rebuild_graph, with whatever torch raises on nonsense arguments reported as InvalidGraph."""
-    from fxcc.compiler_core.graph import rebuild_graph
+    """rebuild_graph's shape propagation (without its FX graph: compiler_core.graph.propagate_shapes),
+    with whatever torch raises on nonsense arguments reported as InvalidGraph."""
+    from fxcc.compiler_core.graph import propagate_shapes as propagate
 
     try:
-        rebuild_graph(graph)
+        propagate(graph)
     except FxccError:
         raise
     except Exception as e:  # noqa: BLE001 - torch's errors for bad args are many; all mean "bad graph"

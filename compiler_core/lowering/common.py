@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -120,6 +121,11 @@ def remap_view(value: TensorValue, sizes: Sequence[int],
 def _as_strides(expr: Expr, syms: list[sympy.Symbol], sizes: Sequence[Any]) -> tuple[tuple[Any, ...], Any] | None:
     """(strides, offset) when `expr` is linear in the index symbols; strides and offset may be
     size expressions (symbolic sizes), never negative."""
+    return _strides_of(expr, tuple(syms), tuple(sizes))
+
+
+@functools.lru_cache(maxsize=1 << 14)  # pure, and asked again in every layer (sizevars.simplify_index)
+def _strides_of(expr: Expr, syms: tuple[sympy.Symbol, ...], sizes: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any] | None:
     if expr.has(FloorDiv, ModularIndexing):
         return None
     expr = expr.subs({s: 0 for s, n in zip(syms, sizes) if n == 1})

@@ -111,7 +111,8 @@ def fuse_attention(gm: fx.GraphModule, spec: GraphSpec, target: str,
             log.info("attention pass skipped: the match holds only under guards on the sizes")
             return gm, spec
         rewritten = rewrite_spec(spec, matches, target, direct)
-        new_gm = rebuild_graph(rewritten, {s.name: v for s, v in syms.hints.items()} if syms else None)
+        new_gm = rebuild_graph(rewritten, {s.name: v for s, v in syms.hints.items()} if syms else None,
+                               like=(gm, spec))
     except Exception as e:  # noqa: BLE001 - correctness first: an unsure rewrite is no rewrite
         log.warning("attention pass skipped: %s: %s", type(e).__name__, e)
         return gm, spec

@@ -43,7 +43,7 @@ def pad_matmuls(gm: fx.GraphModule, spec: GraphSpec, target: str) -> tuple[fx.Gr
         if not pads:
             return gm, spec
         rewritten = rewrite(spec, pads)
-        new_gm = rebuild_graph(rewritten)
+        new_gm = rebuild_graph(rewritten, like=(gm, spec))  # only the rewritten nodes propagate again
     except Exception as e:  # noqa: BLE001 - an unsure rewrite is no rewrite
         log.warning("matmul padding skipped: %s: %s", type(e).__name__, e)
         return gm, spec
