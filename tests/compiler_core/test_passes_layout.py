@@ -27,6 +27,7 @@ from fxcc.compiler_core.passes import run_passes
 from fxcc.compiler_core.passes.layout import (
     MAX_RESTORED_OUTPUTS,
     channels_last_convs,
+    conv_class,
     cudnn_layout,
     cudnn_vals,
     wants_channels_last,
@@ -417,3 +418,33 @@ def test_channels_last_kernels_build_for_sm90(compiled, tmp_path):
     assert len(kernels) >= 6 and any(name.startswith("fxcc_red_") for name, _, _ in kernels)
     for name, error, built in kernels:
         assert error is None and built, (name, error)
+
+
+def test_depthwise_separable_convs_go_channels_last():
+    """An EfficientNet-style block (1x1 expand, depthwise 3x3, 1x1 project): every conv, the
+    depthwise one included, reads channels-last operands, and no copy sits between them."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 32, 1, bias=False), nn.BatchNorm2d(32), nn.SiLU(),
+                          nn.Conv2d(32, 32, 3, padding=1, groups=32, bias=False), nn.BatchNorm2d(32), nn.SiLU(),
+                          nn.Conv2d(32, 8, 1, bias=False), nn.BatchNorm2d(8)).eval()
+    x = torch.randn(2, 8, 16, 16)
+    spec, inputs = cuda_spec(model, x)
+    gm = rebuild_graph(spec)
+    new_gm, _ = channels_last_convs(gm, spec, "cuda")
+    convs = nodes(new_gm, aten.convolution.default)
+    assert len(convs) == 3 and convs[1].args[8] == 32
+    for conv in convs:
+        assert is_cl(conv.args[0]) and is_cl(conv.args[1]) and is_cl(conv), conv.name
+    assert all(c.args[0].op == "placeholder" for c in nodes(new_gm, aten.clone.default)
+               if not c.name.endswith("_fxout"))
+    assert_same_outputs(gm, new_gm, inputs)
+
+
+def test_grouped_convs_with_wide_groups_stay_nchw():
+    """Grouped convs of several input channels per group are slower channels-last (Inductor's
+    ratios): a net made of them keeps NCHW."""
+    model = nn.Sequential(nn.Conv2d(64, 64, 3, padding=1, groups=2), nn.ReLU()).eval()
+    spec, _ = cuda_spec(model, torch.randn(2, 64, 8, 8))
+    gm = rebuild_graph(spec)
+    assert conv_class(nodes(gm, aten.convolution.default)[0]) == "grouped"
+    assert channels_last_convs(gm, spec, "cuda") == (gm, spec)
