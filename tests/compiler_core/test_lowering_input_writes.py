@@ -1,5 +1,6 @@
 """Graphs ending with write-backs into their inputs (AOTAutograd's copy_ of batch norm's running
-statistics): lowered and fused, with the copies as the plan's last steps; other mutations run as
+statistics): lowered and fused, with the copies as the plan's last steps (small ones together, one
+_foreach_copy_); other mutations run as
 extern calls. Results, and the inputs written, match eager."""
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def test_write_backs_are_lowered_and_run_last() -> None:
     art = _compile(_running_stats, x, rm, rv, n)
     steps = art.manifest.plan.steps
     externs = [s for s in steps if s.kind == "extern"]
-    assert [s.op for s in externs] == ["aten.copy_.default"] * 3
+    assert [s.op for s in externs] == ["aten._foreach_copy_.default"]  # small tensors: one launch
     assert art.manifest.stats.kernels >= 1
     assert steps.index(externs[0]) > max(i for i, s in enumerate(steps) if s.kind == "kernel")
     want_inputs = [t.clone() for t in (x, rm, rv, n)]
@@ -59,3 +60,22 @@ def test_a_read_after_a_write_keeps_the_graph_extern() -> None:
     got = load_plan(art)([x, got_rm])
     torch.testing.assert_close(got[0], (rm + x) * 2)
     torch.testing.assert_close(got_rm, rm + x)
+
+
+def test_a_large_write_back_is_a_copy_of_its_own():
+    """A KV cache's write-back (larger than SMALL_WRITE_MAX) is its own copy_; the small one beside
+    it too (one small copy has nothing to go together with)."""
+    from fxcc.compiler_core.lowering import SMALL_WRITE_MAX
+
+    def f(x, cache, n):
+        cache.copy_(cache * 0.5 + x)
+        n.copy_(n + 1)
+        return (x.sum(),)
+    x, cache, n = torch.randn(SMALL_WRITE_MAX + 1), torch.randn(SMALL_WRITE_MAX + 1), torch.tensor(2)
+    art = _compile(f, x, cache, n)
+    assert [s.op for s in art.manifest.plan.steps if s.kind == "extern"] == ["aten.copy_.default"] * 2
+    got_cache, got_n = cache.clone(), n.clone()
+    got = load_plan(art)([x, got_cache, got_n])
+    torch.testing.assert_close(got[0], x.sum())
+    torch.testing.assert_close(got_cache, cache * 0.5 + x)
+    assert int(got_n) == 3
