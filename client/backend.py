@@ -141,7 +141,7 @@ class GraphCompiler:
 
             strides = None if self.inference else _forward_strides(gm)
             graph = capture.spec
-            if strides is not None and not (self.settings.precompile or not self.settings.blocking):
+            if strides is not None:
                 graph = graph.model_copy(update={"free_layout_outputs": saved_outputs(capture)})
             request = CompileRequest(
                 graph=graph,
@@ -362,17 +362,17 @@ def _report_strides(fn: Callable, art: Artifact, strides: list | None) -> Callab
 
 
 def layout_guard(runner: Callable, spec: Any) -> Callable:
-    """`runner`, with each input whose plan expects it in a layout other than contiguous (a saved
-    activation a forward plan wrote channels-last) copied into that layout when it comes otherwise
-    (the forward ran eagerly after all: its plan failed at run time)."""
+    """`runner`, with each 4-D or 5-D input (a conv net's activation) copied into the layout the
+    plan reads it in when it comes otherwise: a backward compiled for the channels-last activations
+    its forward plan reported, while that forward ran eagerly after all (its plan failed at run
+    time); or compiled for eager's layout while its forward plan, arriving later (a compile that
+    did not block, a precompile), writes them channels-last."""
     checks = []
     for i, p in enumerate(spec.placeholders):
         s = p.spec
-        if s is None or not all(isinstance(x, int) for x in (*s.sizes, *s.strides)) or len(s.sizes) < 2:
+        if s is None or not all(isinstance(x, int) for x in (*s.sizes, *s.strides)) or len(s.sizes) not in (4, 5):
             continue
-        sizes, strides = tuple(s.sizes), tuple(s.strides)
-        if not _strides_match(strides, _contiguous(sizes), sizes):
-            checks.append((i, sizes, strides))
+        checks.append((i, tuple(s.sizes), tuple(s.strides)))
     if not checks:
         return runner
 
@@ -384,14 +384,6 @@ def layout_guard(runner: Callable, spec: Any) -> Callable:
                 args[i] = torch.empty_strided(sizes, strides, dtype=t.dtype, device=t.device).copy_(t)
         return runner(args)
     return run
-
-
-def _contiguous(sizes: tuple[int, ...]) -> tuple[int, ...]:
-    out, step = [], 1
-    for n in reversed(sizes):
-        out.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(out))
 
 
 def _strides_match(a: tuple[int, ...], b: tuple[int, ...], sizes: tuple[int, ...]) -> bool:

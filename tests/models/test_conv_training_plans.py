@@ -147,7 +147,8 @@ def test_channels_last_training_step_has_no_layout_conversion_between_convolutio
 def test_a_backward_expecting_channels_last_inputs_gets_them_from_an_eager_forward():
     """A forward plan that failed at run time runs eagerly and hands its backward NCHW activations;
     the backward's plan, compiled for the channels-last ones its forward plan reported, gets each
-    such input copied into the layout it reads."""
+    such input copied into the layout it reads (and the other way round: a backward compiled for
+    eager's layout before its forward's plan arrived)."""
     from fxcc.client.backend import layout_guard
     from fxcc.client.capture import capture_graph
 
@@ -162,4 +163,10 @@ def test_a_backward_expecting_channels_last_inputs_gets_them_from_an_eager_forwa
     out = guarded([plain, plain])
     assert seen == [[x.stride(), plain.stride()]]  # the first copied channels-last, the second as is
     torch.testing.assert_close(out[0], plain)
-    assert layout_guard(print, capture_graph(gm, [plain, plain]).spec) is print  # nothing to check
+    seen.clear()
+    guarded = layout_guard(lambda args: seen.append([a.stride() for a in args]) or args,
+                           capture_graph(gm, [plain, plain]).spec)
+    guarded([x, plain])  # the other way round: a plan for NCHW activations given channels-last ones
+    assert seen == [[plain.stride(), plain.stride()]]
+    flat = make_fx(lambda t: t * 2)(torch.randn(6))
+    assert layout_guard(print, capture_graph(flat, [torch.randn(6)]).spec) is print  # nothing to check
