@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import fx
 
 from fxcc.client.graphs import (
@@ -46,12 +47,28 @@ __all__ = ["CompileEvent", "GraphCompiler", "aot_runs", "clear_events", "decompo
 KEEP_WHOLE = ("scaled_dot_product", "_flash_attention", "_efficient_attention")
 
 
-def decomposition_table() -> dict[Any, Callable]:
-    """Core-aten decompositions, minus the ops fxcc keeps whole."""
-    from torch._decomp import core_aten_decompositions
+# Decomposed beyond core aten, as Inductor's table does (torch._decomp's own decompositions): the
+# batch-norm entry points that newer torch and CUDA tracing reach (F.batch_norm's
+# _batch_norm_with_update, its backward batch_norm_backward), which core aten keeps whole, so a
+# worker saw them as one opaque aten call each (on CUDA: batch_norm_collect_statistics and
+# transform_input kernels). fxcc's worker lowers what they decompose to: the functional batch
+# norm, var_mean and pointwise ops. Names missing in an older torch are skipped.
+NORM_DECOMPOSITIONS = (
+    "_batch_norm_with_update", "_batch_norm_with_update_functional", "_batch_norm_no_update",
+    "batch_norm_backward", "native_batch_norm", "cudnn_batch_norm", "cudnn_batch_norm_backward",
+    "miopen_batch_norm", "miopen_batch_norm_backward", "native_batch_norm_backward",
+    "native_group_norm_backward", "native_layer_norm_backward",
+)
 
-    return {op: fn for op, fn in core_aten_decompositions().items()
-            if not any(k in str(op) for k in KEEP_WHOLE)}
+
+def decomposition_table() -> dict[Any, Callable]:
+    """Core-aten decompositions and the batch norms' (NORM_DECOMPOSITIONS), minus the ops fxcc
+    keeps whole."""
+    from torch._decomp import core_aten_decompositions, get_decompositions
+
+    ops = [getattr(torch.ops.aten, name) for name in NORM_DECOMPOSITIONS if hasattr(torch.ops.aten, name)]
+    table = {**core_aten_decompositions(), **get_decompositions(ops)}
+    return {op: fn for op, fn in table.items() if not any(k in str(op) for k in KEEP_WHOLE)}
 
 
 def partition_joint_graph(joint: fx.GraphModule, joint_inputs: Any,

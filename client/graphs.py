@@ -153,8 +153,12 @@ class GraphCompiler:
             capture = capture_graph(gm, example_inputs)
             from fxcc.client.precision import matmul_allows_tf32  # the flag as it is now: Dynamo guards it
 
+            strides = None if self.inference else _forward_strides(gm)
+            graph = capture.spec
+            if strides is not None:
+                graph = graph.model_copy(update={"free_layout_outputs": saved_outputs(capture)})
             request = CompileRequest(
-                graph=capture.spec,
+                graph=graph,
                 options=CompileOptions(mode=self.settings.mode, target=target_for(example_inputs, gm),
                                        allow_tf32=matmul_allows_tf32()),
                 priority="precompile" if self.settings.precompile else "interactive",
@@ -165,13 +169,13 @@ class GraphCompiler:
             if art is not None:
                 if self.settings.url and not art.manifest.tuned and art.manifest.target.kind == "cuda":
                     _executor().submit(self.refresh_tuned, key)
-                return self._ready(art, "local-hit", capture, eager, t0, request)
+                return _report_strides(self._ready(art, "local-hit", capture, eager, t0, request), art, strides)
             if self.settings.precompile:
                 return self._precompile(request, key, eager, t0)
             if not self.settings.blocking:
                 return self._background(request, key, capture, eager, t0)
             art, source = self.fetch(request, key)
-            return self._ready(art, source, capture, eager, t0, request)
+            return _report_strides(self._ready(art, source, capture, eager, t0, request), art, strides)
         except Exception as e:  # noqa: BLE001 - the user's program must keep running
             return self._fallback(gm, example_inputs, eager, e, t0)
 
@@ -222,6 +226,8 @@ class GraphCompiler:
         """The plan of `art`, ready to run. `capture` is None for a pre-AOT cache hit (a plan with
         no constants and no size symbols, whose graph has `graph_nodes` nodes)."""
         runner: Callable = load_plan(art, () if capture is None else capture.bindings.groups)
+        if not self.inference and capture is not None:
+            runner = layout_guard(runner, capture.spec)
         key = art.manifest.key
         if request is not None and request.graph.symbols:
             runner, runs_as = Variants(runner, lambda args: self._variant(request, capture, args)), \
@@ -327,6 +333,75 @@ class GraphCompiler:
         _record(CompileEvent(key="", source="fallback", seconds=time.perf_counter() - t0,
                              error=_cause_text(e), graph_nodes=sum(1 for _ in gm.graph.nodes)))
         return fn
+
+
+def _forward_strides(gm: fx.GraphModule) -> list | None:
+    """Where AOTAutograd collects a training forward's output strides (TracingContext's list,
+    only while it compiles a forward, and only for conv nets: their saved activations may come
+    out channels-last), else None."""
+    if not any(n.op == "call_function" and n.target is torch.ops.aten.convolution.default for n in gm.graph.nodes):
+        return None
+    from torch._guards import TracingContext
+
+    tc = TracingContext.try_get()
+    strides = getattr(tc, "output_strides", None) if tc is not None else None
+    if strides is None or getattr(tc, "fw_metadata", None) is None:
+        return None
+    return strides
+
+
+def saved_outputs(capture: Any) -> list[int]:
+    """Positions of the forward's outputs that are tensors saved for the backward (AOTAutograd's
+    metadata says which), whose layout the compiler may choose; none where that is unclear."""
+    from torch._guards import TracingContext
+
+    spec = capture.spec
+    if capture.bindings.outputs:
+        return []  # outputs the plan does not make: positions would not match AOTAutograd's
+    try:
+        saved = range(len(spec.outputs))[TracingContext.get().fw_metadata.tensors_saved_for_backwards_slice]
+    except Exception as e:  # noqa: BLE001 - only an optimisation
+        log.debug("fxcc: no saved-tensor positions (%s)", _cause_text(e))
+        return []
+    return [i for i in saved if spec.outputs[i].kind == "node"]
+
+
+def _report_strides(fn: Callable, art: Artifact, strides: list | None) -> Callable:
+    """Tell AOTAutograd the strides of the forward's outputs (its backward's saved inputs are laid
+    out so); nothing where the plan has none to report (no output of free layout)."""
+    reported = art.manifest.plan.output_strides
+    if strides is not None and not strides and reported:
+        strides.extend(None if s is None else tuple(s) for s in reported)
+    return fn
+
+
+def layout_guard(runner: Callable, spec: Any) -> Callable:
+    """`runner`, with each 4-D or 5-D input (a conv net's activation) copied into the layout the
+    plan reads it in when it comes otherwise: a backward compiled for the channels-last activations
+    its forward plan reported, while that forward ran eagerly after all (its plan failed at run
+    time); or compiled for eager's layout while its forward plan, arriving later (a compile that
+    did not block, a precompile), writes them channels-last."""
+    checks = []
+    for i, p in enumerate(spec.placeholders):
+        s = p.spec
+        if s is None or not all(isinstance(x, int) for x in (*s.sizes, *s.strides)) or len(s.sizes) not in (4, 5):
+            continue
+        checks.append((i, tuple(s.sizes), tuple(s.strides)))
+    if not checks:
+        return runner
+
+    def run(args: list[Any]) -> Any:
+        for i, sizes, strides in checks:
+            t = args[i]
+            if isinstance(t, torch.Tensor) and not _strides_match(t.stride(), strides, sizes):
+                args = list(args)
+                args[i] = torch.empty_strided(sizes, strides, dtype=t.dtype, device=t.device).copy_(t)
+        return runner(args)
+    return run
+
+
+def _strides_match(a: tuple[int, ...], b: tuple[int, ...], sizes: tuple[int, ...]) -> bool:
+    return all(n == 1 or x == y for n, x, y in zip(sizes, a, b))
 
 
 _pool: ThreadPoolExecutor | None = None

@@ -147,6 +147,9 @@ class Plan(_Model):
     # With size symbols: each input's strides as the plan's code assumes them (None: an integer
     # input), checked per call with the guards (dims of size 1 excepted).
     input_strides: list[list[int | SizeText] | None] = Field(default_factory=list, max_length=MAX_INPUTS)
+    # For a graph with free_layout_outputs: each output's strides as the plan returns it (None:
+    # as traced), which the client reports to AOTAutograd for the backward's inputs.
+    output_strides: list[list[int] | None] = Field(default_factory=list, max_length=MAX_INPUTS)
 
 
 class ControlPlan(_Model):

@@ -130,10 +130,24 @@ def compile_graph(gm: fx.GraphModule, graph: GraphSpec, target: str, blobs: dict
             lowered.guards = range_guards(graph) + shape_env_guards(syms)
             lowered.input_strides = [list(p.spec.strides) if p.spec else None for p in graph.placeholders]
         plan = build_plan(lowered, items, rendered)
+        if graph.free_layout_outputs:
+            plan = plan.model_copy(update={"output_strides": output_strides(gm, graph.free_layout_outputs)})
         emit("plan", title, lambda: format_plan(plan))
         emit("guards", title, lambda: format_guards(plan))
         kernels = merged_kernels(kernel_infos(rendered.values(), blobs) + sub_kernels)
         return plan, kernels, merged_stats(compile_stats(graph, lowered, items, kernels), sub_stats)
+
+
+def output_strides(gm: fx.GraphModule, free: list[int]) -> list[list[int] | None]:
+    """The strides of the outputs in `free` as the plan gives them: its graph's (after the
+    passes), which lowering writes outputs in; None for the others and for symbolic ones."""
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    result: list[list[int] | None] = []
+    for i, a in enumerate(out.args[0]):
+        val = a.meta.get("val") if isinstance(a, fx.Node) else None
+        strides = list(val.stride()) if isinstance(val, torch.Tensor) and i in free else None
+        result.append(strides if strides is not None and all(isinstance(s, int) for s in strides) else None)
+    return result
 
 
 def _compile_subgraph(graph: GraphSpec, hints: dict[str, int], target: str, blobs: dict[str, bytes],

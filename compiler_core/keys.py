@@ -37,12 +37,15 @@ def canonical_graph(graph: GraphSpec) -> dict[str, Any]:
                             "graphs": [canonical_graph(g) for g in n.control.graphs]}
         return d
 
-    return {
+    out = {
         "symbols": [s.model_dump() for s in graph.symbols],
         "placeholders": [p.model_dump(exclude={"name"}) for p in graph.placeholders],
         "nodes": [node(n) for n in graph.nodes],
         "outputs": [arg(a) for a in graph.outputs],
     }
+    if graph.free_layout_outputs:  # absent otherwise: older keys stay
+        out["free_layout_outputs"] = sorted(graph.free_layout_outputs)
+    return out
 
 
 def _renamed(d: Any, rename: dict[str, str]) -> Any:

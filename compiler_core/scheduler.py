@@ -224,14 +224,17 @@ def _retarget(kernel: Kernel, node: ComputedBuffer) -> Kernel | None:
 
 
 def fuse_nodes(program: Sequence[ComputedBuffer | ExternCall]) -> list[Kernel | ExternCall]:
-    """Greedy in-order fusion. Extern calls that read nothing of the open kernel move before it."""
+    """Greedy in-order fusion. Extern calls that read nothing of the open kernel (and write
+    nothing) move before it."""
     out: list[Kernel | ExternCall] = []
     open_kernel: Kernel | None = None
     for item in program:
         if isinstance(item, ExternCall):
             reads = _refs(item.args + list(item.kwargs.values()))
-            if open_kernel is not None and any(open_kernel.node_named(r) is not None for r in reads):
-                open_kernel.closed_by = f"extern {item.op} ({item.out}) reads a value of the kernel"
+            # Note: a writing extern call never moves before a kernel, which may read what it writes.
+            if open_kernel is not None and (_may_write(item) or any(open_kernel.node_named(r) is not None
+                                                                   for r in reads)):
+                open_kernel.closed_by = f"extern {item.op} ({item.out}) reads a value of the kernel or writes"
                 out.append(open_kernel)
                 open_kernel = None
             out.append(item)
@@ -308,8 +311,9 @@ def _hoist_target(out: Sequence[Kernel | ExternCall], made_at: dict[str, int],
 def _may_write(call: ExternCall) -> bool:
     """Whether an extern call might write into an existing tensor (in-place or out= overloads).
 
-    Note: lower_graph sends graphs with mutating ops wholly to extern calls, so this never holds
-    in a scheduled graph today; it keeps hoisting correct should that change.
+    Note: lower_graph lets through only AOTAutograd's write-backs into graph inputs (copy_, after
+    every other read of the input); hoisting must not move a kernel above one, and dead-code
+    elimination keeps them.
     """
     parts = call.op.split(".")
     name = parts[1] if len(parts) > 2 else parts[-1]
@@ -322,7 +326,7 @@ def eliminate_dead(g: GraphLowering) -> list[ComputedBuffer | ExternCall]:
     kept: list[ComputedBuffer | ExternCall] = []
     for item in reversed(g.program):
         name = item.out if isinstance(item, ExternCall) else item.name
-        if name not in needed:
+        if name not in needed and not (isinstance(item, ExternCall) and _may_write(item)):
             continue
         kept.append(item)
         if isinstance(item, ExternCall):

@@ -330,6 +330,9 @@ class GraphSpec(_Model):
     placeholders: list[Placeholder] = Field(max_length=MAX_NODES)
     nodes: list[Node] = Field(max_length=MAX_NODES)
     outputs: list[Arg] = Field(max_length=MAX_NODES)
+    # Outputs whose memory layout the compiler may choose (a training forward's tensors saved for
+    # its backward: AOTAutograd lays the backward's inputs out as the plan reports, Plan.output_strides).
+    free_layout_outputs: list[int] = Field(default_factory=list, max_length=MAX_NODES)
 
     @model_validator(mode="after")
     def _references(self) -> GraphSpec:
@@ -351,6 +354,9 @@ class GraphSpec(_Model):
         for ref in _refs(self.outputs):
             if ref not in seen:
                 raise ValueError(f"output uses undefined {ref!r}")
+        free = self.free_layout_outputs
+        if len(set(free)) != len(free) or any(not 0 <= i < len(self.outputs) for i in free):
+            raise ValueError("free_layout_outputs must name distinct outputs by position")
         return self
 
 

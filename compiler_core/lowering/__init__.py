@@ -11,6 +11,7 @@ from fxcc.compiler_core.lowering import (  # noqa: F401 - importing registers th
     indexing,
     normalization,
     pointwise,
+    pooling,
     reduction,
     views,
 )

@@ -1,4 +1,9 @@
-"""Batch norm lowerings (inference: running statistics, pointwise; functional training: per-channel reductions) and group norm."""
+"""Batch norm lowerings (inference: running statistics, pointwise; training, with or without running
+statistics, and instance norm: per-channel reductions) and group norm.
+
+Their backwards arrive decomposed (client/backend.py NORM_DECOMPOSITIONS: torch._decomp's
+native_batch_norm_backward and native_group_norm_backward) into sums and pointwise ops that fuse.
+"""
 
 from __future__ import annotations
 
@@ -84,6 +89,21 @@ def _batch_norm_inference(x: TensorValue, weight: TensorValue | None, bias: Tens
 def _batch_norm_training(x: TensorValue, weight: TensorValue | None, bias: TensorValue | None,
                          running_mean: TensorValue, running_var: TensorValue, training: bool,
                          momentum: float, eps: float) -> tuple[Lazy, ...]:
+    return _batch_statistics(x, weight, bias, (running_mean, running_var), training, momentum, eps)
+
+
+@register_lowering(aten._native_batch_norm_legit.no_stats)
+def _batch_norm_no_stats(x: TensorValue, weight: TensorValue | None, bias: TensorValue | None,
+                         training: bool, momentum: float, eps: float) -> tuple[Lazy, ...]:
+    """Batch norm without running statistics (instance norm is this over a [1, N*C, ...] view)."""
+    return _batch_statistics(x, weight, bias, None, training, momentum, eps)
+
+
+def _batch_statistics(x: TensorValue, weight: TensorValue | None, bias: TensorValue | None,
+                      running: tuple[TensorValue, TensorValue] | None, training: bool,
+                      momentum: float, eps: float) -> tuple[Lazy, ...]:
+    """(out, save_mean, save_rstd[, new running_mean, new running_var]) from the batch's statistics
+    per channel (two-pass: sum, then squared deviations)."""
     vals = node_val()
     check_dtypes(x.dtype, *(v.dtype for v in vals))
     if not training or not x.dtype.is_floating_point or len(x.sizes) < 2:
@@ -110,20 +130,23 @@ def _batch_norm_training(x: TensorValue, weight: TensorValue | None, bias: Tenso
                    _channel(bias), acc, vals[0].dtype)
     c = (x.sizes[1],)
     s_at, m_at = at_channel(total_c), at_channel(m2_c)
-    rm, rv = make_loader(running_mean), make_loader(running_var)
+
+    def per_channel(dtype: torch.dtype, fn: Any) -> Lazy:
+        return Lazy(dtype, c, lambda index: ops.to_dtype(fn(index), compute_dtype(dtype)))
+
+    stats = (y, per_channel(vals[1].dtype, lambda i: mean_of(s_at(i))),
+             per_channel(vals[2].dtype, lambda i: rstd_of(m_at(i))))
+    if running is None:
+        return stats
+    rm, rv = make_loader(running[0]), make_loader(running[1])
     keep, new = 1.0 - float(momentum), float(momentum)
     unbiased = float(n - 1) if n > 1 else float("nan")
 
     def blend(old: Any, stat: Any) -> Any:
         return ops.add(ops.mul(ops.to_dtype(old, acc), ops.constant(keep, acc)), ops.mul(stat, ops.constant(new, acc)))
 
-    def per_channel(dtype: torch.dtype, fn: Any) -> Lazy:
-        return Lazy(dtype, c, lambda index: ops.to_dtype(fn(index), compute_dtype(dtype)))
-
     return (
-        y,
-        per_channel(vals[1].dtype, lambda i: mean_of(s_at(i))),
-        per_channel(vals[2].dtype, lambda i: rstd_of(m_at(i))),
+        *stats,
         per_channel(vals[3].dtype, lambda i: blend(rm(i), mean_of(s_at(i)))),
         per_channel(vals[4].dtype, lambda i: blend(rv(i), ops.truediv(m_at(i), ops.constant(unbiased, acc)))),
     )

@@ -1,4 +1,4 @@
-"""Reduction lowerings: sum, mean, amax/amin, prod, var/var_mean (two-pass), softmax, log_softmax, layer norm.
+"""Reduction lowerings: sum, mean, amax/amin, prod, var/var_mean (two-pass), softmax, log_softmax, layer norm (pooling: lowering/pooling.py).
 
 Each reduction becomes a `Reduction` buffer (accumulated in fp32 for fp16/bf16) plus Lazy
 pointwise work around it; the scheduler then fuses the prologue and epilogue into one kernel
@@ -462,60 +462,3 @@ def _scan(rtype: str, identity: float) -> Callable[..., TensorValue]:
 
 register_lowering(aten.cumsum.default)(_scan("sum", 0))
 register_lowering(aten.cumprod.default)(_scan("prod", 1))
-
-
-def _pair(v: Any, default: Sequence[int]) -> tuple[int, int]:
-    v = list(v) if isinstance(v, (list, tuple)) else [v]
-    if not v:
-        v = list(default)
-    return (int(v[0]), int(v[-1]))
-
-
-@register_lowering(aten.avg_pool2d.default)
-def _avg_pool2d(x: TensorValue, kernel_size: Sequence[int], stride: Sequence[int] = (), padding: Any = 0,
-                ceil_mode: bool = False, count_include_pad: bool = True,
-                divisor_override: int | None = None) -> Lazy:
-    """A sum over each window (masked loads outside the input) divided as ATen divides: by the
-    window clipped to the padded input, or to the input itself without count_include_pad."""
-    val = node_val()
-    check_dtypes(x.dtype, val.dtype)
-    if not x.dtype.is_floating_point or len(x.sizes) not in (3, 4) or val.numel() == 0:
-        raise UnsupportedOp("avg_pool2d of integers, of another rank, or empty")
-    kh, kw = _pair(kernel_size, ())
-    sh, sw = _pair(stride, (kh, kw))
-    ph, pw = _pair(padding, (0, 0))
-    ih, iw = x.sizes[-2:]
-    lead = len(x.sizes) - 2
-    acc = compute_dtype(val.dtype)
-    load = make_loader(x)
-    i64 = torch.int64
-
-    def c(v: int) -> Any:
-        return ops.constant(v, i64)
-
-    def inner(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
-        h = index[lead] * sh - ph + rindex[0]
-        w = index[lead + 1] * sw - pw + rindex[1]
-        hv, wv = ops.index_expr(h, i64), ops.index_expr(w, i64)
-        inside = ops.logical_and(ops.logical_and(ops.ge(hv, c(0)), ops.lt(hv, c(ih))),
-                                 ops.logical_and(ops.ge(wv, c(0)), ops.lt(wv, c(iw))))
-        return ops.masked(inside, lambda: ops.to_dtype(load([*index[:lead], h, w]), acc), 0.0)
-    total = current_graph().add_computed(Reduction(acc, sizes_of(val), (kh, kw), "sum", inner))
-    total_load = make_loader(total)
-
-    def divisor(index: Sequence[Expr]) -> Any:
-        if divisor_override:
-            return ops.constant(float(divisor_override), acc)
-        hs = ops.index_expr(index[lead] * sh, i64)
-        ws = ops.index_expr(index[lead + 1] * sw, i64)
-        hs, ws = ops.sub(hs, c(ph)), ops.sub(ws, c(pw))
-        he = ops.minimum(ops.add(hs, c(kh)), c(ih + ph))
-        we = ops.minimum(ops.add(ws, c(kw)), c(iw + pw))
-        if not count_include_pad:
-            hs, ws = ops.maximum(hs, c(0)), ops.maximum(ws, c(0))
-            he, we = ops.minimum(he, c(ih)), ops.minimum(we, c(iw))
-        return ops.to_dtype(ops.mul(ops.sub(he, hs), ops.sub(we, ws)), acc)
-
-    out = compute_dtype(val.dtype)
-    return Lazy(val.dtype, sizes_of(val),
-                lambda index: ops.to_dtype(ops.truediv(total_load(index), divisor(index)), out))

@@ -1,4 +1,4 @@
-"""Channels-last convolutions (CUDA targets): conv inputs and weights in NHWC, graph outputs as before.
+"""Channels-last convolutions (CUDA targets), forward and backward: conv operands in NHWC, graph outputs as before.
 
 cuDNN's fast convolution kernels on sm80+ work in NHWC. Given NCHW tensors, cuDNN transposes the
 input to NHWC and the result back around every call (ResNet-50 at batch 32 on the H200: about
@@ -25,10 +25,14 @@ a copy), so the pass re-derives each convolution's layout as cuDNN picks it
 (`cudnn_layout`), and every node after it: a CPU worker and a GPU worker give one plan.
 
 Note: the graph's outputs keep the strides they had without the pass (a copy back where they
-changed). Training graphs are left alone: a backward has convolution_backward, and a forward
-returns its convs' operands (saved for the backward), whose copies back would cost more than
-the pass gains. Channels-last training would need the saved tensors to cross from forward to
-backward in NHWC, which the backward's captured input strides do not allow.
+changed), except those the spec marks of free layout (`free_layout_outputs`): a training
+forward's tensors saved for its backward. The client reports the plan's strides for them
+(Plan.output_strides) to AOTAutograd, which lays the backward's inputs out so: the saved
+activations cross from forward to backward channels-last, and the backward's conv backwards
+(convolution_backward, re-derived as cuDNN lays out its gradients) read channels-last
+gradients, inputs and weights. Whether a graph goes channels-last follows Inductor's
+`decide_layout_opt`: by measured ratios per conv class in inference, and in training unless a
+conv is grouped (more than one channel per group) or has many more input than output channels.
 """
 
 
@@ -54,10 +58,12 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Outputs copied back into their old layout: an inference graph has one or a few (a detection
 # net's feature maps).
 MAX_RESTORED_OUTPUTS = 4
-# Ops whose values depend on their input's memory layout, not only on its elements (and the
-# backward's conv).
-LAYOUT_READERS = frozenset({aten.as_strided.default, aten.as_strided_scatter.default,
-                            aten.view.dtype, aten.convolution_backward.default})
+# Ops whose values depend on their input's memory layout, not only on its elements.
+LAYOUT_READERS = frozenset({aten.as_strided.default, aten.as_strided_scatter.default, aten.view.dtype})
+CONV_BACKWARD = aten.convolution_backward.default
+# Targets and devices the pass lays out for (tests add the CPU interpreter's, to run the result).
+TARGETS = frozenset({"cuda"})
+DEVICES = frozenset({"cuda"})
 # Views that need strides compatible with their sizes: their 4-D inputs stay contiguous.
 STRICT_VIEWS = frozenset({aten.view.default, aten._unsafe_view.default})
 MATMULS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default})
@@ -67,10 +73,11 @@ def channels_last_convs(gm: fx.GraphModule, spec: GraphSpec, target: str) -> tup
     """`gm` and `spec` with convolutions on channels-last operands, where that pays (else unchanged).
 
     Static shapes only: a layout picked for one size is not known to pay for another."""
-    if target != "cuda" or spec.symbols:
+    if target not in TARGETS or spec.symbols:
         return gm, spec
+    free = frozenset(spec.free_layout_outputs)
     try:
-        found = lay_out(gm, spec) if wants_channels_last(gm) else None
+        found = lay_out(gm, spec, free) if wants_channels_last(gm, free) else None
     except Exception as e:  # noqa: BLE001 - an unsure rewrite is no rewrite
         log.warning("channels-last pass skipped: %s: %s", type(e).__name__, e)
         return gm, spec
@@ -78,48 +85,97 @@ def channels_last_convs(gm: fx.GraphModule, spec: GraphSpec, target: str) -> tup
         return gm, spec
     new_gm, new_spec = found
     log.info("channels-last pass: %d conv(s), %d copy node(s) added",
-             sum(1 for n in new_gm.graph.nodes if _is_conv(n)), len(new_spec.nodes) - len(spec.nodes))
+             sum(1 for n in new_gm.graph.nodes if _is_conv(n) or _is_conv_backward(n)),
+             len(new_spec.nodes) - len(spec.nodes))
     return new_gm, new_spec
 
 
 # ---------------------------------------------------------------- when
 
 
-def wants_channels_last(gm: fx.GraphModule) -> bool:
-    """Whether the graph is a CUDA conv net in inference whose convs cuDNN runs channels-last:
-    every conv a plain 2-D one (float, not transposed, not grouped), most of the matmul work in
-    convs, no op that reads memory layout, writes a tensor or belongs to a backward, no conv
-    operand returned."""
-    convs = [n for n in gm.graph.nodes if _is_conv(n)]
-    if not convs or not all(_plain_conv(n) for n in convs):
+def wants_channels_last(gm: fx.GraphModule, free: frozenset[int] = frozenset()) -> bool:
+    """Whether the graph is a CUDA conv net whose convs (forward or backward) cuDNN runs faster
+    channels-last: every conv a plain 2-D one (float, not transposed), channels-last paying by
+    Inductor's measured ratios (`pays_channels_last`), most of the matmul work in convs, no op
+    that reads memory layout or writes a tensor (but AOTAutograd's write-backs into inputs), and
+    no conv operand returned except as an output of `free` layout (a training forward's saved
+    activations, which its backward then reads channels-last)."""
+    convs = [n for n in gm.graph.nodes if _is_conv(n) or _is_conv_backward(n)]
+    training = bool(free) or any(_is_conv_backward(n) for n in convs)
+    if not convs or not all(_plain_conv(n) for n in convs) or not pays_channels_last(convs, training):
         return False
-    if any(n.target in LAYOUT_READERS or _mutates(n) for n in _calls(gm)):
+    if len(gm.graph.nodes) >= MAX_NODES_PER_CONV * len(convs):
+        return False  # a few convs in a large graph (a vision transformer's patch embedding)
+    if any(n.target in LAYOUT_READERS or (_mutates(n) and not _input_write(n)) for n in _calls(gm)):
         return False  # other bytes under a new layout; a copy read after its source is written
-    operands = {a for n in convs for a in n.args[:2]}
-    if operands.intersection(_output_args(gm)):
-        return False  # a training forward: it returns its convs' operands for the backward
+    operands = {a for n in convs for a in _operands(n)}
+    if operands.intersection(a for i, a in enumerate(_output_args(gm)) if i not in free):
+        return False  # a forward returning its convs' operands for a backward that reads them as traced
     conv_flops = sum(_conv_flops(n) for n in convs)
     mm_flops = sum(_mm_flops(n) for n in _calls(gm) if n.target in MATMULS)
     return conv_flops >= mm_flops
 
 
-def _plain_conv(node: fx.Node) -> bool:
-    """A conv cuDNN takes in NHWC: 4-D, float, on CUDA, not transposed, one group.
+# Time channels-last over NCHW per class of conv, as Inductor measured it over torchbench's convs
+# (torch/_inductor/graph.py decide_layout_opt): grouped convs with more than one input channel per
+# group are slower channels-last, every other class faster (depthwise ones too: channels-last
+# sends them to cuDNN instead of aten's NCHW depthwise kernel, 0.79 against 1.84 ms in timm's
+# EfficientNet-B0 on the H200).
+CHANNELS_LAST_RATIO = {"grouped": 1.358, "small": 0.783, "in_out": 0.725, "default": 0.823}
+MAX_NODES_PER_CONV = 300
 
-    Note: grouped and depthwise convs go to other kernels on some shapes (and are slower
-    channels-last in cuDNN); a graph with one is left as it is, so that no conv meets an
-    operand laid out otherwise than the plan's FakeTensors say."""
-    if len(node.args) != 9 or node.kwargs:
+
+def conv_class(node: fx.Node) -> str:
+    """grouped (more than one input channel per group), small (≤ 64 channels in and out),
+    in_out (at least twice as many input as output channels, k > 1), or default."""
+    w = _operands(node)[-1].meta["val"]
+    if _groups(node) > 1 and w.shape[1] > 1:
+        return "grouped"
+    if w.shape[0] <= 64 and w.shape[1] <= 64:
+        return "small"
+    if w.shape[0] * 2 <= w.shape[1] and w.shape[2] > 1:
+        return "in_out"
+    return "default"
+
+
+def pays_channels_last(convs: list[fx.Node], training: bool = False) -> bool:
+    """In inference, whether the convs' FLOPs weighted by CHANNELS_LAST_RATIO come to no more than
+    unweighted; in training (Inductor's rule there), whether no conv is grouped or in_out."""
+    if training:
+        return not any(conv_class(n) in ("grouped", "in_out") for n in convs)
+    flops = [(_conv_flops(n), CHANNELS_LAST_RATIO[conv_class(n)]) for n in convs]
+    return sum(f * r for f, r in flops) <= sum(f for f, _ in flops)
+
+
+def _operands(node: fx.Node) -> tuple[Any, ...]:
+    """The tensors a conv reads: (input, weight); a conv backward's (grad_output, input, weight)."""
+    return tuple(node.args[:3]) if _is_conv_backward(node) else tuple(node.args[:2])
+
+
+def _groups(node: fx.Node) -> int:
+    return node.args[9] if _is_conv_backward(node) else node.args[8]
+
+
+def _plain_conv(node: fx.Node) -> bool:
+    """A conv (or conv backward) cuDNN takes in NHWC: 4-D, float, on CUDA, not transposed (grouped
+    and depthwise ones included: with a channels-last operand aten sends a depthwise conv to
+    cuDNN, which returns channels-last as for any other)."""
+    if len(node.args) != (11 if _is_conv_backward(node) else 9) or node.kwargs:
         return False
-    x, w = (a.meta.get("val") if isinstance(a, fx.Node) else None for a in node.args[:2])
-    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+    vals = [a.meta.get("val") if isinstance(a, fx.Node) else None for a in _operands(node)]
+    if not all(isinstance(v, torch.Tensor) for v in vals):
         return False
-    transposed, groups = node.args[6], node.args[8]
-    return (x.dim() == 4 and w.dim() == 4 and x.dtype in DTYPES and w.dtype == x.dtype
-            and x.device.type == "cuda" and not transposed and groups == 1)
+    x, w = vals[-2], vals[-1]
+    transposed = node.args[7] if _is_conv_backward(node) else node.args[6]
+    return (all(v.dim() == 4 and v.dtype == x.dtype for v in vals) and x.dtype in DTYPES
+            and x.device.type in DEVICES and w.device.type == x.device.type and not transposed)
 
 
 def _conv_flops(node: fx.Node) -> int:
+    """A conv's multiply-adds ×2; a conv backward's for its input and weight gradients."""
+    if _is_conv_backward(node):
+        grad, w = node.args[0].meta["val"], node.args[2].meta["val"]
+        return 4 * grad.numel() * math.prod(w.shape[1:])
     out, w = node.meta["val"], node.args[1].meta["val"]
     return 2 * out.numel() * math.prod(w.shape[1:])
 
@@ -136,25 +192,27 @@ def _mm_flops(node: fx.Node) -> int:
 # ---------------------------------------------------------------- how
 
 
-def lay_out(gm: fx.GraphModule, spec: GraphSpec) -> tuple[fx.GraphModule, GraphSpec] | None:
+def lay_out(gm: fx.GraphModule, spec: GraphSpec,
+            free: frozenset[int] = frozenset()) -> tuple[fx.GraphModule, GraphSpec] | None:
     """The rewritten graph and spec, or None where the outputs would need too many copies back.
 
     One walk in graph order, re-deriving each node's FakeTensor on the way: a conv operand not
     channels-last by then is read through a copy (one per tensor), a strict view's 4-D input not
-    contiguous likewise; at the end, each output whose strides changed is copied back."""
+    contiguous likewise; at the end, each output whose strides changed is copied back, but those
+    of `free` layout (returned as they come)."""
     before = cudnn_vals(gm)
     walk = Rewrite(gm, spec)
     for node, wire in zip(_calls(gm), spec.nodes, strict=True):
         walk.add(node, wire)
     outputs: list[tuple[Any, Arg]] = []
     restored = 0
-    for arg, wire in zip(_output_args(gm), spec.outputs, strict=True):
+    for i, (arg, wire) in enumerate(zip(_output_args(gm), spec.outputs, strict=True)):
         old = before.get(arg) if isinstance(arg, fx.Node) else None
-        if not isinstance(old, torch.Tensor):
+        if not isinstance(old, torch.Tensor) or i in free:
             outputs.append((walk.env[arg] if isinstance(arg, fx.Node) else arg, wire))
             continue
         new = walk.env[arg]
-        if new.meta["val"].stride() != old.stride():
+        if not _same_strides(old, new.meta["val"]):  # strides of size-1 dims aside (a 1×1 weight's gradient)
             fmt = _format_of(old)
             if fmt is None:
                 return None  # an output in a layout no clone gives back
@@ -191,8 +249,8 @@ class Rewrite:
     def add(self, node: fx.Node, wire: Node) -> None:
         args = list(fx.node.map_arg(node.args, self.env.__getitem__))
         wire_args = list(wire.args)
-        if _is_conv(node):
-            for i in (0, 1):
+        if _is_conv(node) or _is_conv_backward(node):
+            for i in range(len(_operands(node))):
                 args[i], wire_args[i] = self.operand(args[i], wire_args[i], CHANNELS_LAST, "fxcl")
         elif node.target in STRICT_VIEWS and _is_4d_intermediate(node.args[0]):
             args[0], wire_args[0] = self.operand(args[0], wire_args[0], CONTIGUOUS, "fxnchw")
@@ -255,8 +313,8 @@ def cudnn_vals(gm: fx.GraphModule) -> dict[fx.Node, Any]:
         val = vals[node]
         if changed.intersection(node.all_input_nodes):
             val = _fake_run(mode, node.target, *fx.node.map_arg((node.args, node.kwargs), vals.__getitem__))
-        elif _is_conv(node):
-            val = _in_cudnn_layout(mode, val, vals[node.args[0]], vals[node.args[1]])
+        elif _is_conv(node) or _is_conv_backward(node):
+            val = _cudnn_result(mode, node.target, val, fx.node.map_arg(node.args, vals.__getitem__))
         if not _same_meta(val, vals[node]):
             vals[node] = val
             changed.add(node)
@@ -267,8 +325,17 @@ def _fake_run(mode: Any, target: Any, args: tuple[Any, ...], kwargs: dict[str, A
     """`target` on FakeTensors; a conv's result in the layout cuDNN gives it."""
     with mode:
         val = target(*args, **kwargs)
+    return _cudnn_result(mode, target, val, args)
+
+
+def _cudnn_result(mode: Any, target: Any, val: Any, args: Any) -> Any:
+    """A conv's result, or a conv backward's input and weight gradients, in cuDNN's layout."""
     if target is aten.convolution.default:
-        val = _in_cudnn_layout(mode, val, args[0], args[1])
+        return _in_cudnn_layout(mode, val, args[0], args[1])
+    if target is CONV_BACKWARD:
+        x, w = args[1], args[2]
+        return tuple(_in_cudnn_layout(mode, v, x, w) if k < 2 and isinstance(v, torch.Tensor) else v
+                     for k, v in enumerate(val))
     return val
 
 
@@ -316,6 +383,17 @@ def _mutates(node: fx.Node) -> bool:
 
 def _is_conv(node: fx.Node) -> bool:
     return node.op == "call_function" and node.target is aten.convolution.default
+
+
+def _is_conv_backward(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is CONV_BACKWARD
+
+
+def _input_write(node: fx.Node) -> bool:
+    """AOTAutograd's write-back of a mutated input: copy_(placeholder, value), read by nothing."""
+    dst = node.args[0] if node.args else None
+    return (node.target is aten.copy_.default and isinstance(dst, fx.Node) and dst.op == "placeholder"
+            and not node.users)
 
 
 def _is_4d_intermediate(arg: Any) -> bool:

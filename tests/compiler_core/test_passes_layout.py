@@ -27,9 +27,9 @@ from fxcc.compiler_core.passes import run_passes
 from fxcc.compiler_core.passes.layout import (
     MAX_RESTORED_OUTPUTS,
     channels_last_convs,
+    conv_class,
     cudnn_layout,
     cudnn_vals,
-    wants_channels_last,
 )
 from fxcc.compiler_core.wire import CompileOptions, CompileRequest, GraphSpec, Target
 
@@ -210,15 +210,27 @@ def test_left_alone(case):
 
 
 def _training_specs() -> list[GraphSpec]:
-    """The forward and backward graphs of a bottleneck's training step, as the backend captures them."""
+    """The forward and backward graphs of a bottleneck's training step as the backend captures
+    them: the forward's saved activations of free layout, its pass's output strides reported to
+    AOTAutograd, which lays the backward's inputs out so."""
     from torch._functorch.aot_autograd import aot_module_simplified
+
+    from fxcc.client.graphs import _forward_strides, saved_outputs
+    from fxcc.compiler_core.compile import output_strides
 
     specs: list[GraphSpec] = []
 
     def compiler(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
         from functorch.compile import make_boxed_func
 
-        specs.append(on_device(capture_graph(gm, inputs).spec, "cuda"))
+        strides = _forward_strides(gm)
+        cap = capture_graph(gm, inputs)
+        spec = on_device(cap.spec, "cuda")
+        if strides is not None:
+            spec = spec.model_copy(update={"free_layout_outputs": saved_outputs(cap)})
+            new_gm, _ = channels_last_convs(rebuild_graph(spec), spec, "cuda")
+            strides.extend(None if s is None else tuple(s) for s in output_strides(new_gm, spec.free_layout_outputs))
+        specs.append(spec)
         return make_boxed_func(gm)
 
     def backend(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
@@ -233,15 +245,31 @@ def _training_specs() -> list[GraphSpec]:
     return specs
 
 
-def test_training_graphs_are_left_alone():
-    """A backward has convolution_backward; a forward returns its saved activations, which would
-    all need copying back."""
-    specs = _training_specs()
-    assert len(specs) == 2
-    for spec in specs:
-        gm = rebuild_graph(spec)
-        assert not wants_channels_last(gm)
-        assert channels_last_convs(gm, spec, "cuda") == (gm, spec)
+def test_training_graphs_go_channels_last_across_forward_and_backward():
+    """The forward's convs read channels-last operands and its saved activations leave as they are
+    (no copy back); the backward gets them channels-last (AOTAutograd restrides its inputs as the
+    forward reported), and its conv backwards read channels-last gradients, inputs and weights."""
+    fw, bw = _training_specs()
+    assert fw.free_layout_outputs and not bw.free_layout_outputs
+    fw_gm, fw_spec = channels_last_convs(rebuild_graph(fw), fw, "cuda")
+    convs = nodes(fw_gm, aten.convolution.default)
+    assert len(convs) == 4 and all(is_cl(c.args[0]) and is_cl(c.args[1]) and is_cl(c) for c in convs)
+    # Only the block's own output (the user's, not saved) is copied back to eager's layout.
+    restored = [i for i, o in enumerate(fw_spec.outputs) if o.kind == "node" and o.name.endswith("_fxout")]
+    assert len(restored) == 1 and restored[0] not in fw.free_layout_outputs
+    copies = [c for c in nodes(fw_gm, aten.clone.default) if not c.name.endswith("_fxout")]
+    assert copies and all(c.args[0].op == "placeholder" for c in copies)  # the input and k×k weights
+    saved = [p for p in bw.placeholders if len(p.spec.sizes) == 4 and p.spec.sizes[1] > 1
+             and p.spec.sizes[2] > 1]
+    assert any(channels_last(p.spec.sizes, p.spec.strides) for p in saved)
+    bw_gm, _ = channels_last_convs(rebuild_graph(bw), bw, "cuda")
+    backs = nodes(bw_gm, aten.convolution_backward.default)
+    assert len(backs) == 4
+    for b in backs:
+        assert all(is_cl(a) for a in b.args[:3]), b.name
+        grads = b.meta["val"]
+        assert all(g is None or g.is_contiguous(memory_format=torch.channels_last) for g in grads[:2])
+    assert all(c.args[0].op == "placeholder" for c in nodes(bw_gm, aten.clone.default))
 
 
 def test_cuda_convs_are_laid_out_as_cudnn_lays_them_out():
@@ -417,3 +445,33 @@ def test_channels_last_kernels_build_for_sm90(compiled, tmp_path):
     assert len(kernels) >= 6 and any(name.startswith("fxcc_red_") for name, _, _ in kernels)
     for name, error, built in kernels:
         assert error is None and built, (name, error)
+
+
+def test_depthwise_separable_convs_go_channels_last():
+    """An EfficientNet-style block (1x1 expand, depthwise 3x3, 1x1 project): every conv, the
+    depthwise one included, reads channels-last operands, and no copy sits between them."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 32, 1, bias=False), nn.BatchNorm2d(32), nn.SiLU(),
+                          nn.Conv2d(32, 32, 3, padding=1, groups=32, bias=False), nn.BatchNorm2d(32), nn.SiLU(),
+                          nn.Conv2d(32, 8, 1, bias=False), nn.BatchNorm2d(8)).eval()
+    x = torch.randn(2, 8, 16, 16)
+    spec, inputs = cuda_spec(model, x)
+    gm = rebuild_graph(spec)
+    new_gm, _ = channels_last_convs(gm, spec, "cuda")
+    convs = nodes(new_gm, aten.convolution.default)
+    assert len(convs) == 3 and convs[1].args[8] == 32
+    for conv in convs:
+        assert is_cl(conv.args[0]) and is_cl(conv.args[1]) and is_cl(conv), conv.name
+    assert all(c.args[0].op == "placeholder" for c in nodes(new_gm, aten.clone.default)
+               if not c.name.endswith("_fxout"))
+    assert_same_outputs(gm, new_gm, inputs)
+
+
+def test_grouped_convs_with_wide_groups_stay_nchw():
+    """Grouped convs of several input channels per group are slower channels-last (Inductor's
+    ratios): a net made of them keeps NCHW."""
+    model = nn.Sequential(nn.Conv2d(64, 64, 3, padding=1, groups=2), nn.ReLU()).eval()
+    spec, _ = cuda_spec(model, torch.randn(2, 64, 8, 8))
+    gm = rebuild_graph(spec)
+    assert conv_class(nodes(gm, aten.convolution.default)[0]) == "grouped"
+    assert channels_last_convs(gm, spec, "cuda") == (gm, spec)

@@ -70,3 +70,50 @@ def test_bottleneck_through_torch_compile_matches_eager(stride, monkeypatch):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     assert got.stride() == expected.stride()
     assert not runtime._relaid, sorted(runtime._relaid)
+
+
+@pytest.mark.usefixtures("no_tf32", "fresh_compiles")
+def test_resnet_training_step_runs_channels_last_forward_and_backward(monkeypatch):
+    """A ResNet-style training step (tests/models/test_conv_training_plans.py's, on CUDA): eager's
+    losses, gradients and running statistics; every convolution and conv backward called with
+    channels-last operands; cuDNN's results laid out as the plans expect (nothing re-laid)."""
+    import copy
+
+    from fxcc.client import runtime
+    from fxcc.client.backend import fxcc_backend
+    from tests.models.test_conv_training_plans import TinyResNet
+
+    monkeypatch.setenv("FXCC_FALLBACK", "error")
+    seen: dict[str, list[bool]] = {"convolution": [], "convolution_backward": []}
+    resolve = runtime.resolve_target
+
+    def recording(op: str, **kw):
+        fn = resolve(op, **kw)
+        name = (op.split(".") + [""])[1]
+        if name not in seen:
+            return fn
+
+        def call(*args):
+            operands = args[:3] if name == "convolution_backward" else args[:2]
+            seen[name].append(all(t.is_contiguous(memory_format=torch.channels_last) for t in operands))
+            return fn(*args)
+        return call
+    monkeypatch.setattr(runtime, "resolve_target", recording)
+    runtime._relaid.clear()
+    torch.manual_seed(0)
+    eager = TinyResNet().cuda()
+    fx = copy.deepcopy(eager)
+    compiled = torch.compile(fx, backend=fxcc_backend)
+    x = torch.randn(8, 3, 64, 64, device="cuda")
+    for _ in range(2):
+        got = compiled(x)
+        got.backward()
+        want = eager(x)
+        want.backward()
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for p, q in zip(eager.parameters(), fx.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-4)
+    for b, c in zip(eager.buffers(), fx.buffers()):
+        torch.testing.assert_close(c, b, rtol=1e-4, atol=1e-4)
+    assert seen == {"convolution": [True] * 12, "convolution_backward": [True] * 12}
+    assert not runtime._relaid, sorted(runtime._relaid)
