@@ -85,7 +85,7 @@ CAPTURE_SAFE = frozenset({
     "convolution", "mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_cudnn_attention",
     "max_pool2d_with_indices", "avg_pool2d", "_adaptive_avg_pool2d", "cat", "clone", "copy",
-    "copy_", "view", "reshape", "_unsafe_view", "permute", "expand", "t", "transpose", "slice",
+    "copy_", "_foreach_copy_", "view", "reshape", "_unsafe_view", "permute", "expand", "t", "transpose", "slice",
     "select", "squeeze", "unsqueeze", "as_strided", "alias", "embedding", "index_select",
     "gather", "_softmax", "_log_softmax", "native_layer_norm",
     "native_batch_norm", "_native_batch_norm_legit_no_training", "getitem",
