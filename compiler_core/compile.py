@@ -207,7 +207,7 @@ def extern_plan(graph: GraphSpec) -> tuple[Plan, CompileStats]:
             kind=n.control.kind, plans=[extern_plan(g)[0] for g in n.control.graphs], carried=n.control.carried,
             outputs=n.control.outputs)
         steps.append(ExternStep(op=n.target, args=n.args, kwargs=n.kwargs, out=n.name, opaque=n.opaque,
-                                triton=n.triton, control=control))
+                                triton=n.triton, control=control, flex=n.flex))
         dead = [name for name, last in last_use.items() if last == n.name]
         if dead:
             steps.append(FreeStep(names=dead))
