@@ -26,6 +26,7 @@ from fxcc.compiler_core.artifact import (
     add_blob,
 )
 from fxcc.compiler_core.codegen.attention import render_template
+from fxcc.compiler_core.codegen.flex_attention import FlexParams, render_flex_template
 from fxcc.compiler_core.codegen.triton import RenderedKernel, render_kernel
 from fxcc.compiler_core.control_flow import compile_control_flow, merged_kernels, merged_stats
 from fxcc.compiler_core.errors import InvalidGraph, UnsupportedOp
@@ -171,7 +172,8 @@ def shape_env_guards(syms: Any) -> list[str]:
 def render_kernels(g: GraphLowering, items: Sequence[Kernel | ExternCall], target: str) -> dict[int, RenderedKernel]:
     """Triton source for every kernel of the schedule (fused or from a template), keyed by its position."""
     out = {i: render_kernel(item, g.buffers, target) for i, item in enumerate(items) if isinstance(item, Kernel)}
-    out |= {i: render_template(item, target) for i, item in enumerate(items) if isinstance(item, TemplateKernel)}
+    out |= {i: render_flex_template(item, target) if isinstance(item.params, FlexParams) else render_template(item, target)
+            for i, item in enumerate(items) if isinstance(item, TemplateKernel)}
     return out
 
 

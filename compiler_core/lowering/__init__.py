@@ -319,6 +319,12 @@ def node_val() -> Any:
     return current_node().meta["val"]
 
 
+def lowering_context(graph: GraphLowering, node: fx.Node | None) -> contextlib.AbstractContextManager[None]:
+    """The context a lowering runs in (`current_graph()`, `current_node()`), for lowerings that lower
+    a graph of their own (flex_attention's mods)."""
+    return _lowering(graph, node)
+
+
 @contextlib.contextmanager
 def _lowering(graph: GraphLowering, node: fx.Node | None) -> Iterator[None]:
     t1, t2 = _graph.set(graph), _node.set(node)
