@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from fxcc.compiler_core.codegen.flex_mods import ModText
-from fxcc.compiler_core.codegen.triton import TL_DTYPES, RenderedKernel
+from fxcc.compiler_core.codegen.triton import HELPERS, TL_DTYPES, RenderedKernel
 
 KERNEL_PREFIX = "fxcc_flex_"
 HEAD_DIMS = (16, 32, 64, 128)
@@ -164,7 +164,21 @@ def _sub_tiles(sparse: int, length: int, tile: int) -> int:
     return max(1, -(-min(sparse, length) // tile))
 
 
-def _forward_body(params: FlexParams, masked: bool, dot: str, prec: str) -> str:
+def _dot(params: FlexParams, target: str) -> tuple[str, Any]:
+    """(the dtype P and dS are rounded to before their matmuls, a function spelling `a @ b`).
+
+    Note: Triton's CPU interpreter computes bf16 tl.dot wrongly (errors of 1e10 on a 16x16 product
+    in triton 3.8), so there bf16 operands are widened to fp32 first (exact: each bf16 is an fp32).
+    """
+    dot = TL_DTYPES[params.dtype]
+    if params.dtype == torch.float32:
+        return dot, lambda a, b: f'tl.dot({a}, {b}, input_precision="ieee")'
+    if params.dtype == torch.bfloat16 and target != "cuda":
+        return dot, lambda a, b: f"tl.dot(({a}).to(tl.float32), ({b}).to(tl.float32))"
+    return dot, lambda a, b: f"tl.dot({a}, {b})"
+
+
+def _forward_body(params: FlexParams, masked: bool, dot: str, mm: Any) -> str:
     pad = " " * 8
     regs = {f"@{SCORE}@": "qk", f"@{BATCH}@": "off_b", f"@{HEAD}@": "off_h", f"@{Q_IDX}@": "m_idx",
             f"@{KV_IDX}@": "n_idx"}
@@ -172,7 +186,7 @@ def _forward_body(params: FlexParams, masked: bool, dot: str, prec: str) -> str:
     return (f"{pad}cols = start + tl.arange(0, BLOCK_N)\n"
             f"{pad}col_ok = cols < kv_len\n"
             f"{pad}kt = tl.load(k_base + cols[None, :] * k_sn + dq[:, None], mask=col_ok[None, :], other=0.0)\n"
-            f"{pad}qk = tl.dot(q, kt{prec}) * {params.scale!r}\n"
+            f"{pad}qk = {mm('q', 'kt')} * {params.scale!r}\n"
             f"{pad}n_idx = cols[None, :]\n"
             f"{mods}"
             f"{pad}keep = col_ok[None, :]{keep}\n"
@@ -183,22 +197,21 @@ def _forward_body(params: FlexParams, masked: bool, dot: str, prec: str) -> str:
             f"{pad}p = tl.exp2(s - m_safe[:, None])\n"
             f"{pad}l_run = l_run * alpha + tl.sum(p, 1)\n"
             f"{pad}v = tl.load(v_base + cols[:, None] * v_sn + dv[None, :], mask=col_ok[:, None], other=0.0)\n"
-            f"{pad}acc = acc * alpha[:, None] + tl.dot(p.to({dot}), v{prec})\n"
+            f"{pad}acc = acc * alpha[:, None] + {mm(f'p.to({dot})', 'v')}\n"
             f"{pad}m_run = m_new\n")
 
 
-def render_forward(params: FlexParams, config: FlexConfig, q_len: int, kv_len: int) -> str:
-    dot = TL_DTYPES[params.dtype]
-    prec = ', input_precision="ieee"' if params.dtype == torch.float32 else ""
+def render_forward(params: FlexParams, config: FlexConfig, q_len: int, kv_len: int, target: str) -> str:
+    dot, mm = _dot(params, target)
     c = config.constexprs
     sub = _sub_tiles(params.sparse_kv, kv_len, c["BLOCK_N"])
     inputs = ("Q", "K", "V", "KVN", "KVI") + (("FKVN", "FKVI") if params.has_full else ())
     outputs = ("O", "LSE") + (("MAX",) if params.n_stats == 2 else ())
     ints = [a for a in FWD_INTS if params.has_full or not a.startswith("fkv")]
-    loops = _block_loop("    ", "kv", params.sparse_kv, "BLOCK_N", sub, "start", _forward_body(params, True, dot, prec), "hq")
+    loops = _block_loop("    ", "kv", params.sparse_kv, "BLOCK_N", sub, "start", _forward_body(params, True, dot, mm), "hq")
     if params.has_full:
         loops += _block_loop("    ", "fkv", params.sparse_kv, "BLOCK_N", sub, "start",
-                             _forward_body(params, False, dot, prec), "hq")
+                             _forward_body(params, False, dot, mm), "hq")
     store_max = ("    tl.store(MAX + (zh.to(tl.int64) * q_len + rows), m_run, mask=row_ok)\n"
                  if params.n_stats == 2 else "")
     return (f"@triton.jit\n"
@@ -237,7 +250,7 @@ def render_forward(params: FlexParams, config: FlexConfig, q_len: int, kv_len: i
             f"{store_max}")
 
 
-def _dkdv_body(params: FlexParams, masked: bool, dot: str, prec: str) -> str:
+def _dkdv_body(params: FlexParams, masked: bool, dot: str, mm: Any) -> str:
     pad = " " * 16
     regs = {f"@{SCORE}@": "qkT", f"@{BATCH}@": "off_b", f"@{HEAD}@": "off_h", f"@{Q_IDX}@": "m_idx",
             f"@{KV_IDX}@": "n_idx", f"@{GRAD}@": "dsT"}
@@ -248,22 +261,22 @@ def _dkdv_body(params: FlexParams, masked: bool, dot: str, prec: str) -> str:
             f"{pad}qt = tl.load(q_base + rows[None, :] * q_sm + dq[:, None], mask=row_ok[None, :], other=0.0)\n"
             f"{pad}lse = tl.load(l_base + rows * l_sm, mask=row_ok, other=0.0)\n"
             f"{pad}lse = tl.where(lse == float(\"-inf\"), 0.0, lse)\n"
-            f"{pad}qkT = tl.dot(k, qt{prec}) * {params.scale!r}\n"
+            f"{pad}qkT = {mm('k', 'qt')} * {params.scale!r}\n"
             f"{pad}m_idx = rows[None, :]\n"
             f"{mods}"
             f"{pad}keep = row_ok[None, :] & col_ok[:, None]{keep}\n"
             f"{pad}pT = tl.exp2(tl.where(keep, ({params.score.value_of(regs)}) * {LOG2E!r}, float(\"-inf\")) - lse[None, :])\n"
             f"{pad}do = tl.load(do_base + rows[:, None] * do_sm + dv[None, :], mask=row_ok[:, None], other=0.0)\n"
-            f"{pad}dv_acc += tl.dot(pT.to({dot}), do{prec})\n"
+            f"{pad}dv_acc += {mm(f'pT.to({dot})', 'do')}\n"
             f"{pad}di = tl.load(d_base + rows, mask=row_ok, other=0.0)\n"
-            f"{pad}dpT = tl.dot(v, tl.trans(do){prec})\n"
+            f"{pad}dpT = {mm('v', 'tl.trans(do)')}\n"
             f"{pad}dsT = pT * (dpT - di[None, :])\n"
             f"{joint.indented(pad, regs)}"
             f"{pad}dsT = tl.where(keep, ({joint.value_of(regs)}) * {params.scale!r}, 0.0)\n"
-            f"{pad}dk_acc += tl.dot(dsT.to({dot}), tl.trans(qt){prec})\n")
+            f"{pad}dk_acc += {mm(f'dsT.to({dot})', 'tl.trans(qt)')}\n")
 
 
-def _dq_body(params: FlexParams, masked: bool, dot: str, prec: str) -> str:
+def _dq_body(params: FlexParams, masked: bool, dot: str, mm: Any) -> str:
     pad = " " * 12
     regs = {f"@{SCORE}@": "qk", f"@{BATCH}@": "off_b", f"@{HEAD}@": "off_h", f"@{Q_IDX}@": "m_idx",
             f"@{KV_IDX}@": "n_idx", f"@{GRAD}@": "ds"}
@@ -273,21 +286,20 @@ def _dq_body(params: FlexParams, masked: bool, dot: str, prec: str) -> str:
             f"{pad}col_ok = cols < kv_len\n"
             f"{pad}kt = tl.load(k_base + cols[None, :] * k_sn + dq[:, None], mask=col_ok[None, :], other=0.0)\n"
             f"{pad}vt = tl.load(v_base + cols[None, :] * v_sn + dv[:, None], mask=col_ok[None, :], other=0.0)\n"
-            f"{pad}qk = tl.dot(q, kt{prec}) * {params.scale!r}\n"
+            f"{pad}qk = {mm('q', 'kt')} * {params.scale!r}\n"
             f"{pad}n_idx = cols[None, :]\n"
             f"{mods}"
             f"{pad}keep = col_ok[None, :]{keep}\n"
             f"{pad}p = tl.exp2(tl.where(keep, ({params.score.value_of(regs)}) * {LOG2E!r}, float(\"-inf\")) - lse[:, None])\n"
-            f"{pad}dp = tl.dot(do, vt{prec})\n"
+            f"{pad}dp = {mm('do', 'vt')}\n"
             f"{pad}ds = p * (dp - di[:, None])\n"
             f"{joint.indented(pad, regs)}"
             f"{pad}ds = tl.where(keep, ({joint.value_of(regs)}) * {params.scale!r}, 0.0)\n"
-            f"{pad}dq_acc += tl.dot(ds.to({dot}), tl.trans(kt){prec})\n")
+            f"{pad}dq_acc += {mm(f'ds.to({dot})', 'tl.trans(kt)')}\n")
 
 
-def render_backward(params: FlexParams, config: FlexConfig, q_len: int, kv_len: int) -> str:
-    dot = TL_DTYPES[params.dtype]
-    prec = ', input_precision="ieee"' if params.dtype == torch.float32 else ""
+def render_backward(params: FlexParams, config: FlexConfig, q_len: int, kv_len: int, target: str) -> str:
+    dot, mm = _dot(params, target)
     c = config.constexprs
     full = params.has_full
     inputs = ("Q", "K", "V", "DO", "LSE", "DELTA", "KVN", "KVI") + (("FKVN", "FKVI") if full else ()) + \
@@ -297,13 +309,13 @@ def render_backward(params: FlexParams, config: FlexConfig, q_len: int, kv_len: 
     sub_q = _sub_tiles(params.sparse_q, q_len, c["BLOCK_M1"])
     sub_kv = _sub_tiles(params.sparse_kv, kv_len, c["BLOCK_N2"])
     dkdv = _block_loop(" " * 12, "q", params.sparse_q, "BLOCK_M1", sub_q, "start",
-                       _dkdv_body(params, True, dot, prec), "hq")
-    dqs = _block_loop(" " * 8, "kv", params.sparse_kv, "BLOCK_N2", sub_kv, "start", _dq_body(params, True, dot, prec), "hq")
+                       _dkdv_body(params, True, dot, mm), "hq")
+    dqs = _block_loop(" " * 8, "kv", params.sparse_kv, "BLOCK_N2", sub_kv, "start", _dq_body(params, True, dot, mm), "hq")
     if full:
         dkdv += _block_loop(" " * 12, "fq", params.sparse_q, "BLOCK_M1", sub_q, "start",
-                            _dkdv_body(params, False, dot, prec), "hq")
+                            _dkdv_body(params, False, dot, mm), "hq")
         dqs += _block_loop(" " * 8, "fkv", params.sparse_kv, "BLOCK_N2", sub_kv, "start",
-                           _dq_body(params, False, dot, prec), "hq")
+                           _dq_body(params, False, dot, mm), "hq")
     return (f"@triton.jit\n"
             f"def {{name}}({_pointers(params, inputs, outputs)},\n"
             f"        {', '.join(ints)},\n"
@@ -371,24 +383,25 @@ def render_backward(params: FlexParams, config: FlexConfig, q_len: int, kv_len: 
             f"dq_acc.to(DQ.dtype.element_ty), mask=row_ok[:, None])\n")
 
 
-def render_flex(params: FlexParams, config: FlexConfig, q_len: int, kv_len: int) -> tuple[str, str]:
+def render_flex(params: FlexParams, config: FlexConfig, q_len: int, kv_len: int, target: str) -> tuple[str, str]:
     """(name, source) of one flex kernel; its name hashes the source and config (as codegen.attention's)."""
     if params.head_dim not in HEAD_DIMS or params.value_dim not in HEAD_DIMS:
         raise ValueError(f"head dims {params.head_dim}, {params.value_dim} are not in {HEAD_DIMS}")
     if not math.isfinite(params.scale):
         raise ValueError(f"scale {params.scale} is not finite")
-    body = (render_forward if params.kind == "forward" else render_backward)(params, config, q_len, kv_len)
+    body = (render_forward if params.kind == "forward" else render_backward)(params, config, q_len, kv_len, target)
     body = f"# fxcc-flex kind={params.kind} head_dim={params.head_dim} dtype={str(params.dtype).removeprefix('torch.')}\n" + body
     digest = hashlib.sha256(f"{body}\n{sorted(config.constexprs.items())}\n{config.num_warps}\n"
                             f"{config.num_stages}".encode()).hexdigest()[:16]
     name = f"{KERNEL_PREFIX}{digest}"
-    return name, "import triton\nimport triton.language as tl\n\n\n" + body.replace("{name}", name)
+    # Note: the helpers a mod's text may call (bf16 rounding in the interpreter, normal_cdf).
+    return name, "import triton\nimport triton.language as tl\n" + HELPERS + "\n\n" + body.replace("{name}", name)
 
 
 def render_flex_template(item: Any, target: str) -> RenderedKernel:
     """The kernel of a lowering.TemplateKernel holding FlexParams, with its launch config and grid."""
     sizes = item.sizes
     config = heuristic_config(item.params, sizes["q_len"], sizes["kv_len"], target)
-    name, source = render_flex(item.params, config, sizes["q_len"], sizes["kv_len"])
+    name, source = render_flex(item.params, config, sizes["q_len"], sizes["kv_len"], target)
     return RenderedKernel(name, source, [], None, None, launch_grid(item.params, config, sizes), config.constexprs,
                           config.num_warps, num_stages=config.num_stages)
