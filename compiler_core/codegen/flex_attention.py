@@ -150,18 +150,35 @@ def _block_loop(pad: str, mask: str, sparse_other: int, tile: str, sub: int, lo_
             f"{body}")
 
 
-def _mods(params: FlexParams, pad: str, regs: dict[str, str], masked: bool) -> tuple[str, str]:
-    """Statements of score_mod (and mask_mod where `masked`) and the `keep &` term."""
+def _mods(params: FlexParams, pad: str, regs: dict[str, str], masked: bool) -> tuple[str, list[str]]:
+    """Statements of score_mod (and mask_mod where `masked`) and the terms of `keep` they add."""
     text = params.score.indented(pad, regs)
-    keep = ""
+    keep = []
     if masked:
         text += params.mask.indented(pad, regs)
-        keep = f" & ({params.mask.value_of(regs)})"
+        keep.append(f"({params.mask.value_of(regs)})")
     return text, keep
+
+
+def _keep(pad: str, terms: list[str]) -> tuple[str, str]:
+    """(the statement defining `keep`, or nothing when every entry is kept; an expression of `s` masked by it)."""
+    if not terms:
+        return "", "{}"
+    return f"{pad}keep = {' & '.join(terms)}\n", "tl.where(keep, {}, float(\"-inf\"))"
 
 
 def _sub_tiles(sparse: int, length: int, tile: int) -> int:
     return max(1, -(-min(sparse, length) // tile))
+
+
+def _even(length: int, tile: int, sparse: int) -> bool:
+    """Whether every tile the block loops visit lies inside `length` (no bounds masks needed):
+    tiles cut it evenly, and so do the sparse blocks (or one block covers it all)."""
+    return length % tile == 0 and (length % sparse == 0 or sparse >= length)
+
+
+def _is_identity(mod: ModText) -> bool:
+    return not mod.lines and mod.value == f"@{SCORE}@"
 
 
 def _dot(params: FlexParams, target: str) -> tuple[str, Any]:
@@ -178,25 +195,37 @@ def _dot(params: FlexParams, target: str) -> tuple[str, Any]:
     return dot, lambda a, b: f"tl.dot({a}, {b})"
 
 
-def _forward_body(params: FlexParams, masked: bool, dot: str, mm: Any) -> str:
+def _forward_body(params: FlexParams, masked: bool, dot: str, mm: Any, even_kv: bool) -> str:
     pad = " " * 8
     regs = {f"@{SCORE}@": "qk", f"@{BATCH}@": "off_b", f"@{HEAD}@": "off_h", f"@{Q_IDX}@": "m_idx",
             f"@{KV_IDX}@": "n_idx"}
-    mods, keep = _mods(params, pad, regs, masked)
+    mods, terms = _mods(params, pad, regs, masked)
+    bounds = ""
+    k_mask = v_mask = ""
+    if not even_kv:
+        bounds = f"{pad}col_ok = cols < kv_len\n"
+        k_mask, v_mask = ", mask=col_ok[None, :], other=0.0", ", mask=col_ok[:, None], other=0.0"
+        terms = ["col_ok[None, :]", *terms]
+    keep, where = _keep(pad, terms)
+    # Note: with no score_mod, scale and log2(e) fold into one multiply of the product.
+    if _is_identity(params.score):
+        scores, post = f"{pad}qk = {mm('q', 'kt')}\n", f"qk * {params.scale * LOG2E!r}"
+    else:
+        scores, post = f"{pad}qk = {mm('q', 'kt')} * {params.scale!r}\n", f"({params.score.value_of(regs)}) * {LOG2E!r}"
     return (f"{pad}cols = start + tl.arange(0, BLOCK_N)\n"
-            f"{pad}col_ok = cols < kv_len\n"
-            f"{pad}kt = tl.load(k_base + cols[None, :] * k_sn + dq[:, None], mask=col_ok[None, :], other=0.0)\n"
-            f"{pad}qk = {mm('q', 'kt')} * {params.scale!r}\n"
+            f"{bounds}"
+            f"{pad}kt = tl.load(k_base + cols[None, :] * k_sn + dq[:, None]{k_mask})\n"
+            f"{scores}"
             f"{pad}n_idx = cols[None, :]\n"
             f"{mods}"
-            f"{pad}keep = col_ok[None, :]{keep}\n"
-            f"{pad}s = tl.where(keep, ({params.score.value_of(regs)}) * {LOG2E!r}, float(\"-inf\"))\n"
+            f"{keep}"
+            f"{pad}s = {where.format(post)}\n"
             f"{pad}m_new = tl.maximum(m_run, tl.max(s, 1))\n"
             f"{pad}m_safe = tl.where(m_new == float(\"-inf\"), 0.0, m_new)\n"
             f"{pad}alpha = tl.exp2(m_run - m_safe)\n"
             f"{pad}p = tl.exp2(s - m_safe[:, None])\n"
             f"{pad}l_run = l_run * alpha + tl.sum(p, 1)\n"
-            f"{pad}v = tl.load(v_base + cols[:, None] * v_sn + dv[None, :], mask=col_ok[:, None], other=0.0)\n"
+            f"{pad}v = tl.load(v_base + cols[:, None] * v_sn + dv[None, :]{v_mask})\n"
             f"{pad}acc = acc * alpha[:, None] + {mm(f'p.to({dot})', 'v')}\n"
             f"{pad}m_run = m_new\n")
 
@@ -208,10 +237,12 @@ def render_forward(params: FlexParams, config: FlexConfig, q_len: int, kv_len: i
     inputs = ("Q", "K", "V", "KVN", "KVI") + (("FKVN", "FKVI") if params.has_full else ())
     outputs = ("O", "LSE") + (("MAX",) if params.n_stats == 2 else ())
     ints = [a for a in FWD_INTS if params.has_full or not a.startswith("fkv")]
-    loops = _block_loop("    ", "kv", params.sparse_kv, "BLOCK_N", sub, "start", _forward_body(params, True, dot, mm), "hq")
+    even_kv = _even(kv_len, c["BLOCK_N"], params.sparse_kv)
+    loops = _block_loop("    ", "kv", params.sparse_kv, "BLOCK_N", sub, "start",
+                        _forward_body(params, True, dot, mm, even_kv), "hq")
     if params.has_full:
         loops += _block_loop("    ", "fkv", params.sparse_kv, "BLOCK_N", sub, "start",
-                             _forward_body(params, False, dot, mm), "hq")
+                             _forward_body(params, False, dot, mm, even_kv), "hq")
     store_max = ("    tl.store(MAX + (zh.to(tl.int64) * q_len + rows), m_run, mask=row_ok)\n"
                  if params.n_stats == 2 else "")
     return (f"@triton.jit\n"
@@ -250,51 +281,64 @@ def render_forward(params: FlexParams, config: FlexConfig, q_len: int, kv_len: i
             f"{store_max}")
 
 
-def _dkdv_body(params: FlexParams, masked: bool, dot: str, mm: Any) -> str:
+def _dkdv_body(params: FlexParams, masked: bool, dot: str, mm: Any, even: bool) -> str:
     pad = " " * 16
     regs = {f"@{SCORE}@": "qkT", f"@{BATCH}@": "off_b", f"@{HEAD}@": "off_h", f"@{Q_IDX}@": "m_idx",
             f"@{KV_IDX}@": "n_idx", f"@{GRAD}@": "dsT"}
-    mods, keep = _mods(params, pad, regs, masked)
-    joint = params.joint
+    mods, terms = _mods(params, pad, regs, masked)
+    bounds, q_mask, do_mask, row_mask = "", "", "", ""
+    if not even:
+        bounds = f"{pad}row_ok = rows < q_len\n"
+        q_mask, do_mask = ", mask=row_ok[None, :], other=0.0", ", mask=row_ok[:, None], other=0.0"
+        row_mask = ", mask=row_ok, other=0.0"
+        terms = ["row_ok[None, :] & col_ok[:, None]", *terms]
+    keep, where = _keep(pad, terms)
+    grad = f"({params.joint.value_of(regs)}) * {params.scale!r}"
     return (f"{pad}rows = start + tl.arange(0, BLOCK_M1)\n"
-            f"{pad}row_ok = rows < q_len\n"
-            f"{pad}qt = tl.load(q_base + rows[None, :] * q_sm + dq[:, None], mask=row_ok[None, :], other=0.0)\n"
-            f"{pad}lse = tl.load(l_base + rows * l_sm, mask=row_ok, other=0.0)\n"
+            f"{bounds}"
+            f"{pad}qt = tl.load(q_base + rows[None, :] * q_sm + dq[:, None]{q_mask})\n"
+            f"{pad}lse = tl.load(l_base + rows * l_sm{row_mask})\n"
             f"{pad}lse = tl.where(lse == float(\"-inf\"), 0.0, lse)\n"
             f"{pad}qkT = {mm('k', 'qt')} * {params.scale!r}\n"
             f"{pad}m_idx = rows[None, :]\n"
             f"{mods}"
-            f"{pad}keep = row_ok[None, :] & col_ok[:, None]{keep}\n"
-            f"{pad}pT = tl.exp2(tl.where(keep, ({params.score.value_of(regs)}) * {LOG2E!r}, float(\"-inf\")) - lse[None, :])\n"
-            f"{pad}do = tl.load(do_base + rows[:, None] * do_sm + dv[None, :], mask=row_ok[:, None], other=0.0)\n"
+            f"{keep}"
+            f"{pad}pT = tl.exp2({where.format(f'({params.score.value_of(regs)}) * {LOG2E!r}')} - lse[None, :])\n"
+            f"{pad}do = tl.load(do_base + rows[:, None] * do_sm + dv[None, :]{do_mask})\n"
             f"{pad}dv_acc += {mm(f'pT.to({dot})', 'do')}\n"
-            f"{pad}di = tl.load(d_base + rows, mask=row_ok, other=0.0)\n"
+            f"{pad}di = tl.load(d_base + rows{row_mask})\n"
             f"{pad}dpT = {mm('v', 'tl.trans(do)')}\n"
             f"{pad}dsT = pT * (dpT - di[None, :])\n"
-            f"{joint.indented(pad, regs)}"
-            f"{pad}dsT = tl.where(keep, ({joint.value_of(regs)}) * {params.scale!r}, 0.0)\n"
+            f"{params.joint.indented(pad, regs)}"
+            f"{pad}dsT = {f'tl.where(keep, {grad}, 0.0)' if keep else grad}\n"
             f"{pad}dk_acc += {mm(f'dsT.to({dot})', 'tl.trans(qt)')}\n")
 
 
-def _dq_body(params: FlexParams, masked: bool, dot: str, mm: Any) -> str:
+def _dq_body(params: FlexParams, masked: bool, dot: str, mm: Any, even: bool) -> str:
     pad = " " * 12
     regs = {f"@{SCORE}@": "qk", f"@{BATCH}@": "off_b", f"@{HEAD}@": "off_h", f"@{Q_IDX}@": "m_idx",
             f"@{KV_IDX}@": "n_idx", f"@{GRAD}@": "ds"}
-    mods, keep = _mods(params, pad, regs, masked)
-    joint = params.joint
+    mods, terms = _mods(params, pad, regs, masked)
+    bounds, kv_mask = "", ""
+    if not even:
+        bounds = f"{pad}col_ok = cols < kv_len\n"
+        kv_mask = ", mask=col_ok[None, :], other=0.0"
+        terms = ["col_ok[None, :]", *terms]
+    keep, where = _keep(pad, terms)
+    grad = f"({params.joint.value_of(regs)}) * {params.scale!r}"
     return (f"{pad}cols = start + tl.arange(0, BLOCK_N2)\n"
-            f"{pad}col_ok = cols < kv_len\n"
-            f"{pad}kt = tl.load(k_base + cols[None, :] * k_sn + dq[:, None], mask=col_ok[None, :], other=0.0)\n"
-            f"{pad}vt = tl.load(v_base + cols[None, :] * v_sn + dv[:, None], mask=col_ok[None, :], other=0.0)\n"
+            f"{bounds}"
+            f"{pad}kt = tl.load(k_base + cols[None, :] * k_sn + dq[:, None]{kv_mask})\n"
+            f"{pad}vt = tl.load(v_base + cols[None, :] * v_sn + dv[:, None]{kv_mask})\n"
             f"{pad}qk = {mm('q', 'kt')} * {params.scale!r}\n"
             f"{pad}n_idx = cols[None, :]\n"
             f"{mods}"
-            f"{pad}keep = col_ok[None, :]{keep}\n"
-            f"{pad}p = tl.exp2(tl.where(keep, ({params.score.value_of(regs)}) * {LOG2E!r}, float(\"-inf\")) - lse[:, None])\n"
+            f"{keep}"
+            f"{pad}p = tl.exp2({where.format(f'({params.score.value_of(regs)}) * {LOG2E!r}')} - lse[:, None])\n"
             f"{pad}dp = {mm('do', 'vt')}\n"
             f"{pad}ds = p * (dp - di[:, None])\n"
-            f"{joint.indented(pad, regs)}"
-            f"{pad}ds = tl.where(keep, ({joint.value_of(regs)}) * {params.scale!r}, 0.0)\n"
+            f"{params.joint.indented(pad, regs)}"
+            f"{pad}ds = {f'tl.where(keep, {grad}, 0.0)' if keep else grad}\n"
             f"{pad}dq_acc += {mm(f'ds.to({dot})', 'tl.trans(kt)')}\n")
 
 
@@ -308,14 +352,17 @@ def render_backward(params: FlexParams, config: FlexConfig, q_len: int, kv_len: 
     ints = [a for a in BWD_INTS if full or not a.startswith(("fkv", "fq"))]
     sub_q = _sub_tiles(params.sparse_q, q_len, c["BLOCK_M1"])
     sub_kv = _sub_tiles(params.sparse_kv, kv_len, c["BLOCK_N2"])
+    # Note: the bounds masks go only where every tile of both kinds of program is inside the lengths.
+    even = (_even(q_len, c["BLOCK_M1"], params.sparse_q) and _even(kv_len, c["BLOCK_N2"], params.sparse_kv)
+            and kv_len % c["BLOCK_N1"] == 0 and q_len % c["BLOCK_M2"] == 0)
     dkdv = _block_loop(" " * 12, "q", params.sparse_q, "BLOCK_M1", sub_q, "start",
-                       _dkdv_body(params, True, dot, mm), "hq")
-    dqs = _block_loop(" " * 8, "kv", params.sparse_kv, "BLOCK_N2", sub_kv, "start", _dq_body(params, True, dot, mm), "hq")
+                       _dkdv_body(params, True, dot, mm, even), "hq")
+    dqs = _block_loop(" " * 8, "kv", params.sparse_kv, "BLOCK_N2", sub_kv, "start", _dq_body(params, True, dot, mm, even), "hq")
     if full:
         dkdv += _block_loop(" " * 12, "fq", params.sparse_q, "BLOCK_M1", sub_q, "start",
-                            _dkdv_body(params, False, dot, mm), "hq")
+                            _dkdv_body(params, False, dot, mm, even), "hq")
         dqs += _block_loop(" " * 8, "fkv", params.sparse_kv, "BLOCK_N2", sub_kv, "start",
-                           _dq_body(params, False, dot, mm), "hq")
+                           _dq_body(params, False, dot, mm, even), "hq")
     return (f"@triton.jit\n"
             f"def {{name}}({_pointers(params, inputs, outputs)},\n"
             f"        {', '.join(ints)},\n"

@@ -179,3 +179,15 @@ def test_a_mod_the_template_cannot_render_runs_flex_attention_eagerly():
     flex_steps = [s for s in _artifact(forward).manifest.plan.steps if isinstance(s, ExternStep) and s.flex]
     assert len(flex_steps) == 1 and flex_steps[0].flex.kind == "forward"
     assert forward.stats.kernels == 2  # sin and cos still fused kernels around it
+
+
+def test_lengths_that_are_no_multiple_of_the_tiles_backward():
+    mask = create_block_mask(sliding, 1, 2, 80, 80, device="cpu", BLOCK_SIZE=32)
+
+    def fn(q, k, v):
+        return flex_attention(q, k, v, block_mask=mask)
+
+    got, want = _run(fn, _inputs(1, 2, 2, 80, 16))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert [_flex_launches(e) for e in _events()] == [1, 1]
