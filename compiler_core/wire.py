@@ -323,9 +323,11 @@ class ControlFlow(_Model):
 
 
 def nested_size(graph: GraphSpec) -> tuple[int, int]:
-    """(depth, nodes) of `graph` with the subgraphs of its control flow nodes."""
+    """(depth, nodes) of `graph` with the subgraphs of its control flow nodes (and flex_attention's mods)."""
     depth, nodes = 1, len(graph.nodes)
     for n in graph.nodes:
+        if n.flex is not None:
+            nodes += sum(len(g.nodes) for g in (n.flex.score_mod, n.flex.mask_mod, n.flex.joint) if g is not None)
         if n.control is not None:
             for g in n.control.graphs:
                 d, k = nested_size(g)

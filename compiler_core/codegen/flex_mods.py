@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import sympy
 import torch
 
 from fxcc.compiler_core.codegen.triton import TL_DTYPES, TritonHandler, TVal
@@ -85,9 +84,6 @@ class ModHandler(TritonHandler):
         if comp != dtype:
             text += f".to({TL_DTYPES[comp]})"
         return self.emit(text, comp)
-
-    def indirect_indexing(self, x: TVal, size: int) -> sympy.Symbol:
-        return super().indirect_indexing(x, size)
 
 
 def render_mod(body: Callable[[], Any], registers: dict[str, torch.dtype], buffers: dict[str, tuple[str, torch.dtype]],
