@@ -191,3 +191,34 @@ def test_lengths_that_are_no_multiple_of_the_tiles_backward():
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     assert [_flex_launches(e) for e in _events()] == [1, 1]
+
+
+def test_the_gpus_tiles_in_the_interpreter(monkeypatch):
+    """The configs the templates take on CUDA (128x128 forward tiles, 64/128/128/64 backward ones,
+    several tiles per sparse block), run by the interpreter: fp16, head dim 128, a length no tile
+    divides. Each result is as close to an fp32 run of eager as eager's fp16 one is."""
+    from fxcc.compiler_core.codegen import flex_attention as template
+
+    heuristic = template.heuristic_config
+    monkeypatch.setattr(template, "heuristic_config", lambda params, q, kv, target: heuristic(params, q, kv, "cuda"))
+    mask = create_block_mask(sliding, 1, 2, 300, 300, device="cpu")
+
+    def fn(q, k, v):
+        return flex_attention(q, k, v, score_mod=alibi, block_mask=mask)
+
+    base = _inputs(1, 2, 2, 300, 128, grad=False)
+    g = torch.randn(1, 2, 300, 128)
+
+    def results(impl, dtype):
+        leaves = [x.to(dtype).requires_grad_() for x in base]
+        out = impl(*leaves)
+        out.backward(g.to(dtype))
+        return [out.float(), *(x.grad.float() for x in leaves)]
+
+    exact, eager = results(fn, torch.float64), results(fn, torch.float16)
+    got = results(torch.compile(fn, backend="fxcc"), torch.float16)
+    for a, e, ref in zip(got, eager, exact):
+        assert (a - ref).abs().max().item() <= 1.5 * (e - ref).abs().max().item() + 1e-3
+    sources = [k for e in _events() for k in _artifact(e).manifest.kernels if k.name.startswith(KERNEL_PREFIX)]
+    assert [k.constexprs for k in sources] == [{"BLOCK_M": 128, "BLOCK_N": 64},
+                                               {"BLOCK_M1": 64, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 64}]
