@@ -25,6 +25,7 @@ from fxcc.compiler_core.wire import (
     ControlFlow,
     DeviceArg,
     DtypeArg,
+    FlexAttention,
     FloatArg,
     GraphSpec,
     IntArg,
@@ -230,6 +231,45 @@ def control_node(n: fx.Node, gm: fx.GraphModule, symbols: Symbols) -> Node:
                                     carried=carried, outputs=[tensor_spec(v, symbols) for v in vals]))
 
 
+FLEX_KINDS = {"flex_attention": "forward", "flex_attention_backward": "backward"}
+
+
+def is_flex(n: fx.Node) -> bool:
+    return isinstance(n.target, torch._ops.HigherOrderOperator) and n.target.name() in FLEX_KINDS
+
+
+def flex_node(n: fx.Node, gm: fx.GraphModule, symbols: Symbols) -> Node:
+    """The wire node of flex_attention or its backward (compiler_core.flex): its tensors and block
+    mask tensors as arguments, its score_mod, mask_mod and joint graph captured as graphs of aten ops."""
+    kind = FLEX_KINDS[n.target.name()]
+    if kind == "forward":
+        q, k, v, score_mod, block, scale, options, score_bufs, mask_bufs = n.args
+        tensors, joint = [q, k, v], None
+    else:
+        q, k, v, out, lse, grad_out, grad_lse, score_mod, joint, block, scale, options, score_bufs, mask_bufs = n.args
+        tensors = [q, k, v, out, lse, grad_out, grad_lse]
+        if any(u.target is operator.getitem and u.args[1] == 3 for u in n.users):
+            raise UnsupportedOp("flex_attention_backward with gradients of captured tensors", node=n.name)
+    *block_fields, mask_mod = block
+    graphs = [score_mod, mask_mod] + ([joint] if joint is not None else [])
+    captured = []
+    for g in graphs:
+        sub = operator.attrgetter(g.target)(gm)
+        c = _capture(sub, [p.meta["val"] for p in sub.graph.nodes if p.op == "placeholder"])
+        if c.constants:
+            raise UnsupportedOp("a flex_attention mod holds constants", node=n.name)
+        captured.append(c.spec)
+    val = n.meta.get("val")
+    n_outputs = len(val) if kind == "forward" and isinstance(val, (tuple, list)) else 3
+    opts = {str(key): value for key, value in dict(options).items()
+            if isinstance(value, (bool, int, float, str)) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", str(key))}
+    args = [*tensors, list(block_fields), scale, list(score_bufs), list(mask_bufs)]
+    return Node(name=n.name, target=f"higher_order.{n.target.name()}", args=[encode_arg(a, n.name, symbols) for a in args],
+                flex=FlexAttention(kind=kind, score_mod=captured[0], mask_mod=captured[1],
+                                   joint=captured[2] if joint is not None else None, n_outputs=n_outputs,
+                                   kernel_options=opts))
+
+
 def capture_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
     """The GraphSpec of `gm`. get_attr constants become extra placeholders after the inputs.
 
@@ -282,6 +322,8 @@ def _capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Capture:
             nodes.append(opaque_node(n, symbols, groups))
         elif n.op == "call_function" and is_control(n):
             nodes.append(control_node(n, gm, symbols))
+        elif n.op == "call_function" and is_flex(n):
+            nodes.append(flex_node(n, gm, symbols))
         elif n.op == "call_function" and is_user_kernel(n):
             nodes.append(user_kernel_node(n, symbols))
             kernel_results[n.name] = nodes[-1].triton.cloned

@@ -107,6 +107,10 @@ class PlanRunner:
                 from fxcc.client.control_flow import control_step
 
                 self._steps.append(control_step(step, lambda sub: PlanRunner(artifact, sub, groups), SYMS))
+            elif isinstance(step, ExternStep) and step.flex is not None:
+                from fxcc.client.flex_attention import flex_step
+
+                self._steps.append(flex_step(step, SYMS))
             elif isinstance(step, ExternStep):
                 self._steps.append(self._extern(step, groups))
             elif isinstance(step, KernelStep):

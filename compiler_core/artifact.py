@@ -20,6 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from fxcc.compiler_core.errors import ArtifactError
 from fxcc.compiler_core.wire import (
     Arg,
+    FlexAttention,
     IntArg,
     Name,
     NodeRef,
@@ -77,6 +78,8 @@ class ExternStep(_Model):
     # A user's Triton kernel: the client launches its own function of that identity (client/user_kernels.py).
     triton: UserKernel | None = None
     control: ControlPlan | None = None  # torch.cond / while_loop: its subgraphs' plans (client/control_flow.py)
+    # flex_attention (or its backward) run eagerly: its mods rebuilt from their graphs (client/flex_attention.py)
+    flex: FlexAttention | None = None
 
 
 class AllocStep(_Model):

@@ -13,7 +13,7 @@ import sympy
 import torch
 from torch import fx
 
-from fxcc.compiler_core import stage_logs
+from fxcc.compiler_core import flex_lowering, stage_logs  # noqa: F401 - flex_lowering registers flex_attention's lowering
 from fxcc.compiler_core.artifact import (
     Artifact,
     ArtifactManifest,
@@ -28,6 +28,7 @@ from fxcc.compiler_core.artifact import (
     add_blob,
 )
 from fxcc.compiler_core.codegen.attention import render_template
+from fxcc.compiler_core.codegen.flex_attention import FlexParams, render_flex_template
 from fxcc.compiler_core.codegen.triton import RenderedKernel, render_kernel
 from fxcc.compiler_core.control_flow import compile_control_flow, merged_kernels, merged_stats
 from fxcc.compiler_core.errors import InvalidGraph, UnsupportedOp
@@ -212,7 +213,8 @@ def shape_env_guards(syms: Any) -> list[str]:
 def render_kernels(g: GraphLowering, items: Sequence[Kernel | ExternCall], target: str) -> dict[int, RenderedKernel]:
     """Triton source for every kernel of the schedule (fused or from a template), keyed by its position."""
     out = {i: render_kernel(item, g.buffers, target) for i, item in enumerate(items) if isinstance(item, Kernel)}
-    out |= {i: render_template(item, target) for i, item in enumerate(items) if isinstance(item, TemplateKernel)}
+    out |= {i: render_flex_template(item, target) if isinstance(item.params, FlexParams) else render_template(item, target)
+            for i, item in enumerate(items) if isinstance(item, TemplateKernel)}
     return out
 
 
@@ -248,7 +250,7 @@ def extern_plan(graph: GraphSpec) -> tuple[Plan, CompileStats]:
             kind=n.control.kind, plans=[extern_plan(g)[0] for g in n.control.graphs], carried=n.control.carried,
             outputs=n.control.outputs)
         steps.append(ExternStep(op=n.target, args=n.args, kwargs=n.kwargs, out=n.name, opaque=n.opaque,
-                                triton=n.triton, control=control))
+                                triton=n.triton, control=control, flex=n.flex))
         dead = [name for name, last in last_use.items() if last == n.name]
         if dead:
             steps.append(FreeStep(names=dead))

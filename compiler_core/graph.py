@@ -148,6 +148,17 @@ def _opaque_target(n: Any, mode: FakeTensorMode, syms: SymValues | None) -> Opaq
     return OpaqueTarget(n.target, lambda: [None if s is None else fake_input(mode, s, syms) for s in specs], form)
 
 
+def _flex_target(n: Any) -> Any:
+    """The FX target of a flex_attention node, once each of its mod graphs has been rebuilt (which
+    checks their ops against the allow-list and their shapes: compiler_core.flex)."""
+    from fxcc.compiler_core.flex import FlexTarget
+
+    for g in (n.flex.score_mod, n.flex.mask_mod, n.flex.joint):
+        if g is not None:
+            rebuild_graph(g)
+    return FlexTarget(n.flex.kind, n.flex.n_outputs)
+
+
 def rebuild_graph(spec: GraphSpec, hints: dict[str, int] | None = None,
                   like: tuple[fx.GraphModule, GraphSpec] | None = None) -> fx.GraphModule:
     """An FX GraphModule equivalent to `spec`, with `meta["val"]` (a FakeTensor) on every node.
@@ -172,8 +183,11 @@ def rebuild_graph(spec: GraphSpec, hints: dict[str, int] | None = None,
             node.meta["val"] = fakes[p.name] = fake_input(mode, p.spec, syms) if kept is None else kept
         nodes[p.name] = node
     for n in spec.nodes:
-        target = _opaque_target(n, mode, syms) if n.opaque or n.triton or n.control else \
-            resolve_target(n.target, node=n.name)
+        if n.flex is not None:
+            target = _flex_target(n)
+        else:
+            target = _opaque_target(n, mode, syms) if n.opaque or n.triton or n.control else \
+                resolve_target(n.target, node=n.name)
         if n.target in collectives.OPS:
             collectives.check_node(n.target, n.args, n.name)
         args = tuple(decode_arg(a, nodes, syms) for a in n.args)

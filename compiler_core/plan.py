@@ -39,9 +39,10 @@ def build_plan(g: GraphLowering, items: Sequence[Kernel | ExternCall],
     for i, item in enumerate(items):
         if isinstance(item, TemplateKernel):
             rk = rendered[i]
-            steps.append(AllocStep(out=item.out, spec=_spec(g.buffers[item.out])))
-            reads.append([])
-            args = [*item.args, NodeRef(name=item.out)] + [size_arg(x) for x in item.int_args]
+            for name in item.written:
+                steps.append(AllocStep(out=name, spec=_spec(g.buffers[name])))
+                reads.append([])
+            args = [*item.args, *(NodeRef(name=n) for n in item.written)] + [size_arg(x) for x in item.int_args]
             steps.append(KernelStep(kernel=rk.name, args=args, grid=[size_text(x) for x in rk.grid]))
             reads.append(_refs(item.args))
             inplace.append({})
@@ -50,7 +51,7 @@ def build_plan(g: GraphLowering, items: Sequence[Kernel | ExternCall],
             expect = None if item.expect_strides is None else [size_text(x) for x in item.expect_strides]
             steps.append(ExternStep(op=item.op, args=item.args, kwargs=item.kwargs, out=item.out,
                                     expect_strides=expect, opaque=item.opaque, triton=item.triton,
-                                    control=item.control))
+                                    control=item.control, flex=item.flex))
             reads.append(_refs(item.args + list(item.kwargs.values())))
             continue
         rk = rendered[i]

@@ -273,7 +273,7 @@ def hoist_kernels(items: Sequence[Kernel | ExternCall]) -> list[Kernel | ExternC
                 made_at.update((n.name, at) for n in item.nodes)
                 continue
         if isinstance(item, ExternCall):
-            made_at[item.out] = len(out)
+            made_at.update((name, len(out)) for name in item.written)
         else:
             made_at.update((n.name, len(out)) for n in item.nodes)
         out.append(item)
@@ -325,8 +325,8 @@ def eliminate_dead(g: GraphLowering) -> list[ComputedBuffer | ExternCall]:
     needed = set(_refs(g.outputs))
     kept: list[ComputedBuffer | ExternCall] = []
     for item in reversed(g.program):
-        name = item.out if isinstance(item, ExternCall) else item.name
-        if name not in needed and not (isinstance(item, ExternCall) and _may_write(item)):
+        names = item.written if isinstance(item, ExternCall) else (item.name,)
+        if not needed.intersection(names) and not (isinstance(item, ExternCall) and _may_write(item)):
             continue
         kept.append(item)
         if isinstance(item, ExternCall):

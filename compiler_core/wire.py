@@ -248,6 +248,42 @@ class UserKernel(_Model):
 
 
 MAX_DEPTH = 4  # graphs nested in control flow, the outer one included
+MAX_MOD_NODES = 256  # nodes of one flex_attention score_mod / mask_mod / joint graph
+
+
+class FlexAttention(_Model):
+    """torch's flex_attention (`forward`) or its backward (`backward`), which AOTAutograd emits for
+    training (compiler_core.flex). Its score_mod, mask_mod and (backward) joint graph travel as
+    restricted graphs of allow-listed aten ops over 0-dim tensors (score, b, h, q_idx, kv_idx, ...)
+    and the captured tensors, never as code. The node's args: forward [q, k, v, block, scale,
+    score_buffers, mask_buffers]; backward [q, k, v, out, lse, grad_out, grad_lse, block, scale,
+    score_buffers, mask_buffers], where `block` is the BlockMask's tuple without its mask_mod
+    (Q_LEN, KV_LEN, its eight block tensors or None, None fields, Q_BLOCK_SIZE, KV_BLOCK_SIZE).
+    The worker derives every output's spec itself (compiler_core.flex.FlexTarget)."""
+
+    kind: Literal["forward", "backward"]
+    score_mod: GraphSpec
+    mask_mod: GraphSpec
+    joint: GraphSpec | None = None  # backward only: d score_mod, inputs [score, b, h, m, n, grad, *buffers]
+    n_outputs: int = Field(default=3, ge=2, le=3)  # forward: (out, lse) or (out, lse, max_scores)
+    kernel_options: dict[Name, bool | int | float | Annotated[str, Field(max_length=32, pattern=r"^[A-Za-z0-9_]*$")]] = \
+        Field(default_factory=dict, max_length=32)
+
+    def check(self, target: str, n_args: int) -> None:
+        """ValueError unless the node's target and arguments fit this kind and its graphs are small."""
+        want = {"forward": ("higher_order.flex_attention", 7), "backward": ("higher_order.flex_attention_backward", 11)}
+        name, args = want[self.kind]
+        if target != name or n_args != args:
+            raise ValueError(f"flex_attention {self.kind} node is {target} with {n_args} args, not {name} with {args}")
+        if (self.joint is None) != (self.kind == "forward"):
+            raise ValueError("a flex_attention backward, and only it, carries a joint graph")
+        for g in (self.score_mod, self.mask_mod, self.joint):
+            if g is None:
+                continue
+            if len(g.nodes) > MAX_MOD_NODES:
+                raise ValueError(f"a flex_attention subgraph holds more than {MAX_MOD_NODES} nodes")
+            if g.symbols or any(n.opaque or n.triton or n.control or n.flex for n in g.nodes):
+                raise ValueError("a flex_attention subgraph holds sizes symbols or nodes other than aten ops")
 
 
 class ControlFlow(_Model):
@@ -287,9 +323,11 @@ class ControlFlow(_Model):
 
 
 def nested_size(graph: GraphSpec) -> tuple[int, int]:
-    """(depth, nodes) of `graph` with the subgraphs of its control flow nodes."""
+    """(depth, nodes) of `graph` with the subgraphs of its control flow nodes (and flex_attention's mods)."""
     depth, nodes = 1, len(graph.nodes)
     for n in graph.nodes:
+        if n.flex is not None:
+            nodes += sum(len(g.nodes) for g in (n.flex.score_mod, n.flex.mask_mod, n.flex.joint) if g is not None)
         if n.control is not None:
             for g in n.control.graphs:
                 d, k = nested_size(g)
@@ -305,13 +343,17 @@ class Node(_Model):
     opaque: OpaqueOp | None = None  # set for (and only for) an op outside aten/prims
     triton: UserKernel | None = None  # set for (and only for) a user's Triton kernel
     control: ControlFlow | None = None  # set for (and only for) torch.cond / while_loop
+    flex: FlexAttention | None = None  # set for (and only for) flex_attention and its backward
 
     @model_validator(mode="after")
     def _opaque(self) -> Node:
         from fxcc.compiler_core.opaque import check_opaque_node, check_user_kernel
 
-        if sum(x is not None for x in (self.opaque, self.triton, self.control)) > 1:
-            raise ValueError(f"node {self.name} is more than one of an opaque op, a Triton kernel, control flow")
+        if sum(x is not None for x in (self.opaque, self.triton, self.control, self.flex)) > 1:
+            raise ValueError(f"node {self.name} is more than one of an opaque op, a Triton kernel, control flow, "
+                             "flex_attention")
+        if self.flex is not None:
+            self.flex.check(self.target, len(self.args))
         if self.control is not None:
             self.control.check(self.target, len(self.args))
         if self.opaque is not None:
@@ -361,6 +403,7 @@ class GraphSpec(_Model):
 
 
 ControlFlow.model_rebuild()
+FlexAttention.model_rebuild()
 Node.model_rebuild()
 
 

@@ -272,6 +272,10 @@ def check_graph(graph: Any, max_nodes: int) -> None:
         if node.control is not None:
             for sub in node.control.graphs:
                 check_graph(sub, max_nodes)
+        elif node.flex is not None:  # its target was checked as data; its mods are graphs of aten ops
+            for sub in (node.flex.score_mod, node.flex.mask_mod, node.flex.joint):
+                if sub is not None:
+                    check_graph(sub, max_nodes)
         elif node.opaque is None and node.triton is None:  # those were checked as data when they parsed
             resolve_target(node.target, node=node.name)  # InvalidGraph → 422 naming node and op
 

@@ -107,6 +107,12 @@ class ExternCall:
     opaque: Any = None  # wire.OpaqueOp of an op only the client runs (compiler_core.opaque)
     triton: Any = None  # wire.UserKernel: a user's Triton kernel, launched by the client
     control: Any = None  # wire.ControlFlow, then (compiler_core.control_flow) its artifact.ControlPlan
+    flex: Any = None  # wire.FlexAttention of a flex_attention node run eagerly (compiler_core.flex)
+
+    @property
+    def written(self) -> tuple[str, ...]:
+        """The plan names this call defines."""
+        return (self.out,)
 
 
 @dataclass(frozen=True)
@@ -118,9 +124,16 @@ class TemplateKernel(ExternCall):
     (ints or size expressions) after the buffers `args` and `out`.
     """
 
-    params: Any = None  # codegen.attention.AttentionParams
+    params: Any = None  # ir.templates.AttentionParams (codegen.flex_attention.FlexParams)
     int_args: tuple[Any, ...] = ()
     sizes: dict[str, Any] = field(default_factory=dict)  # q_len, kv_len, batch_heads: for the grid
+    # Further buffers the kernel writes (flex_attention's logsumexp, its backward's dk and dv): the
+    # plan allocates each and passes it after `out`.
+    extra_outs: tuple[str, ...] = ()
+
+    @property
+    def written(self) -> tuple[str, ...]:
+        return (self.out, *self.extra_outs)
 
 
 @dataclass(frozen=True)
@@ -307,6 +320,12 @@ def current_node() -> fx.Node:
 def node_val() -> Any:
     """The FakeTensor (or tuple) the node being lowered produces: the ground truth of its meta."""
     return current_node().meta["val"]
+
+
+def lowering_context(graph: GraphLowering, node: fx.Node | None) -> contextlib.AbstractContextManager[None]:
+    """The context a lowering runs in (`current_graph()`, `current_node()`), for lowerings that lower
+    a graph of their own (flex_attention's mods)."""
+    return _lowering(graph, node)
 
 
 @contextlib.contextmanager
@@ -530,7 +549,7 @@ def _extern(g: GraphLowering, node: fx.Node, wire: Any, env: dict[fx.Node, Any])
     g.program.append(ExternCall(wire.name, wire.target, [swap(a) for a in wire.args],
                                 {k: swap(v) for k, v in wire.kwargs.items()},
                                 expect_strides=_fresh_strides(node, val), opaque=wire.opaque,
-                                triton=wire.triton, control=wire.control))
+                                triton=wire.triton, control=wire.control, flex=wire.flex))
     g.extern_ops.append(target_name(node.target))
     val = node.meta["val"]
     if isinstance(val, (tuple, list)):

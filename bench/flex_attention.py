@@ -1,0 +1,147 @@
+"""flex_attention on a GPU: fxcc's templates against Inductor's and eager's, forward and forward+backward (not a test).
+
+    python3 -m bench.flex_attention --out DIR [--quick]      # DIR/h200-flex-attention.json
+
+For each shape (bf16; B=4 H=16 S=2048 D=64 and B=2 H=16 S=4096 D=128) and mask (causal, and a
+sliding window of 256 keys, each a BlockMask from create_block_mask), in one process:
+- fxcc: `torch.compile(fn, backend="fxcc")` (in-process compile, cubins for this card, the default
+  settings, FXCC_FALLBACK=error so that a refusal shows instead of running eagerly);
+- Inductor: `torch.compile(flex_attention)`, as torch's docs say to run it;
+- eager: flex_attention uncompiled (torch's dense math path, which materializes the scores);
+times as medians of triton.testing.do_bench (L2 flushed between runs), forward under no_grad and
+forward+backward (`out.backward(grad)`, grads of q, k, v), with fxcc / Inductor as a ratio, fxcc's
+kernel counts and extern ops per graph, and fxcc's and eager's max errors against Inductor's results.
+`--quick`: the first shape only, fewer repetitions (a few minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SHAPES = ((4, 16, 2048, 64), (2, 16, 4096, 128))
+WINDOW = 256
+
+
+def causal(b: Any, h: Any, q: Any, kv: Any) -> Any:
+    return q >= kv
+
+
+def sliding(b: Any, h: Any, q: Any, kv: Any) -> Any:
+    return (q >= kv) & (q - kv <= WINDOW)
+
+
+MASKS = {"causal": causal, "sliding_window": sliding}
+
+
+def _median_ms(fn: Any, rep: int, grads: list[torch.Tensor] | None = None) -> float:
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=10, rep=rep, grad_to_none=grads, return_mode="median"))
+
+
+def _max_err(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
+
+
+def run_case(shape: tuple[int, int, int, int], mask_name: str, rep: int) -> list[dict[str, Any]]:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from fxcc.client import backend
+
+    b, h, s, d = shape
+    block_mask = create_block_mask(MASKS[mask_name], b, h, s, s, device="cuda")
+    inductor_flex = torch.compile(flex_attention)
+
+    def fxcc_fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return flex_attention(q, k, v, block_mask=block_mask)
+
+    fxcc = torch.compile(fxcc_fn, backend="fxcc")
+    impls = {
+        "fxcc": fxcc,
+        "inductor": lambda q, k, v: inductor_flex(q, k, v, block_mask=block_mask),
+        "eager": lambda q, k, v: flex_attention(q, k, v, block_mask=block_mask),
+    }
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
+    dout = torch.randn(b, h, s, d, device="cuda", generator=g, dtype=torch.bfloat16)
+    rows = []
+    for mode in ("forward", "forward_backward"):
+        train = mode == "forward_backward"
+        leaves = [x.detach().clone().requires_grad_(train) for x in (q, k, v)]
+        results: dict[str, list[torch.Tensor]] = {}
+        times: dict[str, float] = {}
+        first_call_s: dict[str, float] = {}
+        n_events = len(backend.events())
+        for name, fn in impls.items():
+            def call(fn: Any = fn, train: bool = train, leaves: list[torch.Tensor] = leaves) -> Any:
+                if not train:
+                    with torch.no_grad():
+                        return fn(*leaves)
+                out = fn(*leaves)
+                out.backward(dout)
+                return out
+
+            t0 = time.perf_counter()
+            out = call()
+            torch.cuda.synchronize()
+            first_call_s[name] = round(time.perf_counter() - t0, 2)
+            results[name] = [out.detach()] + ([x.grad.clone() for x in leaves] if train else [])
+            for x in leaves:
+                x.grad = None
+            times[name] = _median_ms(call, rep, leaves if train else None)
+        events = [e for e in backend.events()[n_events:] if e.source != "fallback"]
+        rows.append({
+            "shape": {"B": b, "H": h, "S": s, "D": d}, "mask": mask_name, "mode": mode, "dtype": "bfloat16",
+            "sparsity_pct": round(float(block_mask.sparsity()), 1),
+            "fxcc_ms": round(times["fxcc"], 4), "inductor_ms": round(times["inductor"], 4),
+            "eager_ms": round(times["eager"], 4),
+            "fxcc_vs_inductor": round(times["fxcc"] / times["inductor"], 3),
+            "fxcc_vs_eager": round(times["fxcc"] / times["eager"], 3),
+            "fxcc_max_err_vs_inductor": _max_err(results["fxcc"], results["inductor"]),
+            "eager_max_err_vs_inductor": _max_err(results["eager"], results["inductor"]),
+            "fxcc_graphs": [{"kernels": e.stats.kernels if e.stats else None,
+                             "extern_ops": e.stats.extern_ops if e.stats else None, "source": e.source}
+                            for e in events],
+            "first_call_s": first_call_s,
+        })
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="directory for h200-flex-attention.json")
+    parser.add_argument("--quick", action="store_true", help="the first shape only, fewer repetitions")
+    args = parser.parse_args()
+    os.environ.setdefault("FXCC_FALLBACK", "error")
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
+    import triton
+
+    shapes = SHAPES[:1] if args.quick else SHAPES
+    rep = 50 if args.quick else 200
+    rows = []
+    for shape in shapes:
+        for mask_name in MASKS:
+            torch._dynamo.reset()
+            rows += run_case(shape, mask_name, rep)
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+        "fxcc_cuda_graphs": os.environ.get("FXCC_CUDA_GRAPHS", "default"), "rows": rows,
+        "worst_fxcc_vs_inductor": max(r["fxcc_vs_inductor"] for r in rows),
+    }
+    path = args.out / "h200-flex-attention.json"
+    path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {path}; worst fxcc/Inductor {result['worst_fxcc_vs_inductor']}")
+
+
+if __name__ == "__main__":
+    main()

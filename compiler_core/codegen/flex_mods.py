@@ -1,0 +1,107 @@
+"""flex_attention's score_mod / mask_mod / joint graph as Triton statements over a tile of scores.
+
+Note: a mod's graph is lowered by fxcc's own lowerings (flex_lowering.py) over 0-dim
+values: its inputs score, b, h, q_idx, kv_idx (and the joint graph's incoming gradient) load
+"registers", its captured tensors are input buffers. The value that comes out is rendered here
+under an ops handler whose registers are the template's own variables (a [BLOCK_M, BLOCK_N]
+tile of scores, the program's batch and head, the tile's row and column indices), so the same
+Triton text as a fused kernel's works on the tile elementwise, and a captured tensor read at
+data-dependent indices (bias[h], table[q_idx - kv_idx]) is an indirect, masked load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fxcc.compiler_core.codegen.triton import TL_DTYPES, TritonHandler, TVal
+from fxcc.compiler_core.errors import CodegenError
+from fxcc.compiler_core.ir.ops import compute_dtype, use_handler
+from fxcc.compiler_core.sizevars import Expr, render_index
+from fxcc.compiler_core.symbolic import size_symbols_of
+
+
+@dataclass(frozen=True)
+class ModText:
+    """A mod rendered: statements (unindented), then the expression of its value."""
+
+    lines: tuple[str, ...]
+    value: str
+
+    def indented(self, pad: str, registers: dict[str, str]) -> str:
+        """The statements with the template's variable for each register name, one per line."""
+        return "".join(f"{pad}{_swap(line, registers)}\n" for line in self.lines)
+
+    def value_of(self, registers: dict[str, str]) -> str:
+        return _swap(self.value, registers)
+
+
+def _swap(text: str, registers: dict[str, str]) -> str:
+    for name, var in registers.items():
+        text = text.replace(name, var)
+    return text
+
+
+@dataclass
+class ModHandler(TritonHandler):
+    """TritonHandler over a tile: no kernel coordinates, static indices only, named temporaries."""
+
+    prefix: str = "mod"
+    pointers: dict[str, str] = field(default_factory=dict)  # buffer name -> pointer parameter
+
+    def index(self, expr: Expr) -> Expr:
+        if size_symbols_of(expr):
+            raise CodegenError("a flex_attention mod indexes with a symbolic size")
+        return expr
+
+    def emit(self, text: str, dtype: torch.dtype) -> TVal:
+        key = f"{text}:{dtype}"
+        hit = self.cse.get(key)
+        if hit is not None:
+            return hit
+        var = TVal(f"{self.prefix}{self.counter}", dtype)
+        self.counter += 1
+        self.lines.append(f"{var.text} = {text}")
+        self.cse[key] = var
+        return var
+
+    def load(self, name: str, index: Expr) -> TVal:
+        if name in self.registers:
+            return self.registers[name]
+        pointer = self.pointers.get(name)
+        if pointer is None:
+            raise CodegenError(f"a flex_attention mod reads {name}, which it was not given")
+        index = self.index(index)
+        masks = [self.indirect_masks[s] for s in sorted(index.free_symbols, key=str) if s in self.indirect_masks]
+        masks += self.mask_stack
+        where = f", mask={' & '.join(masks)}, other=0" if masks else ""
+        text = f"tl.load({pointer} + ({render_index(index)}){where})"
+        dtype = self.buffer_dtypes[name]
+        comp = compute_dtype(dtype)
+        if comp != dtype:
+            text += f".to({TL_DTYPES[comp]})"
+        return self.emit(text, comp)
+
+
+def render_mod(body: Callable[[], Any], registers: dict[str, torch.dtype], buffers: dict[str, tuple[str, torch.dtype]],
+               prefix: str, target: str, want: torch.dtype) -> ModText:
+    """The Triton text of `body()` (a mod's value, built from ops.*): `registers` are the names its
+    inputs load, standing for template variables; `buffers` maps each captured tensor's buffer name
+    to (pointer parameter, dtype). The value is converted to `want`. Raises CodegenError for an op
+    the target has no spelling for."""
+    handler = ModHandler(target=target, kernel=None, args={}, prefix=prefix,
+                         buffer_dtypes={name: dtype for name, (_, dtype) in buffers.items()},
+                         pointers={name: ptr for name, (ptr, _) in buffers.items()},
+                         registers={name: TVal(f"@{name}@", dtype) for name, dtype in registers.items()})
+    with use_handler(handler):
+        value = body()
+        if not isinstance(value, TVal):
+            raise CodegenError("a flex_attention mod gave no value")
+        if want == torch.bool and value.dtype != torch.bool:
+            value = handler.emit(f"({value.text} != 0)", torch.bool)
+        elif value.dtype != want:
+            value = handler.to_dtype(value, want)
+    return ModText(tuple(handler.lines), value.text)

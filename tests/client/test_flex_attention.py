@@ -1,0 +1,224 @@
+"""flex_attention in compiled graphs (in-process, Triton's interpreter): the forward and the backward
+run fxcc's templates with score_mod and mask_mod inlined (no extern step), the rest of each graph
+fused around them, and outputs and grads of q, k and v match eager; a mod the template cannot
+render makes flex_attention an extern step that still matches.
+
+Note: torch's public flex_attention refuses inputs that require grad on the CPU (a device check,
+`_validate_device`); its dense backward, which eager runs, works on any device. The tests lift that
+check to compare grads on this CPU-only machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.attention.flex_attention as flex_module
+from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
+
+from fxcc.client import backend
+from fxcc.compiler_core.artifact import ExternStep, KernelStep
+from fxcc.compiler_core.codegen.flex_attention import KERNEL_PREFIX
+
+
+@pytest.fixture(autouse=True)
+def _isolated(fresh_compiles, monkeypatch):
+    monkeypatch.setenv("FXCC_FALLBACK", "error")
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *a: None)
+    yield
+
+
+def causal(b, h, q, kv):
+    return q >= kv
+
+
+def sliding(b, h, q, kv):
+    return (q >= kv) & (q - kv <= 20)
+
+
+def late_rows(b, h, q, kv):
+    return (q >= 8) & (kv <= q)  # rows 0..7 keep no key at all
+
+
+SLOPES = torch.rand(4) + 0.1
+TABLE = torch.randn(256) * 0.5
+
+
+def alibi(score, b, h, m, n):
+    return score + SLOPES[h] * (n - m)
+
+
+def relative(score, b, h, m, n):
+    return score + TABLE[m - n + 128]
+
+
+def lgamma_mod(score, b, h, m, n):
+    return score + 0.1 * torch.lgamma(score.abs() + 1)  # lgamma: no fxcc lowering
+
+
+def _artifact(event):
+    from fxcc.client.cache import LocalCache
+    from fxcc.client.settings import ClientSettings
+
+    return LocalCache(ClientSettings.from_env().cache_dir).get(event.key)
+
+
+def _flex_launches(event) -> int:
+    steps = _artifact(event).manifest.plan.steps
+    return sum(isinstance(s, KernelStep) and s.kernel.startswith(KERNEL_PREFIX) for s in steps)
+
+
+def _inputs(b, h, hkv, s, d, dtype=torch.float32, grad=True):
+    torch.manual_seed(0)
+    return [torch.randn(b, n, s, d, dtype=dtype, requires_grad=grad) for n in (h, hkv, hkv)]
+
+
+def _run(fn, inputs, grad=True):
+    """(compiled outputs and grads, eager's), the same upstream gradient for both."""
+    got = torch.compile(fn, backend="fxcc")(*inputs)
+    want = fn(*inputs)
+    if not grad:
+        return [got], [want]
+    g = torch.randn_like(want)
+    return [got, *torch.autograd.grad(got, inputs, g)], [want, *torch.autograd.grad(want, inputs, g)]
+
+
+def _events():
+    return [e for e in backend.events() if e.source != "fallback"]
+
+
+def test_causal_block_mask_forward_and_backward_run_the_templates():
+    mask = create_block_mask(causal, 2, 4, 64, 64, device="cpu", BLOCK_SIZE=32)
+
+    def fn(q, k, v):
+        return flex_attention(q.sin(), k, v, block_mask=mask).cos() * 2
+
+    got, want = _run(fn, _inputs(2, 4, 4, 64, 16))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    forward, backward = _events()
+    assert forward.stats.extern_ops == [] and backward.stats.extern_ops == []  # no extern flex step
+    assert _flex_launches(forward) == 1 and _flex_launches(backward) == 1
+    # forward: sin, the template, cos*2; backward: the incoming grad with delta's rowsum, the
+    # template, and dq's chain rule through sin
+    assert forward.stats.kernels == 3 and backward.stats.kernels == 3
+
+
+def test_sliding_window_with_a_captured_alibi_tensor_in_bf16():
+    mask = create_block_mask(sliding, 1, 4, 64, 64, device="cpu", BLOCK_SIZE=32)
+
+    def fn(q, k, v):
+        return flex_attention(q, k, v, score_mod=alibi, block_mask=mask)
+
+    inputs = _inputs(1, 4, 4, 64, 32, torch.bfloat16)
+    got, want = _run(fn, inputs)
+    # bf16: fxcc and eager each within a few bf16 ulps of the fp32 result
+    exact = _run(fn, [x.detach().float().requires_grad_() for x in inputs])[1]
+    for a, b, ref in zip(got, want, exact):
+        assert a.dtype == torch.bfloat16
+        bound = 2 * (b.float() - ref).abs().max().item() + 0.02
+        assert (a.float() - ref).abs().max().item() <= bound
+    assert all(e.stats.extern_ops == [] for e in _events())
+
+
+def test_no_block_mask_a_relative_bias_table_and_gqa():
+    def fn(q, k, v):
+        return flex_attention(q, k, v, score_mod=relative, enable_gqa=True)
+
+    got, want = _run(fn, _inputs(1, 4, 2, 48, 16))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    events = _events()
+    assert all("higher_order.flex_attention" not in e.stats.extern_ops for e in events)
+    assert all("higher_order.flex_attention_backward" not in e.stats.extern_ops for e in events)
+    assert [_flex_launches(e) for e in events] == [1, 1]
+
+
+def test_rows_with_no_key_and_a_used_logsumexp():
+    """A row that keeps no key gives out 0 and logsumexp -inf (as eager); the lse's own gradient
+    reaches q and k through the backward template."""
+    mask = create_block_mask(late_rows, 1, 2, 64, 64, device="cpu", BLOCK_SIZE=32)
+
+    def fn(q, k, v):
+        out, aux = flex_attention(q, k, v, block_mask=mask, return_aux=AuxRequest(lse=True))
+        lse = torch.where(aux.lse.isinf(), 0.0, aux.lse)
+        return out + lse.unsqueeze(-1) * 0.5
+
+    got, want = _run(fn, _inputs(1, 2, 2, 64, 16))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert (got[0][:, :, :8] == 0).all()
+    assert all(e.stats.extern_ops == [] for e in _events())
+
+
+def test_lengths_that_are_no_multiple_of_the_tiles_inference():
+    mask = create_block_mask(sliding, 1, 2, 80, 80, device="cpu", BLOCK_SIZE=32)
+
+    def fn(q, k, v):
+        return flex_attention(q, k, v, block_mask=mask, score_mod=alibi) + 1
+
+    with torch.no_grad():
+        got, want = _run(fn, _inputs(1, 2, 2, 80, 16, grad=False), grad=False)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-4)
+    (event,) = _events()
+    assert event.stats.extern_ops == [] and event.stats.kernels == 2  # the template, then + 1
+
+
+def test_a_mod_the_template_cannot_render_runs_flex_attention_eagerly():
+    mask = create_block_mask(causal, 1, 2, 64, 64, device="cpu", BLOCK_SIZE=32)
+
+    def fn(q, k, v):
+        return flex_attention(q.sin(), k, v, score_mod=lgamma_mod, block_mask=mask).cos()
+
+    got, want = _run(fn, _inputs(1, 2, 2, 64, 16))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    forward, backward = _events()
+    assert forward.stats.extern_ops == ["higher_order.flex_attention"]
+    assert backward.stats.extern_ops == ["higher_order.flex_attention_backward"]
+    assert _flex_launches(forward) == 0
+    flex_steps = [s for s in _artifact(forward).manifest.plan.steps if isinstance(s, ExternStep) and s.flex]
+    assert len(flex_steps) == 1 and flex_steps[0].flex.kind == "forward"
+    assert forward.stats.kernels == 2  # sin and cos still fused kernels around it
+
+
+def test_lengths_that_are_no_multiple_of_the_tiles_backward():
+    mask = create_block_mask(sliding, 1, 2, 80, 80, device="cpu", BLOCK_SIZE=32)
+
+    def fn(q, k, v):
+        return flex_attention(q, k, v, block_mask=mask)
+
+    got, want = _run(fn, _inputs(1, 2, 2, 80, 16))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert [_flex_launches(e) for e in _events()] == [1, 1]
+
+
+def test_the_gpus_tiles_in_the_interpreter(monkeypatch):
+    """The configs the templates take on CUDA (128x128 forward tiles, 64/128/128/64 backward ones,
+    several tiles per sparse block), run by the interpreter: fp16, head dim 128, a length no tile
+    divides. Each result is as close to an fp32 run of eager as eager's fp16 one is."""
+    from fxcc.compiler_core.codegen import flex_attention as template
+
+    heuristic = template.heuristic_config
+    monkeypatch.setattr(template, "heuristic_config", lambda params, q, kv, target: heuristic(params, q, kv, "cuda"))
+    mask = create_block_mask(sliding, 1, 2, 300, 300, device="cpu")
+
+    def fn(q, k, v):
+        return flex_attention(q, k, v, score_mod=alibi, block_mask=mask)
+
+    base = _inputs(1, 2, 2, 300, 128, grad=False)
+    g = torch.randn(1, 2, 300, 128)
+
+    def results(impl, dtype):
+        leaves = [x.to(dtype).requires_grad_() for x in base]
+        out = impl(*leaves)
+        out.backward(g.to(dtype))
+        return [out.float(), *(x.grad.float() for x in leaves)]
+
+    exact, eager = results(fn, torch.float64), results(fn, torch.float16)
+    got = results(torch.compile(fn, backend="fxcc"), torch.float16)
+    for a, e, ref in zip(got, eager, exact):
+        assert (a - ref).abs().max().item() <= 1.5 * (e - ref).abs().max().item() + 1e-3
+    sources = [k for e in _events() for k in _artifact(e).manifest.kernels if k.name.startswith(KERNEL_PREFIX)]
+    assert [k.constexprs for k in sources] == [{"BLOCK_M": 128, "BLOCK_N": 64},
+                                               {"BLOCK_M1": 64, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 64}]

@@ -1,0 +1,132 @@
+"""flex_attention on the wire and in the worker: its mods travel as restricted aten graphs that the
+worker checks like any graph (allow-list, sizes), its outputs are derived by the worker, and its mods
+render to Triton text inlined into the template (compiler_core.flex, codegen.flex_mods)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from functorch.compile import make_boxed_func
+from pydantic import ValidationError
+from torch._dynamo.backends.common import aot_autograd
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from fxcc.client.capture import capture_graph
+from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.errors import InvalidGraph
+from fxcc.compiler_core.flex import fill_order_strides
+from fxcc.compiler_core.graph import rebuild_graph
+from fxcc.compiler_core.wire import CompileRequest, GraphSpec, Node
+
+BIAS = torch.randn(4)
+
+
+def alibi(score, b, h, m, n):
+    return score + BIAS[h] * (m - n)
+
+
+def causal(b, h, q, kv):
+    return q >= kv
+
+
+def _forward_spec() -> GraphSpec:
+    """The forward graph of a flex_attention call as the client sends it."""
+    specs: list[GraphSpec] = []
+
+    def fw(gm, example_inputs):
+        specs.append(capture_graph(gm, example_inputs).spec)
+        return make_boxed_func(gm.forward)
+
+    mask = create_block_mask(causal, 1, 2, 64, 64, device="cpu", BLOCK_SIZE=32)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda q, k, v: flex_attention(q, k, v, score_mod=alibi, block_mask=mask).cos(),
+                       backend=aot_autograd(fw_compiler=fw))
+    with torch.no_grad():
+        fn(*(torch.randn(1, 2, 64, 16) for _ in range(3)))
+    torch._dynamo.reset()
+    (spec,) = specs
+    return spec
+
+
+@pytest.fixture(scope="module")
+def spec() -> GraphSpec:
+    return _forward_spec()
+
+
+def _flex(spec: GraphSpec) -> Node:
+    (node,) = [n for n in spec.nodes if n.flex is not None]
+    return node
+
+
+def _with_flex(spec: GraphSpec, **changes) -> GraphSpec:
+    node = _flex(spec)
+    new = node.model_copy(update={"flex": node.flex.model_copy(update=changes)})
+    return spec.model_copy(update={"nodes": [new if n is node else n for n in spec.nodes]})
+
+
+def test_the_mods_travel_as_aten_graphs_and_survive_json(spec):
+    node = _flex(spec)
+    assert node.target == "higher_order.flex_attention" and node.flex.kind == "forward"
+    assert [n.target for n in node.flex.score_mod.nodes] == ["aten.index.Tensor", "aten.sub.Tensor",
+                                                             "aten.mul.Tensor", "aten.add.Tensor"]
+    assert [n.target for n in node.flex.mask_mod.nodes] == ["aten.ge.Tensor"]
+    # the captured bias is a graph input of the outer graph, passed to the node as a score buffer
+    assert len(node.args[5].items) == 1 and node.args[5].items[0].kind == "node"
+    again = GraphSpec.model_validate_json(spec.model_dump_json())
+    assert again == spec
+
+
+def test_the_worker_derives_the_outputs(spec):
+    gm = rebuild_graph(spec)
+    (node,) = [n for n in gm.graph.nodes if n.op == "call_function" and repr(n.target).startswith("flex")]
+    out, lse, *_ = node.meta["val"]
+    assert tuple(out.shape) == (1, 2, 64, 16) and out.dtype == torch.float32
+    assert tuple(lse.shape) == (1, 2, 64) and lse.dtype == torch.float32
+    # q's layout, last dim innermost: a transposed q gives a transposed out
+    assert fill_order_strides((2, 3, 5, 7), (105, 7, 21, 1)) == (105, 7, 21, 1)
+    assert fill_order_strides((2, 3, 5, 7), (105, 35, 7, 1)) == (105, 35, 7, 1)
+
+
+def test_a_mod_op_outside_the_allow_list_is_refused(spec):
+    mod = _flex(spec).flex.score_mod
+    bad = mod.model_copy(update={"nodes": [mod.nodes[0].model_copy(update={"target": "aten.copy_.default"}),
+                                           *mod.nodes[1:]]})
+    with pytest.raises(InvalidGraph, match="copy_"):
+        rebuild_graph(_with_flex(spec, score_mod=bad))
+    worse = mod.model_copy(update={"nodes": [mod.nodes[0].model_copy(update={"target": "os.system.default"}),
+                                             *mod.nodes[1:]]})
+    with pytest.raises(InvalidGraph, match="os.system"):
+        rebuild_graph(_with_flex(spec, score_mod=worse))
+
+
+def test_a_node_of_another_form_is_a_validation_error(spec):
+    node = _flex(spec)
+    with pytest.raises(ValidationError, match="joint graph"):
+        Node.model_validate({**node.model_dump(), "flex": {**node.flex.model_dump(), "joint": node.flex.mask_mod.model_dump()}})
+    with pytest.raises(ValidationError, match="flex_attention forward node"):
+        Node.model_validate({**node.model_dump(), "target": "higher_order.flex_attention_backward"})
+    many = node.flex.mask_mod.model_dump()
+    first = many["nodes"][0]
+    many["nodes"] = [first] + [{**first, "name": f"ge{i}"} for i in range(300)]
+    with pytest.raises(ValidationError, match="more than 256 nodes"):
+        Node.model_validate({**node.model_dump(), "flex": {**node.flex.model_dump(), "mask_mod": many}})
+
+
+def test_inputs_that_do_not_fit_are_refused(spec):
+    k_name = _flex(spec).args[1].name
+    places = [p.model_copy(update={"spec": p.spec.model_copy(update={"sizes": [1, 2, 64, 32], "strides": [4096, 2048, 32, 1]})})
+              if p.name == k_name else p for p in spec.placeholders]
+    with pytest.raises(InvalidGraph, match="do not fit"):
+        rebuild_graph(spec.model_copy(update={"placeholders": places}))
+
+
+def test_the_template_inlines_both_mods_and_reads_the_captured_tensor(spec):
+    art = compile_request(CompileRequest(graph=spec))
+    assert art.manifest.stats.extern_ops == []
+    sources = [art.blobs[k.source.digest].decode() for k in art.manifest.kernels if k.name.startswith("fxcc_flex_")]
+    (source,) = sources
+    # alibi: bias[h] is a load of the captured tensor at the program's head, masked to its range
+    assert "tl.load(SB0 + (" in source and "mask=" in source.split("tl.load(SB0")[1].split("\n")[0]
+    assert "(m_idx - n_idx)" in source  # q_idx - kv_idx over the tile
+    assert "(m_idx >= n_idx)" in source  # causal's mask_mod, in the partial blocks' loop only
+    assert source.count("(m_idx >= n_idx)") == 1 and source.count("for it in range") == 2
