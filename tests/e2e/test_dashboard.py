@@ -152,11 +152,12 @@ def test_each_job_has_a_page_showing_its_compile(browser, service, tmp_path):
     source = details.find_element(By.TAG_NAME, "pre").text
     assert "@triton.jit" in source and f"def {kernel['name']}(" in source
     schedule = browser.find_element(By.CSS_SELECTOR, 'details.stage[data-stage="schedule"] pre').text
-    assert "kernel (pointwise" in schedule and "s, c" in schedule
+    assert "kernel (pointwise, x=512" in schedule and "stores: buf0" in schedule  # sin and cos: one kernel
     graph = browser.find_element(By.CSS_SELECTOR, 'details.stage[data-stage="graph"]')
     graph.find_element(By.TAG_NAME, "summary").click()
     assert "aten.cos.default(s)" in graph.find_element(By.TAG_NAME, "pre").text
     assert browser.find_element(By.ID, "error").text == ""
+    browser.execute_script("window.scrollTo(0, 0)")
     shot = Path(os.environ.get("FXCC_EXPLORER_SCREENSHOT") or tmp_path / "explorer.png")
     assert browser.save_screenshot(str(shot))
     browser.find_element(By.CSS_SELECTOR, "a.back").click()
