@@ -30,26 +30,7 @@ from typing import Any
 
 import torch
 
-
-def spy_on_runners(seen: list[dict[str, Any]]) -> None:
-    """Record each plan runner fxcc's backend hands on, with the first arguments it is called with."""
-    from fxcc.client import graphs
-
-    original = graphs._guarded
-
-    def spy(runner: Any, constants: list[Any], eager: Any, key: str) -> Any:
-        entry: dict[str, Any] = {"runner": runner, "constants": constants, "args": None}
-        boxed = original(runner, constants, eager, key)
-
-        def recording(args: list[Any]) -> Any:
-            if entry["args"] is None:
-                entry["args"] = list(args)
-            return boxed(args)
-        recording._boxed_call = True  # type: ignore[attr-defined]
-        seen.append(entry)
-        return recording
-
-    graphs._guarded = spy  # type: ignore[assignment]
+from bench.host_layers import spy_on_plans
 
 
 def plan_runner(runner: Any) -> Any:
@@ -176,7 +157,7 @@ def main() -> None:
     from fxcc.compiler_core.artifact import AllocStep, ExternStep, FreeStep, KernelStep
 
     seen: list[dict[str, Any]] = []
-    spy_on_runners(seen)
+    spy_on_plans(seen)
     model, ids = build(a.layers, a.width, a.batch, a.seq)
     compiled = torch.compile(model, backend=fxcc_backend)
 
