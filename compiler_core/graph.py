@@ -148,6 +148,16 @@ def _opaque_target(n: Any, mode: FakeTensorMode, syms: SymValues | None) -> Opaq
     return OpaqueTarget(n.target, lambda: [None if s is None else fake_input(mode, s, syms) for s in specs], form)
 
 
+def _node_target(n: Any, mode: FakeTensorMode, syms: SymValues | None) -> Any:
+    """What a wire node calls: a flex_attention node's target (its mods rebuilt and checked), an
+    opaque step's (custom op, user kernel, control flow), or an allow-listed aten/prims overload."""
+    if n.flex is not None:
+        return _flex_target(n)
+    if n.opaque or n.triton or n.control:
+        return _opaque_target(n, mode, syms)
+    return resolve_target(n.target, node=n.name)
+
+
 def _flex_target(n: Any) -> Any:
     """The FX target of a flex_attention node, once each of its mod graphs has been rebuilt (which
     checks their ops against the allow-list and their shapes: compiler_core.flex)."""
@@ -183,11 +193,7 @@ def rebuild_graph(spec: GraphSpec, hints: dict[str, int] | None = None,
             node.meta["val"] = fakes[p.name] = fake_input(mode, p.spec, syms) if kept is None else kept
         nodes[p.name] = node
     for n in spec.nodes:
-        if n.flex is not None:
-            target = _flex_target(n)
-        else:
-            target = _opaque_target(n, mode, syms) if n.opaque or n.triton or n.control else \
-                resolve_target(n.target, node=n.name)
+        target = _node_target(n, mode, syms)
         if n.target in collectives.OPS:
             collectives.check_node(n.target, n.args, n.name)
         args = tuple(decode_arg(a, nodes, syms) for a in n.args)
@@ -217,8 +223,7 @@ def propagate_shapes(spec: GraphSpec) -> None:
     for p in spec.placeholders:
         fakes[p.name] = _size(p.symbol, syms) if p.symbol is not None else fake_input(mode, p.spec, syms)
     for n in spec.nodes:
-        target = _opaque_target(n, mode, syms) if n.opaque or n.triton or n.control else \
-            resolve_target(n.target, node=n.name)
+        target = _node_target(n, mode, syms)
         if n.target in collectives.OPS:
             collectives.check_node(n.target, n.args, n.name)
         fakes[n.name] = _propagate(n, target, mode, fakes, syms)

@@ -65,7 +65,7 @@ def test_a_read_after_a_write_keeps_the_graph_extern() -> None:
 def test_a_large_write_back_is_a_copy_of_its_own():
     """A KV cache's write-back (larger than SMALL_WRITE_MAX) is its own copy_; the small one beside
     it too (one small copy has nothing to go together with)."""
-    from fxcc.compiler_core.lowering import SMALL_WRITE_MAX
+    from fxcc.compiler_core.lowering.core import SMALL_WRITE_MAX
 
     def f(x, cache, n):
         cache.copy_(cache * 0.5 + x)

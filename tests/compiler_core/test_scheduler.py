@@ -87,7 +87,7 @@ def test_column_reductions_loop_over_rows_with_wide_tiles():
 
     x = torch.randn(300, 40)
     art = check(lambda a: a.sum(0), x, atol=1e-4, rtol=1e-5)
-    (src,) = [b.decode() for b in art.blobs.values()]
+    (src,) = [art.blobs[k.source.digest].decode() for k in art.manifest.kernels]
     assert "for roffset in range(0, rnumel, RBLOCK):" in src
     assert 300 < PERSISTENT_RNUMEL_MAX
     (info,) = art.manifest.kernels

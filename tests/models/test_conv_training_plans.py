@@ -149,8 +149,8 @@ def test_a_backward_expecting_channels_last_inputs_gets_them_from_an_eager_forwa
     the backward's plan, compiled for the channels-last ones its forward plan reported, gets each
     such input copied into the layout it reads (and the other way round: a backward compiled for
     eager's layout before its forward's plan arrived)."""
-    from fxcc.client.graphs import layout_guard
     from fxcc.client.capture import capture_graph
+    from fxcc.client.graphs import layout_guard
 
     x = torch.randn(2, 4, 3, 3).to(memory_format=torch.channels_last)
     from torch.fx.experimental.proxy_tensor import make_fx
