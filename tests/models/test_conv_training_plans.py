@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bench.conv_plan_counts import BasicBlock
 from fxcc.client import backend
 from fxcc.client.cache import LocalCache
 from fxcc.client.settings import ClientSettings
@@ -26,20 +27,6 @@ from tests.compiler_core.test_passes_layout import conversion_kernels
 NO_KERNEL = {"getitem", "aten.view.default", "aten.unsqueeze.default", "aten.permute.default",
              "aten.squeeze.dim", "aten.squeeze.dims", "aten.alias.default", "aten.expand.default",
              "aten.as_strided.default", "aten.t.default", "aten.reshape.default", "aten._unsafe_view.default"}
-
-
-class BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.c1, self.b1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
-        self.c2, self.b2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
-        self.down = None
-        if stride != 1 or cin != cout:
-            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.b2(self.c2(F.relu(self.b1(self.c1(x)))))
-        return F.relu(y + (x if self.down is None else self.down(x)))
 
 
 class TinyResNet(nn.Module):
