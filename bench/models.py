@@ -358,7 +358,9 @@ def _child_env(run_dir: Path, name: str) -> dict[str, str]:
     env.setdefault("TRITON_CACHE_DIR", str(run_dir / "triton"))
     env.pop("FXCC_URL", None)  # the embedded in-process default
     root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # bench/ importable, after what the caller's path has first (an installed fxcc, which root/fxcc
+    # alone is not: its subpackages are mapped by pyproject's package-dir)
+    env["PYTHONPATH"] = (env["PYTHONPATH"] + os.pathsep if env.get("PYTHONPATH") else "") + root
     return env
 
 

@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from fxcc.client import prewarm
 from fxcc.compiler_core.artifact import AllocStep, ArtifactManifest, ExternStep, FreeStep, KernelStep, Plan
 from fxcc.compiler_core.wire import NodeRef, _refs, torch_dtype
 
@@ -309,6 +310,7 @@ class GraphedPlan:
 
     def _capture(self, args: list[Any], key: tuple[Any, ...]) -> _Captured | None:
         assert self.shared is not None
+        prewarm.wait_all()  # no other thread of fxcc's allocates or launches while this one captures
         try:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.device(self.device), \

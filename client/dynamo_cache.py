@@ -54,6 +54,7 @@ from typing import Any
 
 import torch
 
+from fxcc.client import prewarm
 from fxcc.client.pre_aot import Once
 
 log = logging.getLogger("fxcc.dynamo_cache")
@@ -157,7 +158,17 @@ class FxccCompiled(_serializable_base()):  # type: ignore[misc]
         state = json.loads(head)
         graph = LazyGraph(rest)
         settings = ClientSettings.from_env()
-        return cls(load_plan_for(state, graph, settings), state, graph, settings)
+        fn = load_plan_for(state, graph, settings)
+        compiled = cls(fn, state, graph, settings)
+        wait = _prewarm(fn, state, settings)
+        if wait is not None:
+            def first_call(*args: Any, **kwargs: Any) -> Any:
+                wait()  # the library calls made on the side thread are done: nothing else uses the GPU now
+                compiled.fn = fn
+                return fn(*args, **kwargs)
+
+            compiled.fn = first_call
+        return compiled
 
 
 class LazyGraph:
@@ -183,15 +194,27 @@ def wrap(fn: Callable, entry: Any, gm: torch.fx.GraphModule, example_inputs: lis
     entry): `fn` as an FxccCompiled, recorded by Dynamo's backend id for this process's package."""
     from fxcc.client.graphs import target_for
 
+    target = target_for(example_inputs, gm)
     state = {"schema": SCHEMA, "artifact_key": entry.artifact_key, "inputs": entry.inputs,
              "outputs": entry.outputs, "graph_nodes": entry.graph_nodes,
-             "target": target_for(example_inputs, gm).model_dump(), "settings": settings_key(settings)}
+             "target": target.model_dump(), "settings": settings_key(settings)}
+    if target.kind == "cuda":  # what the loading process's prewarm needs (client/prewarm.py)
+        state["input_layouts"] = prewarm.input_layouts(example_inputs)
     compiled = FxccCompiled(fn, state, gm, settings)
     backend_id = getattr(gm, "_backend_id", None)
     if isinstance(backend_id, str):
         with _state.lock:
             _state.compiled[backend_id] = compiled
     return compiled
+
+
+def _prewarm(fn: Callable, state: dict[str, Any], settings: Any) -> Callable[[], None] | None:
+    """Start the loaded plan's first library calls on a side thread (client/prewarm.py): the
+    function that waits for them, or None."""
+    plan = getattr(fn, "fxcc_plan", None)
+    if not settings.prewarm or plan is None or state["target"].get("kind") != "cuda":
+        return None
+    return prewarm.start(plan, state.get("input_layouts"), torch.device("cuda", torch.cuda.current_device()))
 
 
 def load_plan_for(state: dict[str, Any], graph: Callable, settings: Any) -> Callable:
@@ -226,7 +249,9 @@ def load_plan_for(state: dict[str, Any], graph: Callable, settings: Any) -> Call
         raise ValueError(f"artifact {key[:12]} does not fit the package")
     runner = compiler._ready(art, source, None, _boxed(graph), t0, None, graph_nodes=state["graph_nodes"],
                              pre_aot="skipped: Dynamo package")
-    return as_aot_runtime(runner, state["outputs"])
+    fn = as_aot_runtime(runner, state["outputs"])
+    fn.fxcc_plan = plan  # type: ignore[attr-defined]
+    return fn
 
 
 class BackendArtifact:

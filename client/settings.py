@@ -38,6 +38,9 @@ class ClientSettings:
         Dynamo package without tracing, when its guards hold (FXCC_DYNAMO_CACHE=1, default; 0
         keeps Dynamo's guards on object identity, which packages leave out; only fxcc's
         torch.compile calls get packages; client/dynamo_cache.py).
+    prewarm: a plan loaded from a Dynamo package makes its first cuDNN / cuBLAS calls on a side
+        thread while torch builds the package's guards (FXCC_PREWARM=1, default; 0 leaves them to
+        the first call; client/prewarm.py).
     package_key_file: the principal's Ed25519 key that signs and checks Dynamo packages
         (FXCC_PACKAGE_KEY_FILE; None: cache_dir/keys/package.key, made on first use, mode 0600, so
         one machine's own); every client of a principal that shares packages holds the same file;
@@ -58,6 +61,7 @@ class ClientSettings:
     cuda_graphs: bool = True
     pre_aot_cache: bool = True
     dynamo_cache: bool = True
+    prewarm: bool = True
     package_key_file: Path | None = None
     package_trusted_keys: tuple[str, ...] = ()
     compile_timeout_s: float = 600.0
@@ -84,7 +88,8 @@ class ClientSettings:
             values["mode"] = env["FXCC_MODE"]
         if env.get("FXCC_FALLBACK"):
             values["fallback"] = env["FXCC_FALLBACK"]
-        for name in ("blocking", "precompile", "cuda_graphs", "pre_aot_cache", "dynamo_cache", "allow_unsigned"):
+        for name in ("blocking", "precompile", "cuda_graphs", "pre_aot_cache", "dynamo_cache", "prewarm",
+                     "allow_unsigned"):
             raw = env.get(f"FXCC_{name.upper()}")
             if raw:
                 values[name] = _flag(f"FXCC_{name.upper()}", raw)
