@@ -87,18 +87,23 @@ def profile_step(fn: Callable[[], Any], steps: int = 3) -> dict[str, Any]:
             fn()
         torch.cuda.synchronize()
     kernels: Counter[str] = Counter()
+    times: Counter[str] = Counter()  # device microseconds per kernel name
     device_us = 0.0
     for e in prof.key_averages():
         t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
         if t <= 0 or e.key.startswith(("Memcpy", "Memset")):
             continue
         kernels[e.key] += e.count
+        times[e.key] += t
         device_us += t
     markers = {k: sum(n for name, n in kernels.items() if any(m in name for m in ms)) // steps
                for k, ms in MARKERS.items()}
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
     return {"kernels_per_step": sum(kernels.values()) // steps, "device_ms": round(device_us / 1000 / steps, 3),
-            **markers, "most_launched": [[name[:100], n // steps] for name, n in top]}
+            **markers, "most_launched": [[name[:100], n // steps] for name, n in top],
+            # where the device time goes: [name, ms per step, launches per step]
+            "most_device_time": [[name[:100], round(t / 1000 / steps, 4), kernels[name] // steps]
+                                 for name, t in times.most_common(15)]}
 
 
 def fxcc_plans() -> list[dict[str, Any]]:
