@@ -1,7 +1,10 @@
 """A training job run by torchrun (one process per rank, gloo on CPU): the same tiny model trained a
 few steps eagerly and with torch.compile(backend="fxcc"), under DDP, FSDP2 or tensor parallelism.
 Each rank writes its losses (both runs) and the key and source of every graph fxcc got to
-OUT/rank<N>.json. Each rank has its own FXCC_CACHE_DIR (FXCC_CACHE_ROOT/rank<N>)."""
+OUT/rank<N>.json. Each rank has its own FXCC_CACHE_DIR (FXCC_CACHE_ROOT/rank<N>).
+
+FXCC_RANKS_DEVICE=cuda (tests/gpu/test_ranks_gpu.py): each rank on GPU LOCAL_RANK % the GPUs there
+are, NCCL when every rank has a GPU of its own, else gloo (NCCL refuses two ranks on one GPU)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import sys
 from pathlib import Path
 
 RANK = int(os.environ["RANK"])
+DEVICE = os.environ.get("FXCC_RANKS_DEVICE", "cpu")
 if os.environ.get("FXCC_CACHE_ROOT"):
     os.environ["FXCC_CACHE_DIR"] = str(Path(os.environ["FXCC_CACHE_ROOT"]) / f"rank{RANK}")
 
@@ -37,7 +41,7 @@ class MLP(nn.Module):
 
 def build(kind: str, width: int) -> nn.Module:
     torch.manual_seed(0)  # the same initial weights on every rank and in both runs
-    model = MLP(width)
+    model = MLP(width).to(device())
     world = dist.get_world_size()
     if kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel
@@ -49,7 +53,7 @@ def build(kind: str, width: int) -> nn.Module:
         return DistributedDataParallel(model, bucket_cap_mb=cap / 2**20)
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(DEVICE, (world,))
     if kind == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
@@ -63,14 +67,26 @@ def build(kind: str, width: int) -> nn.Module:
     raise SystemExit(f"unknown parallelism {kind}")
 
 
+def device() -> torch.device:
+    if DEVICE == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", RANK)) % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def process_group_backend() -> str:
+    if DEVICE != "cuda":
+        return "gloo"
+    return "nccl" if torch.cuda.device_count() >= int(os.environ["WORLD_SIZE"]) else "gloo"
+
+
 def train(model: nn.Module, width: int) -> list[float]:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     # TP: every rank sees the same batch; DDP and FSDP: each rank its own.
     gen = torch.Generator().manual_seed(1000 + (0 if os.environ["FXCC_PARALLEL"] == "tp" else RANK))
     losses = []
     for _ in range(STEPS):
-        x = torch.randn(BATCH, width, generator=gen)
-        y = torch.randn(BATCH, 4, generator=gen)
+        x = torch.randn(BATCH, width, generator=gen).to(device())
+        y = torch.randn(BATCH, 4, generator=gen).to(device())
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
         opt.step()
@@ -85,7 +101,10 @@ def main() -> int:
     p.add_argument("--width", type=int, default=16)
     args = p.parse_args()
     kind = os.environ["FXCC_PARALLEL"]
-    dist.init_process_group("gloo")
+    if DEVICE == "cuda":
+        torch.cuda.set_device(device())
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    dist.init_process_group(process_group_backend())
     eager = train(build(kind, args.width), args.width)
     from torch._dynamo.utils import counters
 
@@ -97,7 +116,8 @@ def main() -> int:
              "kernels": e.stats.kernels if e.stats else 0,
              "extern_ops": e.stats.extern_ops if e.stats else []} for e in events()]
     Path(args.out, f"rank{RANK}.json").write_text(json.dumps(
-        {"rank": RANK, "world": dist.get_world_size(), "eager": eager, "fxcc": losses, "events": rows,
+        {"rank": RANK, "world": dist.get_world_size(), "backend": dist.get_backend(), "device": str(device()),
+         "eager": eager, "fxcc": losses, "events": rows,
          "dynamo_graphs": counters["stats"]["unique_graphs"], "aot_graphs": aot_runs()}))
     dist.destroy_process_group()
     return 0
