@@ -16,6 +16,7 @@ from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.errors import InvalidGraph
 from fxcc.compiler_core.flex import fill_order_strides
 from fxcc.compiler_core.graph import rebuild_graph
+from fxcc.compiler_core.keys import compile_key
 from fxcc.compiler_core.wire import CompileRequest, GraphSpec, Node
 
 BIAS = torch.randn(4)
@@ -29,7 +30,11 @@ def causal(b, h, q, kv):
     return q >= kv
 
 
-def _forward_spec() -> GraphSpec:
+def sliding(b, h, q, kv):
+    return (q >= kv) & (q - kv <= 20)
+
+
+def _forward_spec(mask_mod=causal, score_mod=alibi) -> GraphSpec:
     """The forward graph of a flex_attention call as the client sends it."""
     specs: list[GraphSpec] = []
 
@@ -37,9 +42,9 @@ def _forward_spec() -> GraphSpec:
         specs.append(capture_graph(gm, example_inputs).spec)
         return make_boxed_func(gm.forward)
 
-    mask = create_block_mask(causal, 1, 2, 64, 64, device="cpu", BLOCK_SIZE=32)
+    mask = create_block_mask(mask_mod, 1, 2, 64, 64, device="cpu", BLOCK_SIZE=32)
     torch._dynamo.reset()
-    fn = torch.compile(lambda q, k, v: flex_attention(q, k, v, score_mod=alibi, block_mask=mask).cos(),
+    fn = torch.compile(lambda q, k, v: flex_attention(q, k, v, score_mod=score_mod, block_mask=mask).cos(),
                        backend=aot_autograd(fw_compiler=fw))
     with torch.no_grad():
         fn(*(torch.randn(1, 2, 64, 16) for _ in range(3)))
@@ -130,3 +135,22 @@ def test_the_template_inlines_both_mods_and_reads_the_captured_tensor(spec):
     assert "(m_idx - n_idx)" in source  # q_idx - kv_idx over the tile
     assert "(m_idx >= n_idx)" in source  # causal's mask_mod, in the partial blocks' loop only
     assert source.count("(m_idx >= n_idx)") == 1 and source.count("for it in range") == 2
+
+
+def test_the_mods_are_in_the_key(spec):
+    """A sliding window's graph is a causal one's but for its mask_mod (the block lists are inputs of
+    the same sizes): the two are two artifacts, as are two score_mods or kernel options; the key
+    still ignores the names the tracer chose."""
+    def key(graph: GraphSpec) -> str:
+        return compile_key(CompileRequest(graph=graph))
+
+    window = _forward_spec(mask_mod=sliding)
+    no_bias = _forward_spec(score_mod=lambda score, b, h, m, n: score * 2)
+    assert [n.target for n in window.nodes] == [n.target for n in spec.nodes]
+    assert _flex(window).args == _flex(spec).args and _flex(window).flex.mask_mod != _flex(spec).flex.mask_mod
+    keys = {key(spec), key(window), key(no_bias), key(_with_flex(spec, kernel_options={"BLOCK_M": 64}))}
+    assert len(keys) == 4
+    mod = _flex(spec).flex.mask_mod
+    renamed = mod.model_copy(update={"nodes": [mod.nodes[0].model_copy(update={"name": "ge_9"})],
+                                     "outputs": [mod.outputs[0].model_copy(update={"name": "ge_9"})]})
+    assert key(_with_flex(spec, mask_mod=renamed)) == key(spec)
