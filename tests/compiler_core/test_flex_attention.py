@@ -154,3 +154,36 @@ def test_the_mods_are_in_the_key(spec):
     renamed = mod.model_copy(update={"nodes": [mod.nodes[0].model_copy(update={"name": "ge_9"})],
                                      "outputs": [mod.outputs[0].model_copy(update={"name": "ge_9"})]})
     assert key(_with_flex(spec, mask_mod=renamed)) == key(spec)
+
+
+def test_the_cuda_templates_build_for_sm90(monkeypatch):
+    """The forward and backward templates at the tiles they take on CUDA (bf16, head dim 64: 128x128
+    forward tiles, 64/128/128/64 backward ones) cross-compile to sm_90 cubins."""
+    import torch.nn.attention.flex_attention as flex_module
+
+    from fxcc.compiler_core.build import build_artifact
+    from fxcc.compiler_core.codegen.flex_attention import KERNEL_PREFIX
+    from fxcc.compiler_core.wire import CompileOptions, Target
+
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *a: None)
+    specs: list[GraphSpec] = []
+
+    def keep(gm, example_inputs):
+        specs.append(capture_graph(gm, example_inputs).spec)
+        return make_boxed_func(gm.forward)
+
+    mask = create_block_mask(sliding, 1, 2, 256, 256, device="cpu")
+    torch._dynamo.reset()
+    fn = torch.compile(lambda q, k, v: flex_attention(q, k, v, score_mod=alibi, block_mask=mask),
+                       backend=aot_autograd(fw_compiler=keep, bw_compiler=keep))
+    inputs = [torch.randn(1, 2, 256, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+    fn(*inputs).sum().backward()
+    torch._dynamo.reset()
+    assert len(specs) == 2
+    for spec in specs:
+        request = CompileRequest(graph=spec, options=CompileOptions(target=Target(kind="cuda", arch=90)))
+        built = build_artifact(compile_request(request), request, 90)
+        (flex,) = [k for k in built.manifest.kernels if k.name.startswith(KERNEL_PREFIX)]
+        assert "sm_90" in flex.binaries, flex.metadata
+        assert flex.constexprs in ({"BLOCK_M": 128, "BLOCK_N": 128},
+                                   {"BLOCK_M1": 64, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 64})
