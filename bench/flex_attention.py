@@ -10,7 +10,8 @@ sliding window of 256 keys, each a BlockMask from create_block_mask), in one pro
 - eager: flex_attention uncompiled (torch's dense math path, which materializes the scores);
 times as medians of triton.testing.do_bench (L2 flushed between runs), forward under no_grad and
 forward+backward (`out.backward(grad)`, grads of q, k, v), with fxcc / Inductor as a ratio, fxcc's
-kernel counts and extern ops per graph, and fxcc's and eager's max errors against Inductor's results.
+kernel counts and extern ops per graph, and fxcc's and eager's max errors against Inductor's results
+(fxcc's also per tensor: out, dq, dk, dv), each impl's first call on leaves without grads.
 `--quick`: the first shape only, fewer repetitions (a few minutes).
 """
 
@@ -88,6 +89,10 @@ def run_case(shape: tuple[int, int, int, int], mask_name: str, rep: int) -> list
                 out.backward(dout)
                 return out
 
+            # Note: do_bench leaves its last run's grads on the leaves; the next impl's first call
+            # would add its own to them.
+            for x in leaves:
+                x.grad = None
             t0 = time.perf_counter()
             out = call()
             torch.cuda.synchronize()
@@ -106,6 +111,8 @@ def run_case(shape: tuple[int, int, int, int], mask_name: str, rep: int) -> list
             "fxcc_vs_eager": round(times["fxcc"] / times["eager"], 3),
             "fxcc_max_err_vs_inductor": _max_err(results["fxcc"], results["inductor"]),
             "eager_max_err_vs_inductor": _max_err(results["eager"], results["inductor"]),
+            "fxcc_max_err_by_tensor": dict(zip(("out", "dq", "dk", "dv"), (
+                _max_err([a], [b]) for a, b in zip(results["fxcc"], results["inductor"])))),
             "fxcc_graphs": [{"kernels": e.stats.kernels if e.stats else None,
                              "extern_ops": e.stats.extern_ops if e.stats else None, "source": e.source}
                             for e in events],

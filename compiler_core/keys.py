@@ -35,6 +35,11 @@ def canonical_graph(graph: GraphSpec) -> dict[str, Any]:
         if n.control is not None:  # its subgraphs, canonical too (their hints are not in the key)
             d["control"] = {**n.control.model_dump(exclude={"graphs", "hints"}),
                             "graphs": [canonical_graph(g) for g in n.control.graphs]}
+        if n.flex is not None:  # its mods are what the template inlines: two masks, two artifacts
+            d["flex"] = {**n.flex.model_dump(exclude={"score_mod", "mask_mod", "joint"}),
+                         **{name: canonical_graph(g) for name, g in (("score_mod", n.flex.score_mod),
+                                                                     ("mask_mod", n.flex.mask_mod),
+                                                                     ("joint", n.flex.joint)) if g is not None}}
         return d
 
     out = {

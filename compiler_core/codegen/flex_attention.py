@@ -9,11 +9,13 @@ its loads). Online softmax in base 2 as in codegen.attention: m (running max of 
 scores after score_mod), l (running sum), acc (P @ V in fp32); logsumexp comes out in log2 units,
 as torch's flex HOP gives it; a row with no kept key gives out 0 and logsumexp -inf (eager's).
 
-The backward is one launch of two kinds of program. The first kv_tiles * batch * kv_heads
-programs each own BLOCK_N1 keys: for each query head of their group and each query block the
-transposed block mask lists (q_indices / full_q_indices) they recompute P^T from q, k and
-logsumexp and accumulate dV += P^T dO and dK += dS^T Q; the others own BLOCK_M2 query rows and
-accumulate dQ += dS K over the kv blocks, where dS = joint(P * (dP - delta)) * scale and delta
+The backward is one launch of two kinds of program, for each (batch, kv head) kv_tiles of the
+first kind then q_tiles * group of the second (Inductor's order: the programs of one head sit
+together, and read its q, k, v and dO while they are in L2). The first each own BLOCK_N1 keys: for
+each query head of their group and each query block the transposed block mask lists
+(q_indices / full_q_indices) they recompute P^T from q, k and logsumexp and accumulate
+dV += P^T dO and dK += dS^T Q; the others own BLOCK_M2 query rows and accumulate dQ += dS K over
+the kv blocks, where dS = joint(P * (dP - delta)) * scale and delta
 (rowsum(out * dO), less the logsumexp's gradient) is computed beforehand by fxcc's own fused
 reduction. dS is rounded to the input dtype before its matmuls, as eager's backward rounds it.
 
@@ -369,16 +371,18 @@ def render_backward(params: FlexParams, config: FlexConfig, q_len: int, kv_len: 
             f"        BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr):\n"
             f"    pid = tl.program_id(0)\n"
             f"    kv_tiles = tl.cdiv(kv_len, BLOCK_N1)\n"
-            f"    n_dkdv = kv_tiles * batch * kv_heads\n"
+            f"    q_tiles = tl.cdiv(q_len, BLOCK_M2)\n"
+            f"    per_kv_head = kv_tiles + q_tiles * {params.group}\n"
+            f"    zh = pid // per_kv_head\n"
+            f"    local = pid % per_kv_head\n"
+            f"    off_b = zh // kv_heads\n"
+            f"    off_hkv = zh % kv_heads\n"
+            f"    z = off_b.to(tl.int64)\n"
+            f"    hk = off_hkv.to(tl.int64)\n"
             f"    dq = tl.arange(0, {params.head_dim})\n"
             f"    dv = tl.arange(0, {params.value_dim})\n"
-            f"    if pid < n_dkdv:\n"
-            f"        tile = pid % kv_tiles\n"
-            f"        zh = pid // kv_tiles\n"
-            f"        off_b = zh // kv_heads\n"
-            f"        off_hkv = zh % kv_heads\n"
-            f"        z = off_b.to(tl.int64)\n"
-            f"        hk = off_hkv.to(tl.int64)\n"
+            f"    if local < kv_tiles:\n"
+            f"        tile = local\n"
             f"        cols = tile * BLOCK_N1 + tl.arange(0, BLOCK_N1)\n"
             f"        col_ok = cols < kv_len\n"
             f"        k = tl.load(K + k_off + z * k_sz + hk * k_sh + cols[:, None] * k_sn + dq[None, :], "
@@ -402,15 +406,10 @@ def render_backward(params: FlexParams, config: FlexConfig, q_len: int, kv_len: 
             f"        tl.store(DV + z * dv_sz + hk * dv_sh + cols[:, None] * dv_sn + dv[None, :], "
             f"dv_acc.to(DV.dtype.element_ty), mask=col_ok[:, None])\n"
             f"    else:\n"
-            f"        pid2 = pid - n_dkdv\n"
-            f"        q_tiles = tl.cdiv(q_len, BLOCK_M2)\n"
+            f"        pid2 = local - kv_tiles\n"
             f"        tile = pid2 % q_tiles\n"
-            f"        zh = pid2 // q_tiles\n"
-            f"        off_b = zh // heads\n"
-            f"        off_h = zh % heads\n"
-            f"        z = off_b.to(tl.int64)\n"
+            f"        off_h = off_hkv * {params.group} + pid2 // q_tiles\n"
             f"        hq = off_h.to(tl.int64)\n"
-            f"        hk = (off_h // {params.group}).to(tl.int64)\n"
             f"        rows = tile * BLOCK_M2 + tl.arange(0, BLOCK_M2)\n"
             f"        row_ok = rows < q_len\n"
             f"        q = tl.load(Q + q_off + z * q_sz + hq * q_sh + rows[:, None] * q_sm + dq[None, :], "

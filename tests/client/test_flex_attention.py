@@ -18,6 +18,7 @@ from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, fle
 from fxcc.client import backend
 from fxcc.compiler_core.artifact import ExternStep, KernelStep
 from fxcc.compiler_core.codegen.flex_attention import KERNEL_PREFIX
+from tests.client.flex_cases import assert_as_close_as_eager
 
 
 @pytest.fixture(autouse=True)
@@ -206,19 +207,31 @@ def test_the_gpus_tiles_in_the_interpreter(monkeypatch):
     def fn(q, k, v):
         return flex_attention(q, k, v, score_mod=alibi, block_mask=mask)
 
+    # fp32 inputs, the exact run at fp32 too: the GPU test's case (tests/gpu/test_flex_gpu.py)
     base = _inputs(1, 2, 2, 300, 128, grad=False)
     g = torch.randn(1, 2, 300, 128)
-
-    def results(impl, dtype):
-        leaves = [x.to(dtype).requires_grad_() for x in base]
-        out = impl(*leaves)
-        out.backward(g.to(dtype))
-        return [out.float(), *(x.grad.float() for x in leaves)]
-
-    exact, eager = results(fn, torch.float64), results(fn, torch.float16)
-    got = results(torch.compile(fn, backend="fxcc"), torch.float16)
-    for a, e, ref in zip(got, eager, exact):
-        assert (a - ref).abs().max().item() <= 1.5 * (e - ref).abs().max().item() + 1e-3
+    assert_as_close_as_eager(fn, torch.compile(fn, backend="fxcc"), base, g, torch.float16, torch.float32,
+                             factor=1.5, floor=1e-3)
     sources = [k for e in _events() for k in _artifact(e).manifest.kernels if k.name.startswith(KERNEL_PREFIX)]
     assert [k.constexprs for k in sources] == [{"BLOCK_M": 128, "BLOCK_N": 64},
                                                {"BLOCK_M1": 64, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 64}]
+
+
+def _attend(mask):
+    def fn(q, k, v):
+        return flex_attention(q, k, v, block_mask=mask)
+    return fn
+
+
+def test_two_block_masks_of_one_shape_are_two_artifacts():
+    """A causal mask and a sliding window of the same sizes, through one function's code (as the
+    benchmark runs them): their graphs differ only in mask_mod, and the second must not run the
+    first's kernels. Forward and backward."""
+    masks = [create_block_mask(fn, 1, 2, 128, 128, device="cpu", BLOCK_SIZE=32) for fn in (causal, sliding)]
+    for mask in masks:
+        got, want = _run(_attend(mask), _inputs(1, 2, 2, 128, 16))
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    events = _events()
+    assert [e.source for e in events] == ["compiled-in-process"] * 4
+    assert len({e.key for e in events}) == 4

@@ -16,6 +16,7 @@ from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.errors import InvalidGraph
 from fxcc.compiler_core.flex import fill_order_strides
 from fxcc.compiler_core.graph import rebuild_graph
+from fxcc.compiler_core.keys import compile_key
 from fxcc.compiler_core.wire import CompileRequest, GraphSpec, Node
 
 BIAS = torch.randn(4)
@@ -29,7 +30,11 @@ def causal(b, h, q, kv):
     return q >= kv
 
 
-def _forward_spec() -> GraphSpec:
+def sliding(b, h, q, kv):
+    return (q >= kv) & (q - kv <= 20)
+
+
+def _forward_spec(mask_mod=causal, score_mod=alibi) -> GraphSpec:
     """The forward graph of a flex_attention call as the client sends it."""
     specs: list[GraphSpec] = []
 
@@ -37,9 +42,9 @@ def _forward_spec() -> GraphSpec:
         specs.append(capture_graph(gm, example_inputs).spec)
         return make_boxed_func(gm.forward)
 
-    mask = create_block_mask(causal, 1, 2, 64, 64, device="cpu", BLOCK_SIZE=32)
+    mask = create_block_mask(mask_mod, 1, 2, 64, 64, device="cpu", BLOCK_SIZE=32)
     torch._dynamo.reset()
-    fn = torch.compile(lambda q, k, v: flex_attention(q, k, v, score_mod=alibi, block_mask=mask).cos(),
+    fn = torch.compile(lambda q, k, v: flex_attention(q, k, v, score_mod=score_mod, block_mask=mask).cos(),
                        backend=aot_autograd(fw_compiler=fw))
     with torch.no_grad():
         fn(*(torch.randn(1, 2, 64, 16) for _ in range(3)))
@@ -130,3 +135,55 @@ def test_the_template_inlines_both_mods_and_reads_the_captured_tensor(spec):
     assert "(m_idx - n_idx)" in source  # q_idx - kv_idx over the tile
     assert "(m_idx >= n_idx)" in source  # causal's mask_mod, in the partial blocks' loop only
     assert source.count("(m_idx >= n_idx)") == 1 and source.count("for it in range") == 2
+
+
+def test_the_mods_are_in_the_key(spec):
+    """A sliding window's graph is a causal one's but for its mask_mod (the block lists are inputs of
+    the same sizes): the two are two artifacts, as are two score_mods or kernel options; the key
+    still ignores the names the tracer chose."""
+    def key(graph: GraphSpec) -> str:
+        return compile_key(CompileRequest(graph=graph))
+
+    window = _forward_spec(mask_mod=sliding)
+    no_bias = _forward_spec(score_mod=lambda score, b, h, m, n: score * 2)
+    assert [n.target for n in window.nodes] == [n.target for n in spec.nodes]
+    assert _flex(window).args == _flex(spec).args and _flex(window).flex.mask_mod != _flex(spec).flex.mask_mod
+    keys = {key(spec), key(window), key(no_bias), key(_with_flex(spec, kernel_options={"BLOCK_M": 64}))}
+    assert len(keys) == 4
+    mod = _flex(spec).flex.mask_mod
+    renamed = mod.model_copy(update={"nodes": [mod.nodes[0].model_copy(update={"name": "ge_9"})],
+                                     "outputs": [mod.outputs[0].model_copy(update={"name": "ge_9"})]})
+    assert key(_with_flex(spec, mask_mod=renamed)) == key(spec)
+
+
+def test_the_cuda_templates_build_for_sm90(monkeypatch):
+    """The forward and backward templates at the tiles they take on CUDA (bf16, head dim 64: 128x128
+    forward tiles, 64/128/128/64 backward ones) cross-compile to sm_90 cubins."""
+    import torch.nn.attention.flex_attention as flex_module
+
+    from fxcc.compiler_core.build import build_artifact
+    from fxcc.compiler_core.codegen.flex_attention import KERNEL_PREFIX
+    from fxcc.compiler_core.wire import CompileOptions, Target
+
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *a: None)
+    specs: list[GraphSpec] = []
+
+    def keep(gm, example_inputs):
+        specs.append(capture_graph(gm, example_inputs).spec)
+        return make_boxed_func(gm.forward)
+
+    mask = create_block_mask(sliding, 1, 2, 256, 256, device="cpu")
+    torch._dynamo.reset()
+    fn = torch.compile(lambda q, k, v: flex_attention(q, k, v, score_mod=alibi, block_mask=mask),
+                       backend=aot_autograd(fw_compiler=keep, bw_compiler=keep))
+    inputs = [torch.randn(1, 2, 256, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+    fn(*inputs).sum().backward()
+    torch._dynamo.reset()
+    assert len(specs) == 2
+    for spec in specs:
+        request = CompileRequest(graph=spec, options=CompileOptions(target=Target(kind="cuda", arch=90)))
+        built = build_artifact(compile_request(request), request, 90)
+        (flex,) = [k for k in built.manifest.kernels if k.name.startswith(KERNEL_PREFIX)]
+        assert "sm_90" in flex.binaries, flex.metadata
+        assert flex.constexprs in ({"BLOCK_M": 128, "BLOCK_N": 128},
+                                   {"BLOCK_M1": 64, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 64})

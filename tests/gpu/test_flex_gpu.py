@@ -14,6 +14,7 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from fxcc.client import backend
+from tests.client.flex_cases import assert_as_close_as_eager
 
 pytestmark = [
     pytest.mark.gpu,
@@ -56,16 +57,7 @@ def test_flex_attention_forward_and_backward_match_eager(b, h, hkv, s, d, mask_f
     base = [torch.randn(b, n, s, d, device="cuda", generator=g) for n in (h, hkv, hkv)]
     dout = torch.randn(b, h, s, d, device="cuda", generator=g)
 
-    def results(impl, dtype):
-        leaves = [x.to(dtype).requires_grad_() for x in base]
-        out = impl(*leaves)
-        out.backward(dout.to(dtype))
-        return [out.float(), *(x.grad.float() for x in leaves)]
-
-    exact = results(fn, torch.float32)
-    eager = results(fn, torch.bfloat16)
-    got = results(torch.compile(fn, backend="fxcc"), torch.bfloat16)
-    for a, e, ref in zip(got, eager, exact):
-        assert (a - ref).abs().max().item() <= 2 * (e - ref).abs().max().item() + 1e-2
+    assert_as_close_as_eager(fn, torch.compile(fn, backend="fxcc"), base, dout, torch.bfloat16, torch.float32,
+                             factor=2, floor=1e-2)
     events = [e for e in backend.events() if e.source != "fallback"]
     assert len(events) == 2 and all(e.stats.extern_ops == [] for e in events)
