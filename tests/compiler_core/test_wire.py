@@ -55,6 +55,35 @@ def test_key_ignores_node_names_but_not_ops():
     assert compile_key(CompileRequest(graph=cos)) != a
 
 
+# What of a graph its key leaves out, and why. A field added to the wire format is keyed or listed
+# here: keys.canonical_graph builds the keyed form field by field, so a new field it does not know of
+# (flex_attention's mods once were) would let two different graphs share one artifact.
+NOT_KEYED = {
+    Node: {"name": "the tracer's choice: positions replace names"},
+    Placeholder: {"name": "the tracer's choice: positions replace names"},
+    GraphSpec: {"schema_version": "one value (Literal[1]); the request's schema_version is keyed"},
+}
+
+
+@pytest.mark.parametrize("model", list(NOT_KEYED), ids=lambda m: m.__name__)
+def test_every_field_of_a_graph_is_keyed_or_said_not_to_be(model):
+    from fxcc.compiler_core.keys import canonical_graph
+
+    g = sin_graph()
+    canonical = canonical_graph(g)
+    keyed = {Node: set(canonical["nodes"][0]) | {"opaque", "triton", "control", "flex"},
+             Placeholder: set(canonical["placeholders"][0]),
+             GraphSpec: set(canonical) | {"free_layout_outputs"}}[model]
+    assert set(model.model_fields) == keyed | set(NOT_KEYED[model]), \
+        f"{model.__name__}: a field neither keyed by keys.canonical_graph nor listed in NOT_KEYED"
+    # the optional parts are keyed when set
+    for field, value in (("kwargs", {"alpha": IntArg(value=2)}),):
+        changed = g.model_copy(update={"nodes": [g.nodes[0].model_copy(update={field: value}), g.nodes[1]]})
+        assert compile_key(CompileRequest(graph=changed)) != compile_key(CompileRequest(graph=g))
+    wide = g.model_copy(update={"free_layout_outputs": [0]})
+    assert compile_key(CompileRequest(graph=wide)) != compile_key(CompileRequest(graph=g))
+
+
 @pytest.mark.parametrize("target", [
     "builtins.eval", "os.system", "aten.__class__.default", "aten.sin", "aten.no_such_op.default",
     "aten.sin.no_such_overload", "prims.sin.default; import os", "torch.ops.aten.sin.default",
