@@ -236,7 +236,8 @@ def kernel_signatures(plan: Plan, request: CompileRequest,
 def _kernel_steps(plan: Plan, request: CompileRequest,
                   value_dtypes: dict[str, str] | None = None) -> Iterator[tuple[KernelStep, _BufferDtypes]]:
     """Every KernelStep of the plan and of its control flow steps' plans, with its plan's dtypes
-    (`value_dtypes` are the top plan's graph's; a subgraph's are derived again)."""
+    (`value_dtypes` are the plan's graph's, its subgraphs' under their place; where they are not
+    given, derived again)."""
     dtypes = _BufferDtypes(plan, request, value_dtypes)
     subgraphs = {n.name: n.control for n in request.graph.nodes if n.control is not None}
     for step in plan.steps:
@@ -246,7 +247,17 @@ def _kernel_steps(plan: Plan, request: CompileRequest,
             flow = subgraphs[step.out]
             for i, (sub_plan, graph) in enumerate(zip(step.control.plans, flow.graphs)):
                 hints = flow.hints[i] if i < len(flow.hints) else {}
-                yield from _kernel_steps(sub_plan, request.model_copy(update={"graph": graph, "hints": hints}))
+                yield from _kernel_steps(sub_plan, request.model_copy(update={"graph": graph, "hints": hints}),
+                                         subgraph_dtypes(value_dtypes, f"{step.out}[{i}]"))
+
+
+def subgraph_dtypes(value_dtypes: dict[str, str] | None, where: str) -> dict[str, str] | None:
+    """The value dtypes of the control flow subgraph at `where` ("cond_1[0]": the first subgraph of
+    node cond_1) among a graph's (pipeline.Compilation.value_dtypes keeps them as `cond_1[0]/add`;
+    node names have neither brackets nor slashes), or None when they are not there."""
+    prefix = f"{where}/"
+    found = {k[len(prefix):]: v for k, v in (value_dtypes or {}).items() if k.startswith(prefix)}
+    return found or None
 
 
 def _step_signature(step: KernelStep, dtypes: _BufferDtypes) -> KernelSignature | None:

@@ -93,6 +93,7 @@ class Compilation:
     items: list[Kernel | ExternCall] = field(default_factory=list)
     sub_kernels: list[KernelInfo] = field(default_factory=list)  # control flow subgraphs' kernels
     sub_stats: list[CompileStats] = field(default_factory=list)
+    sub_dtypes: dict[str, str] = field(default_factory=dict)  # their values' dtypes, as value_dtypes names them
     rendered: dict[int, RenderedKernel] = field(default_factory=dict)
     plan: Plan | None = None
     blobs: dict[str, bytes] = field(default_factory=dict)
@@ -137,9 +138,10 @@ class Compilation:
 
     def value_dtypes(self) -> dict[str, str] | None:
         """The dtype of each tensor value of the graph the plan was made from (passes applied), as
-        the build's kernel signatures read them; None where the graph ran as extern calls."""
+        the build's kernel signatures read them, a control flow subgraph's under its place
+        (`cond_1[0]/add`: build.subgraph_dtypes); None where the graph ran as extern calls."""
         c = self if self.gm is not None else self.front()
-        return value_dtypes(c.gm) if c.gm is not None and c.extern_reason is None else None
+        return value_dtypes(c.gm) | c.sub_dtypes if c.gm is not None and c.extern_reason is None else None
 
     def front(self) -> Compilation:
         """The front stages of this request run on a Compilation of their own (once): what a tune
@@ -157,6 +159,7 @@ class Compilation:
             yield
         finally:
             self.stages.append(StageTime(name, round(time.perf_counter() - t0, 4)))
+            log.debug("%s: %s took %.4f s", self.title, name, self.stages[-1].seconds)
 
 
 # ---------------------------------------------------------------- the stages
@@ -185,7 +188,8 @@ def schedule(c: Compilation) -> None:
     with c.symbols():
         items = scheduler.schedule(c.lowered)
         emit("schedule", c.title, lambda: format_schedule(items))
-        c.items, c.sub_kernels, c.sub_stats = compile_control_flow(items, lambda sub, hints: _subgraph(c, sub, hints))
+        c.items, c.sub_kernels, c.sub_stats = compile_control_flow(
+            items, lambda sub, hints, where: _subgraph(c, sub, hints, where))
 
 
 def codegen(c: Compilation) -> None:
@@ -311,11 +315,13 @@ def _unpackaged(c: Compilation, plan: Plan, kernels: list[KernelInfo], stats: Co
                     scheduled=scheduled or None)
 
 
-def _subgraph(c: Compilation, graph: GraphSpec, hints: dict[str, int]) -> tuple[Plan, list[KernelInfo], CompileStats]:
-    """A control flow subgraph through the front stages, its blobs added to its graph's."""
+def _subgraph(c: Compilation, graph: GraphSpec, hints: dict[str, int],
+              where: str) -> tuple[Plan, list[KernelInfo], CompileStats]:
+    """A control flow subgraph through the front stages, its blobs and value dtypes added to its graph's."""
     request = c.request.model_copy(update={"graph": graph, "hints": hints})
     sub = run(Compilation(request, key=c.key, title=f"{c.title} (subgraph)", record=False), FRONT)
     c.blobs.update(sub.blobs)
+    c.sub_dtypes.update({f"{where}/{name}": dtype for name, dtype in (sub.value_dtypes() or {}).items()})
     return sub.plan, sub.artifact.manifest.kernels, sub.artifact.manifest.stats
 
 

@@ -85,3 +85,23 @@ def test_the_front_stages_of_a_symbolic_graph_share_one_shape_env_with_the_reque
     c = pipeline.run(pipeline.Compilation(request), pipeline.FRONT)
     assert c.syms is not None and list(c.syms.hints.values()) == [12]
     assert c.artifact.manifest.plan.symbols and c.artifact.manifest.plan.symbols[0].name == "s0"
+
+
+def test_the_build_reads_nested_control_flow_subgraphs_dtypes_from_the_compile(monkeypatch):
+    from fxcc.compiler_core import build
+    from fxcc.compiler_core.wire import CompileOptions, Target
+    from tests.client.test_control_flow import _branch
+
+    request = CompileRequest(graph=_branch(depth=3), options=CompileOptions(target=Target(kind="cuda", arch=90)))
+    c = pipeline.run(pipeline.Compilation(request), pipeline.FRONT)
+    dtypes = c.value_dtypes()
+    nested = [k for k in dtypes if k.count("/") == 2]  # a leaf's values, two control flow nodes down
+    assert nested and all(dtypes[k] == ("bool" if k.endswith("/p") else "float32") for k in nested)
+    derived = build.kernel_signatures(c.artifact.manifest.plan, request)  # each subgraph rebuilt
+    assert derived
+
+    def no_rebuild(request):
+        raise AssertionError("the build rebuilt a subgraph")
+
+    monkeypatch.setattr(build, "_node_dtypes", no_rebuild)
+    assert build.kernel_signatures(c.artifact.manifest.plan, request, dtypes) == derived
