@@ -2,10 +2,10 @@
 
 `TRITON_INTERPRET=1 python -m bench.compile_scaling [--n 250 500 1000 2000 4000] [--op sin|add|mul]
 [--profile N]`. For each n it builds the fan graph (n nodes `aten.<op>(x)`, all outputs) as a
-GraphSpec and times, in this process, what a worker does before any binary is built:
-the pipeline's rebuild stage (FakeTensor shape propagation, which the service's request check also
-runs) and the rest of its front stages (passes, lowering, scheduling, Triton codegen, the plan). No cubin is built and no
-kernel runs. Prints one JSON line per n: seconds for each part, and the total divided by n
+GraphSpec and times, in this process, what a worker does before any binary is built: the
+pipeline's rebuild stage (FakeTensor shape propagation, which the service's request check also
+runs) and the rest of its front stages (passes, lowering, scheduling, Triton codegen, the plan).
+No cubin is built and no kernel runs. Prints one JSON line per n: seconds for each part, and the total divided by n
 (flat when compile time grows linearly). `--profile N` prints cProfile's top entries for n=N instead.
 """
 

@@ -152,6 +152,7 @@ class Compilation:
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
+        """Within: stage `name` runs (the callback has heard of it; its duration is kept after)."""
         if self.on_stage is not None:
             self.on_stage(name)
         t0 = time.perf_counter()
@@ -240,10 +241,12 @@ def package(c: Compilation) -> None:
 
 
 def tunes(c: Compilation) -> bool:
+    """Whether the tune stage runs: a GPU to tune on and kernels to tune (autotune_for_target checks the arch)."""
     return c.tune_device is not None and bool(c.artifact.manifest.kernels)
 
 
 def builds(c: Compilation) -> bool:
+    """Whether the build stage runs: asked for, a CUDA target with kernels, and a Triton here that targets CUDA."""
     return (c.build != "none" and c.request.options.target.kind == "cuda" and bool(c.artifact.manifest.kernels)
             and cuda_build_unavailable() is None)
 
