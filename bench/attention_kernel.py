@@ -52,7 +52,7 @@ def fxcc_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -
     from fxcc.client.backend import decomposition_table
     from fxcc.client.capture import capture_graph
     from fxcc.client.runtime import load_plan
-    from fxcc.compiler_core.build import compile_and_build
+    from fxcc.compiler_core.pipeline import compile_and_build
     from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch
 
 from bench.plan_memory import capture, peak_live_bytes
 from fxcc.client.examples import TransformerBlock
-from fxcc.compiler_core import compile as pipeline
+from fxcc.compiler_core import pipeline
 from fxcc.compiler_core.passes import attention
 from fxcc.compiler_core.plan import peak_alloc_bytes
 from fxcc.compiler_core.wire import CompileOptions, CompileRequest, GraphSpec, Target

@@ -38,7 +38,7 @@ def _request(fn: Any, inputs: tuple[torch.Tensor, ...], mode: str) -> tuple[Any,
 
 def measure(name: str, mode: str) -> dict[str, Any]:
     from fxcc.client.runtime import load_plan
-    from fxcc.compiler_core.build import compile_and_build
+    from fxcc.compiler_core.pipeline import compile_and_build
 
     w = make_workload(name)
     request, args = _request(w.fn, w.inputs, mode)

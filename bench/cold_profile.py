@@ -10,9 +10,9 @@ measures, with torch.no_grad():
   to eager (its run is timed apart, `client.eager_run`, and taken out of `client.dynamo`);
 - checker: what the API's request checker does with the body (service/checker.check_body:
   parse, op allow-list, key, shape propagation);
-- worker: what a compile process does with it for an sm_90 target (parse, then compile_request's
-  stages: rebuild_graph, passes, lowering, scheduling, rendering, plan), and the build tasks it
-  would hand on (build_tasks: the kernels' content keys). Cubin builds are not timed here
+- worker: what a compile process does with it for an sm_90 target (parse, then the pipeline's
+  front stages, compiler_core/pipeline.py: rebuild_graph, passes, lowering, scheduling, rendering,
+  plan), and the build tasks it would hand on (the build stage's tasks: the kernels' content keys). Cubin builds are not timed here
   (bench.build_pool does; they are spread over the cluster's build processes).
 Tracing and lowering do not depend on the device, so the numbers hold for the GPU machine's host
 part too (scaled by its CPU). `--profile DIR` writes a cProfile per part (client.prof,
@@ -96,7 +96,7 @@ def client_part(layers: int, batch: int, seq: int, timer: Timer) -> list[bytes]:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from fxcc.client import backend, capture
+    from fxcc.client import backend, capture, graphs
     from fxcc.compiler_core import keys
 
     torch.manual_seed(0)
@@ -113,8 +113,8 @@ def client_part(layers: int, batch: int, seq: int, timer: Timer) -> list[bytes]:
         raise Stubbed("request kept by bench.cold_profile")
 
     timer.wrap(capture, "capture_graph", "client.capture")
-    timer.wrap(backend, "capture_graph", "client.capture")
-    timer.wrap(backend, "compile_key", "client.key")
+    timer.wrap(graphs, "capture_graph", "client.capture")
+    timer.wrap(graphs, "compile_key", "client.key")
     timer.wrap(keys, "compile_key", "client.key")
     original_call = backend.GraphCompiler.__call__
     original_fetch = backend.GraphCompiler.fetch
@@ -163,14 +163,14 @@ def checker_part(bodies: list[bytes], timer: Timer) -> None:
 
 
 def worker_part(bodies: list[bytes], timer: Timer, arch: int) -> dict[str, Any]:
-    from fxcc.compiler_core import build
-    from fxcc.compiler_core import compile as comp
+    from fxcc.compiler_core import build, pipeline, scheduler
     from fxcc.compiler_core.wire import CompileRequest, Target
 
     timer.wrap(build, "_node_dtypes", "worker.build_tasks.rebuild")
-    for name in ("rebuild_graph", "run_passes", "lower_graph", "schedule", "render_kernels", "build_plan",
+    timer.wrap(scheduler, "schedule", "worker.schedule")
+    for name in ("rebuild_graph", "run_passes", "lower_graph", "render_kernels", "build_plan",
                  "compile_control_flow", "kernel_infos"):
-        timer.wrap(comp, name, f"worker.{name}")
+        timer.wrap(pipeline, name, f"worker.{name}")
     out: dict[str, Any] = {"graphs": len(bodies), "kernels": 0, "nodes": 0, "build_tasks": 0}
     for cached in _process_memos():  # each repeat as a compile process's first job of this model
         cached.cache_clear()
@@ -179,10 +179,13 @@ def worker_part(bodies: list[bytes], timer: Timer, arch: int) -> dict[str, Any]:
             request = CompileRequest.model_validate_json(body)
         opts = request.options.model_copy(update={"target": Target(kind="cuda", arch=arch)})
         request = request.model_copy(update={"options": opts})
+        # Note: a compile process's pipeline with its build left to build tasks (worker/steps.lower_steps),
+        # its build stage timed apart.
         with timer.stage("worker.compile_request"):
-            artifact = comp.compile_request(request)
+            c = pipeline.run(pipeline.Compilation(request, build="tasks"), (*pipeline.FRONT, "package"))
         with timer.stage("worker.build_tasks"):
-            tasks = build.build_tasks(artifact, request, arch) if build.cuda_build_unavailable() is None else []
+            pipeline.run(c, ("build",))
+        artifact, tasks = c.artifact, c.tasks or []
         out["kernels"] += len(artifact.manifest.kernels)
         out["nodes"] += len(request.graph.nodes)
         out["build_tasks"] += len(tasks)

@@ -2,10 +2,10 @@
 
 `TRITON_INTERPRET=1 python -m bench.compile_scaling [--n 250 500 1000 2000 4000] [--op sin|add|mul]
 [--profile N]`. For each n it builds the fan graph (n nodes `aten.<op>(x)`, all outputs) as a
-GraphSpec and times, in this process, what a worker does before any binary is built:
-`rebuild_graph` (FakeTensor shape propagation, which the service's request check also runs) and
-`compile_graph` (passes, lowering, scheduling, Triton codegen, the plan). No cubin is built and no
-kernel runs. Prints one JSON line per n: seconds for each part, and the total divided by n
+GraphSpec and times, in this process, what a worker does before any binary is built: the
+pipeline's rebuild stage (FakeTensor shape propagation, which the service's request check also
+runs) and the rest of its front stages (passes, lowering, scheduling, Triton codegen, the plan).
+No cubin is built and no kernel runs. Prints one JSON line per n: seconds for each part, and the total divided by n
 (flat when compile time grows linearly). `--profile N` prints cProfile's top entries for n=N instead.
 """
 
@@ -17,9 +17,18 @@ import json
 import pstats
 import time
 
-from fxcc.compiler_core.compile import compile_graph
-from fxcc.compiler_core.graph import rebuild_graph
-from fxcc.compiler_core.wire import FloatArg, GraphSpec, Node, NodeRef, Placeholder, TensorSpec
+from fxcc.compiler_core import pipeline
+from fxcc.compiler_core.wire import (
+    CompileOptions,
+    CompileRequest,
+    FloatArg,
+    GraphSpec,
+    Node,
+    NodeRef,
+    Placeholder,
+    Target,
+    TensorSpec,
+)
 
 OPS = {
     "sin": ("aten.sin.default", []),
@@ -37,12 +46,13 @@ def fan_graph(n: int, op: str = "sin", sizes: tuple[int, int] = (8, 16)) -> Grap
 
 
 def measure(n: int, op: str) -> dict[str, float | int]:
-    graph = fan_graph(n, op)
+    request = CompileRequest(graph=fan_graph(n, op), options=CompileOptions(target=Target(kind="interpret")))
     t0 = time.perf_counter()
-    gm = rebuild_graph(graph)
+    c = pipeline.run(pipeline.Compilation(request, record=False), ("rebuild",))
     t1 = time.perf_counter()
-    plan, kernels, _ = compile_graph(gm, graph, "interpret", {})
+    pipeline.run(c, pipeline.FRONT[1:])
     t2 = time.perf_counter()
+    plan, kernels = c.plan, c.artifact.manifest.kernels
     total = t2 - t0
     return {"n": n, "op": op, "rebuild_s": round(t1 - t0, 3), "compile_graph_s": round(t2 - t1, 3),
             "total_s": round(total, 3), "ms_per_node": round(1000 * total / n, 3),

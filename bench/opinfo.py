@@ -187,8 +187,8 @@ def compile_with_fxcc(aot: AotGraph) -> tuple[Callable[[list[Any]], Any], Any, l
     from fxcc.client.capture import capture_graph
     from fxcc.client.precision import matmul_allows_tf32
     from fxcc.client.runtime import load_plan
-    from fxcc.compiler_core.build import compile_and_build
     from fxcc.compiler_core.errors import InvalidGraph, UnsupportedOp
+    from fxcc.compiler_core.pipeline import compile_and_build
     from fxcc.compiler_core.wire import CompileOptions, CompileRequest
 
     try:

@@ -52,7 +52,7 @@ end
 def store_model(redis_url: str, graphs: int) -> tuple[list[str], int, str]:
     """`graphs` signed artifacts (one compiled graph under as many keys); returns keys, bytes of one
     artifact, and the public key that signed them."""
-    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.pipeline import compile_request
     from fxcc.compiler_core.signing import Signer, generate
     from fxcc.compiler_core.wire import CompileRequest, GraphSpec, Node, NodeRef, Placeholder, TensorSpec
     from fxcc.service.redis_store import RedisStore

@@ -52,7 +52,7 @@ def wait_for(check: Any, timeout_s: float, what: str) -> None:
 
 def store_artifact(redis_url: str) -> tuple[str, int]:
     """Compile a small graph and put its artifact in Redis, as a worker would. Returns key, size."""
-    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.pipeline import compile_request
     from fxcc.compiler_core.wire import CompileRequest, GraphSpec, Node, NodeRef, Placeholder, TensorSpec
     from fxcc.service.redis_store import RedisStore
     from fxcc.service.settings import ServiceSettings

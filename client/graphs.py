@@ -190,7 +190,7 @@ class GraphCompiler:
             finally:
                 remote.close()
         else:
-            from fxcc.compiler_core.build import compile_and_build
+            from fxcc.compiler_core.pipeline import compile_and_build
 
             # Note: in-process compiles tune only in max-autotune mode (on a GPU of the target's
             # arch): tuning takes seconds per kernel, which a default-mode first call should not.

@@ -19,7 +19,7 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -240,28 +240,36 @@ class TritonBench:
 
 @dataclass(frozen=True)
 class _Scheduled:
-    """A kernel of the re-derived schedule and the buffers its launches read and write."""
+    """A kernel of the compile's schedule and the buffers its launches read and write."""
 
     kernel: Kernel
     buffers: dict[str, Any]
     target: str
 
 
+# The compile's fused kernels by name, (scheduler Kernel, buffers, target) (pipeline.Compilation.scheduled).
+ScheduledKernels = Mapping[str, tuple[Kernel, dict[str, Any], str]]
+
+
 def autotune_artifact(artifact: Artifact, request: CompileRequest, device: str = "cuda", *,
+                      scheduled: ScheduledKernels | Callable[[], ScheduledKernels] | None = None,
                       timer: Timer = do_bench_ms, budget_s: float = DEFAULT_BUDGET_S) -> Artifact:
     """The artifact with every kernel's config chosen by measurement on `device`, marked tuned.
 
-    A kernel that cannot be tuned (no launch, not re-derivable, its reference config fails, the
-    budget is spent) keeps its heuristic config and no TuningRecord; one tuned before keeps its
-    config and record. If no kernel was tuned, the
-    artifact comes back unchanged (and untuned).
+    `scheduled`: the compile's fused kernels by name (or what gives them, asked once tuning
+    starts), default the artifact's own (Artifact.scheduled); a stored artifact has none, and
+    pipeline.retune gives them from its request's front stages. A kernel that cannot be tuned (no
+    launch, not in the schedule, its reference config fails, the budget is spent) keeps its
+    heuristic config and no TuningRecord; one tuned before keeps its config and record. If no
+    kernel was tuned, the artifact comes back unchanged (and untuned).
     """
     manifest = artifact.manifest
     if not manifest.kernels:
         return artifact
-    # The compile's own kernels where it ran in this process, else the pipeline's again (deterministic)
-    scheduled = {name: _Scheduled(*found) for name, found in artifact.scheduled.items()} if artifact.scheduled \
-        else scheduled_kernels(request)
+    found_kernels = scheduled() if callable(scheduled) else scheduled
+    if found_kernels is None:
+        found_kernels = artifact.scheduled or {}
+    scheduled_by_name = {name: _Scheduled(*found) for name, found in found_kernels.items()}
     launches = launches_by_kernel(manifest.plan)
     blobs = dict(artifact.blobs)
     started = time.monotonic()
@@ -274,10 +282,10 @@ def autotune_artifact(artifact: Artifact, request: CompileRequest, device: str =
                 kernels.append(_tune_template(info, launches[info.name], manifest.plan, blobs,
                                               request.options.mode, device, timer, Path(tmp)))
                 continue
-            found = scheduled.get(info.name)
+            found = scheduled_by_name.get(info.name)
             if info.tuned or time.monotonic() > deadline or found is None or not launches.get(info.name):
                 why = ("tuned before" if info.tuned else "budget spent" if found is not None
-                       else "not in the re-derived schedule")
+                       else "not in the compile's schedule")
                 log.info("kernel %s keeps its config: %s", info.name, why)
                 kernels.append(info)
                 continue
@@ -296,7 +304,8 @@ def autotune_artifact(artifact: Artifact, request: CompileRequest, device: str =
     stats = manifest.stats.model_copy(update={"tune_s": round(time.monotonic() - started, 3)})
     new = manifest.model_copy(update={"kernels": kernels, "plan": plan, "tuned": True, "stats": stats})
     used = {ref.digest for ref in new.blob_refs()}
-    return Artifact(new, {d: b for d, b in blobs.items() if d in used}, value_dtypes=artifact.value_dtypes)
+    return Artifact(new, {d: b for d, b in blobs.items() if d in used}, value_dtypes=artifact.value_dtypes,
+                    scheduled=artifact.scheduled)
 
 
 def _regrid(step: KernelStep, info: KernelInfo) -> KernelStep:
@@ -368,26 +377,6 @@ def can_loop(kernel: Kernel) -> bool:
     return True
 
 
-def scheduled_kernels(request: CompileRequest) -> dict[str, _Scheduled]:
-    """The request's kernels by name, re-derived by the compiler's own (deterministic) pipeline."""
-    from fxcc.compiler_core.graph import rebuild_graph
-    from fxcc.compiler_core.lowering import lower_graph
-    from fxcc.compiler_core.passes import run_passes
-    from fxcc.compiler_core.scheduler import schedule
-
-    target = request.options.target.kind
-    # Note: through the passes, as the compile went: a kernel reading an attention result reads
-    # the buffer the pass's node made (fxcc's kernel writes a buffer of its own name).
-    gm, spec = run_passes(rebuild_graph(request.graph), request.graph, target, request.options.allow_tf32)
-    g = lower_graph(gm, spec, target)
-    found: dict[str, _Scheduled] = {}
-    for item in schedule(g):
-        if isinstance(item, Kernel):
-            name = render_kernel(item, g.buffers, target).name
-            found.setdefault(name, _Scheduled(item, g.buffers, target))
-    return found
-
-
 def launches_by_kernel(plan: Plan) -> dict[str, list[KernelStep]]:
     out: dict[str, list[KernelStep]] = {}
     for step in plan.steps:
@@ -400,9 +389,11 @@ def launches_by_kernel(plan: Plan) -> dict[str, list[KernelStep]]:
 _gpu_lock = threading.Lock()
 
 
-def autotune_for_target(artifact: Artifact, request: CompileRequest, device: str | None) -> Artifact:
-    """The build pipeline's tuning step: `artifact` tuned on `device` when that is a GPU of the
-    request's target arch, else unchanged (untuned). Never raises: tuning is an optimisation."""
+def autotune_for_target(artifact: Artifact, request: CompileRequest, device: str | None, *,
+                        scheduled: ScheduledKernels | Callable[[], ScheduledKernels] | None = None) -> Artifact:
+    """The pipeline's tune stage: `artifact` tuned on `device` when that is a GPU of the request's
+    target arch, else unchanged (untuned); `scheduled` as autotune_artifact takes it. Never
+    raises: tuning is an optimisation."""
     target = request.options.target
     if device is None or target.kind != "cuda" or not artifact.manifest.kernels:
         return artifact
@@ -418,7 +409,7 @@ def autotune_for_target(artifact: Artifact, request: CompileRequest, device: str
         import torch
 
         with _gpu_lock, torch.cuda.device(torch.device(gpu)):
-            return autotune_artifact(artifact, request, gpu)
+            return autotune_artifact(artifact, request, gpu, scheduled=scheduled)
     except Exception as e:  # noqa: BLE001 - the untuned artifact is correct
         log.warning("autotuning failed, the artifact keeps its heuristic configs: %s", short_error(e))
         return artifact

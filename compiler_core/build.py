@@ -71,7 +71,8 @@ class KernelSignature:
         return tuple(i for i, t in enumerate(self.types) if t.startswith("*"))
 
 
-def build_artifact(artifact: Artifact, request: CompileRequest, arch: int) -> Artifact:
+def build_artifact(artifact: Artifact, request: CompileRequest, arch: int,
+                   value_dtypes: dict[str, str] | None = None) -> Artifact:
     """The artifact with a cubin for sm_`arch` added to each kernel that can be built, one after
     another in this process (a worker spreads the same tasks over its build processes and the
     cluster: worker/builds.py).
@@ -83,18 +84,21 @@ def build_artifact(artifact: Artifact, request: CompileRequest, arch: int) -> Ar
     reason = cuda_build_unavailable()
     if reason:
         raise BuildError(reason)
-    tasks = build_tasks(artifact, request, arch)
+    tasks = build_tasks(artifact, request, arch, value_dtypes)
     return apply_builds(artifact, arch, {t.name: build_kernel(t) for t in tasks})
 
 
-def build_tasks(artifact: Artifact, request: CompileRequest, arch: int) -> list[BuildTask]:
+def build_tasks(artifact: Artifact, request: CompileRequest, arch: int,
+                value_dtypes: dict[str, str] | None = None) -> list[BuildTask]:
     """One task per kernel of the artifact that has no sm_`arch` binary yet and that the plan
-    launches with a consistent signature (apply_builds says why the others get none)."""
+    launches with a consistent signature (apply_builds says why the others get none).
+    `value_dtypes`: the dtypes of the compiled graph's values (pipeline.Compilation.value_dtypes),
+    else the artifact's (kept in memory by the compile that made it), else derived again."""
     if not artifact.manifest.kernels:
         return []
     import triton
 
-    signatures = kernel_signatures(artifact.manifest.plan, request, artifact.value_dtypes)
+    signatures = kernel_signatures(artifact.manifest.plan, request, value_dtypes or artifact.value_dtypes)
     tasks = []
     for info in artifact.manifest.kernels:
         sig = signatures.get(info.name)
@@ -232,7 +236,8 @@ def kernel_signatures(plan: Plan, request: CompileRequest,
 def _kernel_steps(plan: Plan, request: CompileRequest,
                   value_dtypes: dict[str, str] | None = None) -> Iterator[tuple[KernelStep, _BufferDtypes]]:
     """Every KernelStep of the plan and of its control flow steps' plans, with its plan's dtypes
-    (`value_dtypes` are the top plan's graph's; a subgraph's are derived again)."""
+    (`value_dtypes` are the plan's graph's, its subgraphs' under their place; where they are not
+    given, derived again)."""
     dtypes = _BufferDtypes(plan, request, value_dtypes)
     subgraphs = {n.name: n.control for n in request.graph.nodes if n.control is not None}
     for step in plan.steps:
@@ -242,7 +247,17 @@ def _kernel_steps(plan: Plan, request: CompileRequest,
             flow = subgraphs[step.out]
             for i, (sub_plan, graph) in enumerate(zip(step.control.plans, flow.graphs)):
                 hints = flow.hints[i] if i < len(flow.hints) else {}
-                yield from _kernel_steps(sub_plan, request.model_copy(update={"graph": graph, "hints": hints}))
+                yield from _kernel_steps(sub_plan, request.model_copy(update={"graph": graph, "hints": hints}),
+                                         subgraph_dtypes(value_dtypes, f"{step.out}[{i}]"))
+
+
+def subgraph_dtypes(value_dtypes: dict[str, str] | None, where: str) -> dict[str, str] | None:
+    """The value dtypes of the control flow subgraph at `where` ("cond_1[0]": the first subgraph of
+    node cond_1) among a graph's (pipeline.Compilation.value_dtypes keeps them as `cond_1[0]/add`;
+    node names have neither brackets nor slashes), or None when they are not there."""
+    prefix = f"{where}/"
+    found = {k[len(prefix):]: v for k, v in (value_dtypes or {}).items() if k.startswith(prefix)}
+    return found or None
 
 
 def _step_signature(step: KernelStep, dtypes: _BufferDtypes) -> KernelSignature | None:
@@ -394,18 +409,3 @@ def cuda_build_unavailable() -> str | None:
     if "nvidia" not in backends:
         return "triton here has no nvidia backend"
     return None
-
-
-def compile_and_build(request: CompileRequest, tune_device: str | None = None) -> Artifact:
-    """compile_request, then (given `tune_device`, a GPU of the target's arch) autotuning, then
-    cubins for the request's CUDA target: the entry for workers and the embedded client (a
-    CPU-only worker builds too; only autotuning needs a GPU)."""
-    from fxcc.compiler_core.autotune import autotune_for_target
-    from fxcc.compiler_core.compile import compile_request
-
-    artifact = compile_request(request)
-    artifact = autotune_for_target(artifact, request, tune_device)  # before build: cubins of the winners
-    target = request.options.target
-    if target.kind == "cuda" and artifact.manifest.kernels and cuda_build_unavailable() is None:
-        artifact = build_artifact(artifact, request, target.arch)
-    return artifact

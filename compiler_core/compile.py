@@ -1,11 +1,9 @@
-"""The compile pipeline: request → rebuilt graph → loop IR → fused kernels → Triton source → plan → artifact."""
+"""The pieces of the pipeline's codegen stage (compiler_core/pipeline.py): kernel sources as blobs, the
+plan's symbols and guards, its stats, and the plan that runs every node as an extern call."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
-import logging
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,8 +13,6 @@ from torch import fx
 
 from fxcc.compiler_core import flex_lowering, stage_logs  # noqa: F401 - flex_lowering registers flex_attention's lowering
 from fxcc.compiler_core.artifact import (
-    Artifact,
-    ArtifactManifest,
     CompileStats,
     ControlPlan,
     ExternStep,
@@ -30,113 +26,13 @@ from fxcc.compiler_core.artifact import (
 from fxcc.compiler_core.codegen.attention import render_template
 from fxcc.compiler_core.codegen.flex_attention import FlexParams, render_flex_template
 from fxcc.compiler_core.codegen.triton import RenderedKernel, render_kernel
-from fxcc.compiler_core.control_flow import compile_control_flow, merged_kernels, merged_stats
-from fxcc.compiler_core.errors import InvalidGraph, UnsupportedOp
-from fxcc.compiler_core.graph import rebuild_graph
-from fxcc.compiler_core.keys import compile_key, compiler_fingerprint
-from fxcc.compiler_core.lowering import ExternCall, GraphLowering, TemplateKernel, lower_graph
-from fxcc.compiler_core.passes import run_passes
-from fxcc.compiler_core.plan import build_plan
-from fxcc.compiler_core.scheduler import Kernel, schedule
-from fxcc.compiler_core.stage_logs import (
-    emit,
-    format_graph,
-    format_guards,
-    format_ir,
-    format_kernels,
-    format_plan,
-    format_schedule,
-)
-from fxcc.compiler_core.symbolic import from_torch, hint, symbol_scope
+from fxcc.compiler_core.errors import UnsupportedOp
+from fxcc.compiler_core.keys import compiler_fingerprint
+from fxcc.compiler_core.lowering import ExternCall, GraphLowering, TemplateKernel
+from fxcc.compiler_core.scheduler import Kernel
+from fxcc.compiler_core.symbolic import from_torch, hint
 from fxcc.compiler_core.symexpr import dump
-from fxcc.compiler_core.wire import CompileRequest, GraphSpec, _refs
-
-log = logging.getLogger("fxcc.compile")
-
-
-def compile_request(request: CompileRequest) -> Artifact:
-    """Compile one graph for its target. Raises FxccError subclasses on bad input."""
-    t0 = time.perf_counter()
-    key = compile_key(request)
-    dtypes: dict[str, str] = {}
-    scheduled: dict[str, tuple[Kernel, dict[str, Any], str]] = {}
-    with stage_logs.recording() as stages:
-        plan, kernels, stats, blobs = compile_or_extern(request.graph, request.hints, request.options.target.kind,
-                                                        request.options.allow_tf32, f"key {key[:12]}", dtypes, scheduled)
-    stats = stats.model_copy(update={"compile_s": round(time.perf_counter() - t0, 4)})
-    manifest = ArtifactManifest(key=key, versions=local_versions(), target=request.options.target,
-                                plan=plan, kernels=kernels, stats=stats,
-                                stage_log=add_blob(blobs, stage_logs.stage_log_json(stages)))
-    return Artifact(manifest, blobs, value_dtypes=dtypes or None, scheduled=scheduled or None)
-
-
-def compile_or_extern(graph: GraphSpec, hints: dict[str, int], target: str, allow_tf32: bool,
-                      title: str, dtypes: dict[str, str] | None = None,
-                      scheduled: dict[str, tuple[Kernel, dict[str, Any], str]] | None = None,
-                      ) -> tuple[Plan, list[KernelInfo], CompileStats, dict[str, bytes]]:
-    """The graph compiled (its plan, kernels, stats and blobs), or where the compiler cannot, run
-    node by node as extern calls. Raises InvalidGraph for a graph that is wrong. `dtypes`, when
-    given, gets the dtype of each tensor value of the graph the plan was made from (passes
-    applied): the build's kernel signatures read them (Artifact.value_dtypes); `scheduled` the
-    fused kernels by name (Artifact.scheduled)."""
-    gm = rebuild_graph(graph, hints)
-    blobs: dict[str, bytes] = {}
-    try:
-        plan, kernels, stats = compile_graph(gm, graph, target, blobs, allow_tf32=allow_tf32, title=title,
-                                             dtypes=dtypes, scheduled=scheduled)
-        return plan, kernels, stats, blobs
-    except InvalidGraph:
-        raise
-    except UnsupportedOp as e:
-        log.info("whole graph runs as extern calls: %s", e)
-    except Exception as e:  # noqa: BLE001 - the user's program never dies because of fxcc
-        # Note: reaching this is a compiler bug; the graph still runs, every node as its aten op.
-        log.warning("compiling failed, the whole graph runs as extern calls: %s: %s", type(e).__name__, e)
-    plan, stats = extern_plan(graph)
-    return plan, [], stats, {}
-
-
-def compile_graph(gm: fx.GraphModule, graph: GraphSpec, target: str, blobs: dict[str, bytes],
-                  allow_tf32: bool = False, title: str = "graph",
-                  dtypes: dict[str, str] | None = None,
-                  scheduled: dict[str, tuple[Kernel, dict[str, Any], str]] | None = None,
-                  ) -> tuple[Plan, list[KernelInfo], CompileStats]:
-    """The pipeline, one step per line: loop IR, fused kernels, Triton source, plan (blobs filled).
-
-    With size symbols, everything runs in their scope (sizes are SymPy over s0, s1, …), and the
-    plan gets the symbols' bindings and every guard the ShapeEnv recorded on the way. Each stage's
-    output is printed where FXCC_LOGS asks for it (compiler_core.stage_logs).
-    """
-    gm, graph = run_passes(gm, graph, target, allow_tf32)
-    if dtypes is not None:
-        dtypes.update(value_dtypes(gm))
-    emit("graph", title, lambda: format_graph(gm))
-    syms = gm.meta.get("fxcc_syms")
-    scope = symbol_scope(syms.rename, syms.hints) if syms else contextlib.nullcontext()
-    with scope:
-        lowered = lower_graph(gm, graph, target)
-        emit("ir", title, lambda: format_ir(lowered))
-        items = schedule(lowered)
-        emit("schedule", title, lambda: format_schedule(items))
-        items, sub_kernels, sub_stats = compile_control_flow(
-            items, lambda sub, hints: _compile_subgraph(sub, hints, target, blobs, allow_tf32, title))
-        rendered = render_kernels(lowered, items, target)
-        if scheduled is not None:
-            for i, rk in rendered.items():
-                if isinstance(items[i], Kernel):
-                    scheduled.setdefault(rk.name, (items[i], lowered.buffers, target))
-        emit("kernels", title, lambda: format_kernels(rendered))
-        if syms:
-            lowered.symbols = symbol_bindings(graph)
-            lowered.guards = range_guards(graph) + shape_env_guards(syms)
-            lowered.input_strides = [list(p.spec.strides) if p.spec else None for p in graph.placeholders]
-        plan = build_plan(lowered, items, rendered)
-        if graph.free_layout_outputs:
-            plan = plan.model_copy(update={"output_strides": output_strides(gm, graph.free_layout_outputs)})
-        emit("plan", title, lambda: format_plan(plan))
-        emit("guards", title, lambda: format_guards(plan))
-        kernels = merged_kernels(kernel_infos(rendered.values(), blobs) + sub_kernels)
-        return plan, kernels, merged_stats(compile_stats(graph, lowered, items, kernels), sub_stats)
+from fxcc.compiler_core.wire import GraphSpec, _refs
 
 
 def output_strides(gm: fx.GraphModule, free: list[int]) -> list[list[int] | None]:
@@ -149,15 +45,6 @@ def output_strides(gm: fx.GraphModule, free: list[int]) -> list[list[int] | None
         strides = list(val.stride()) if isinstance(val, torch.Tensor) and i in free else None
         result.append(strides if strides is not None and all(isinstance(s, int) for s in strides) else None)
     return result
-
-
-def _compile_subgraph(graph: GraphSpec, hints: dict[str, int], target: str, blobs: dict[str, bytes],
-                      allow_tf32: bool, title: str) -> tuple[Plan, list[KernelInfo], CompileStats]:
-    """A control flow subgraph through the whole pipeline (compiler_core.control_flow), its blobs
-    added to the artifact's."""
-    plan, kernels, stats, sub_blobs = compile_or_extern(graph, hints, target, allow_tf32, f"{title} (subgraph)")
-    blobs.update(sub_blobs)
-    return plan, kernels, stats
 
 
 def value_dtypes(gm: fx.GraphModule) -> dict[str, str]:

@@ -17,8 +17,9 @@ from fxcc.compiler_core.artifact import CompileStats, ControlPlan, KernelInfo, P
 from fxcc.compiler_core.lowering import ExternCall
 from fxcc.compiler_core.wire import ControlFlow, GraphSpec
 
-# (subgraph, its hints) -> its plan, kernels and stats (compile.compile_or_extern on it)
-CompileSub = Callable[[GraphSpec, dict[str, int]], tuple[Plan, list[KernelInfo], CompileStats]]
+# (subgraph, its hints, where: "<control node>[<subgraph index>]") -> its plan, kernels and stats
+# (the pipeline's front stages on it: compiler_core.pipeline)
+CompileSub = Callable[[GraphSpec, dict[str, int], str], tuple[Plan, list[KernelInfo], CompileStats]]
 
 
 def compile_control_flow(items: Sequence[Any], compile_sub: CompileSub) -> tuple[list[Any], list[KernelInfo],
@@ -33,7 +34,7 @@ def compile_control_flow(items: Sequence[Any], compile_sub: CompileSub) -> tuple
             flow = item.control
             plans = []
             for i, graph in enumerate(flow.graphs):
-                plan, ks, st = compile_sub(graph, flow.hints[i] if i < len(flow.hints) else {})
+                plan, ks, st = compile_sub(graph, flow.hints[i] if i < len(flow.hints) else {}, f"{item.out}[{i}]")
                 plans.append(plan)
                 kernels += ks
                 stats.append(st)

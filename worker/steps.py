@@ -1,5 +1,6 @@
-"""The compiling part of a compile job — lower, tune on a GPU, build — as the worker's compile process
-runs it (worker/child.py), or in-process for callers of process_claim that pass no child."""
+"""The compiling part of a compile job — the pipeline (compiler_core/pipeline.py), its stages reported as
+the job's — as the worker's compile process runs it (worker/child.py), or in-process for callers of
+process_claim that pass no child."""
 
 from __future__ import annotations
 
@@ -15,17 +16,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from fxcc.compiler_core import pipeline
 from fxcc.compiler_core.artifact import Artifact
-from fxcc.compiler_core.autotune import autotune_for_target
-from fxcc.compiler_core.build import (
-    apply_builds,
-    build_artifact,
-    build_kernel,
-    build_tasks,
-    cuda_build_unavailable,
-)
 from fxcc.compiler_core.build_tasks import BuildTask
-from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.errors import AutotuneError
 from fxcc.compiler_core.wire import CompileRequest, GraphSpec, Node, NodeRef, Placeholder, TensorSpec
 from fxcc.service.store import JobStage
@@ -58,54 +51,65 @@ class CompileWork:
                    delay_s=float(header.get("delay_s", 0.0)), alloc_mb=int(header.get("alloc_mb", 0)))
 
 
+# The pipeline's stages (compiler_core.pipeline.STAGES) that a job's record shows as stages of its own; the
+# others (rebuild to codegen, and package) are all "lowering", the stage a compile job starts at.
+JOB_STAGES = {"tune": JobStage.AUTOTUNING, "build": JobStage.BUILDING}
+
+
+def job_stages(on_stage: StageCallback, reported: tuple[str, ...] = tuple(JOB_STAGES)) -> Callable[[str], None]:
+    """The pipeline's stage callback that tells `on_stage` of the job stages among `reported` as they start."""
+    def heard(stage: str) -> None:
+        if stage in reported:
+            on_stage(JOB_STAGES[stage])
+    return heard
+
+
 def compile_steps(work: CompileWork, on_stage: StageCallback) -> Artifact:
-    """The artifact of `work`'s request: lowered, scheduled and rendered, tuned first where a GPU
-    is given (so that the cubins are built for the winning configs), then built for a CUDA target,
-    kernel after kernel in this process. `on_stage` hears of the autotuning and building stages as
-    they start."""
-    artifact, tasks = lower_steps(work, on_stage)
-    if tasks is not None:
-        on_stage(JobStage.BUILDING)
-        artifact = apply_builds(artifact, artifact.manifest.target.arch, {t.name: build_kernel(t) for t in tasks})
-    return artifact
+    """The artifact of `work`'s request through the whole pipeline in this process: lowered, scheduled
+    and rendered, tuned first where a GPU is given (so that the cubins are built for the winning
+    configs), then built for a CUDA target kernel after kernel. `on_stage` hears of the autotuning
+    and building stages as they start."""
+    return _compile(work, on_stage, "here")[0]
 
 
 def lower_steps(work: CompileWork, on_stage: StageCallback) -> tuple[Artifact, list[BuildTask] | None]:
-    """compile_steps up to the build: the artifact and the build tasks of its kernels for the CUDA
-    target (worker/builds.py spreads them over the cluster), or None where nothing is built."""
+    """compile_steps with the build left to build tasks: the artifact and the tasks of its kernels for
+    the CUDA target (worker/builds.py spreads them over the cluster), or None where nothing is built.
+    `on_stage` hears of the autotuning stage (the worker marks the building stage itself)."""
+    return _compile(work, on_stage, "tasks")
+
+
+def _compile(work: CompileWork, on_stage: StageCallback, build: str) -> tuple[Artifact, list[BuildTask] | None]:
     request = CompileRequest.model_validate_json(work.request_json)
     held = b"\xff" * (work.alloc_mb << 20) if work.alloc_mb else b""  # written, so resident
     if work.delay_s:
         time.sleep(work.delay_s)
-    artifact = compile_request(request)
-    target = request.options.target
-    if artifact.manifest.kernels and work.tune_device is not None:
-        on_stage(JobStage.AUTOTUNING)
-        with gpu_tuning_lock(work.tune_device):
-            artifact = autotune_for_target(artifact, request, work.tune_device)
+    reported = ("tune", "build") if build == "here" else ("tune",)
+    c = pipeline.run(pipeline.Compilation(request, tune_device=work.tune_device, build=build,  # type: ignore[arg-type]
+                                          on_stage=job_stages(on_stage, reported), tune_lock=gpu_tuning_lock))
     del held
-    if target.kind == "cuda" and artifact.manifest.kernels and cuda_build_unavailable() is None:
-        return artifact, build_tasks(artifact, request, target.arch)
-    return artifact, None
+    return c.artifact, c.tasks
 
 
 def tune_steps(request_json: str, artifact: Artifact, device: str, on_stage: StageCallback,
                fake: bool = False, delay_s: float = 0.0) -> Artifact:
-    """A tune job's work on a stored untuned artifact: its kernels tuned on GPU `device`, then the
-    cubins of the kernels whose config changed rebuilt. The test hooks: `fake`
-    (FXCC_TEST_ONLY_FAKE_TUNE) records a made-up tuning instead of running a kernel, for tests of
-    the tune queue on a machine without a GPU; `delay_s` (FXCC_TEST_ONLY_COMPILE_DELAY_S) sleeps first."""
+    """A tune job's work on a stored untuned artifact (compiler_core.pipeline.retune): its kernels
+    tuned on GPU `device`, then the cubins of the kernels whose config changed rebuilt. The test
+    hooks: `fake` (FXCC_TEST_ONLY_FAKE_TUNE) records a made-up tuning instead of running a kernel,
+    for tests of the tune queue on a machine without a GPU; `delay_s`
+    (FXCC_TEST_ONLY_COMPILE_DELAY_S) sleeps first."""
     request = CompileRequest.model_validate_json(request_json)
     if delay_s:
         time.sleep(delay_s)
-    with gpu_tuning_lock(device):  # the compile processes of this host tune on it too
-        tuned = fake_tuning(artifact, device) if fake else autotune_for_target(artifact, request, device)
+    if fake:
+        with gpu_tuning_lock(device):
+            tuned = fake_tuning(artifact, device)
+    else:  # the tune job started at autotuning: only building is news
+        tuned = pipeline.retune(request, artifact, device, on_stage=job_stages(on_stage, ("build",)),
+                                tune_lock=gpu_tuning_lock)
     if not tuned.manifest.tuned:
         raise AutotuneError(f"no kernel of {artifact.manifest.key[:12]} could be tuned on {device} "
                             "(see the worker's log)")
-    if cuda_build_unavailable() is None and not fake:
-        on_stage(JobStage.BUILDING)
-        tuned = build_artifact(tuned, request, request.options.target.arch)  # cubins for the winners; others kept
     return tuned
 
 
@@ -125,7 +129,7 @@ def warm_up() -> None:
     x = Placeholder(name="x", spec=TensorSpec(dtype="float32", sizes=[4, 4], strides=[4, 1]))
     graph = GraphSpec(placeholders=[x], nodes=[Node(name="y", target="aten.sin.default", args=[NodeRef(name="x")])],
                       outputs=[NodeRef(name="y")])
-    compile_request(CompileRequest(graph=graph))
+    pipeline.compile_request(CompileRequest(graph=graph))
 
 
 @contextmanager

@@ -111,7 +111,7 @@ def test_control_flow_nodes_that_do_not_fit_are_refused():
 
 def test_nested_control_flow_compiles_each_level_and_runs():
     from fxcc.client.runtime import load_plan
-    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.pipeline import compile_request
     from fxcc.compiler_core.wire import CompileRequest
 
     art = compile_request(CompileRequest(graph=_branch(depth=3)))

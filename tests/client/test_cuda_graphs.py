@@ -10,7 +10,7 @@ from fxcc.client import cuda_graphs
 from fxcc.client.cuda_graphs import GraphedPlan, allocated_bytes, why_not_graphed
 from fxcc.client.settings import ClientSettings
 from fxcc.compiler_core.artifact import ExternStep
-from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 from tests.compiler_core.test_passes_layout import cuda_spec, small_resnet
 

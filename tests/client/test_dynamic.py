@@ -14,7 +14,7 @@ from torch import nn
 from fxcc.client.backend import events
 from fxcc.client.examples import GPT2Block, TransformerBlock
 from fxcc.client.runtime import GuardFailed, load_plan
-from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileRequest
 
 
@@ -79,10 +79,10 @@ def test_reduction_over_a_dynamic_row_is_tiled_by_its_hint_and_matches_eager(mon
     arts: list = []
     real = compile_request
 
-    def spy(request):
+    def spy(request, tune_device=None):
         arts.append(real(request))
         return arts[-1]
-    monkeypatch.setattr("fxcc.compiler_core.compile.compile_request", spy)
+    monkeypatch.setattr("fxcc.compiler_core.pipeline.compile_and_build", spy)
 
     def fn(x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(x * 0.5, dim=-1)
@@ -126,7 +126,7 @@ def _narrow_the_dynamic_artifact(monkeypatch) -> list[str]:
     seen: list[str] = []
     real = compile_request
 
-    def narrowing(request):
+    def narrowing(request, tune_device=None):
         art = real(request)
         seen.append(art.manifest.key)
         if len(seen) == 2:  # the dynamic graph's first artifact serves only batch <= 8
@@ -134,7 +134,7 @@ def _narrow_the_dynamic_artifact(monkeypatch) -> list[str]:
             art.manifest = art.manifest.model_copy(update={"plan": plan.model_copy(
                 update={"guards": [*plan.guards, "s0 <= 8"]})})
         return art
-    monkeypatch.setattr("fxcc.compiler_core.compile.compile_request", narrowing)
+    monkeypatch.setattr("fxcc.compiler_core.pipeline.compile_and_build", narrowing)
     return seen
 
 
@@ -205,12 +205,12 @@ def _dynamic_request() -> CompileRequest:
     captured: list = []
     real = compile_request
 
-    def spy(request):
+    def spy(request, tune_device=None):
         captured.append(request)
         return real(request)
-    import fxcc.compiler_core.compile as cc
+    import fxcc.compiler_core.pipeline as cc
 
-    saved, cc.compile_request = cc.compile_request, spy
+    saved, cc.compile_and_build = cc.compile_and_build, spy
     try:
         torch.manual_seed(0)
         compiled = torch.compile(MLP().eval(), backend="fxcc")
@@ -218,7 +218,7 @@ def _dynamic_request() -> CompileRequest:
             compiled(torch.randn(2, 16))
             compiled(torch.randn(3, 16))
     finally:
-        cc.compile_request = saved
+        cc.compile_and_build = saved
     request = captured[-1]
     assert request.graph.symbols, "the second call's graph is dynamic"
     return request

@@ -12,8 +12,8 @@ from fxcc.client.capture import capture_graph
 from fxcc.client.opaque_ops import resolve_opaque
 from fxcc.client.runtime import load_plan
 from fxcc.compiler_core.artifact import ExternStep
-from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.errors import ArtifactError
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileRequest, IntArg, StrArg
 
 

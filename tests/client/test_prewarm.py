@@ -13,7 +13,7 @@ from fxcc.client import prewarm
 from fxcc.client.examples import Bottleneck
 from fxcc.client.runtime import load_plan
 from fxcc.compiler_core.artifact import ExternStep
-from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileRequest
 from tests.compiler_core.test_passes_layout import capture
 

@@ -65,8 +65,8 @@ def test_an_input_only_handed_on_stays_out_of_the_spec_and_comes_back_in_its_out
 
 def test_a_plan_whose_group_is_not_bound_refuses_to_load():
     from fxcc.client.runtime import load_plan
-    from fxcc.compiler_core.build import compile_and_build
     from fxcc.compiler_core.errors import ArtifactError
+    from fxcc.compiler_core.pipeline import compile_and_build
 
     capture = capture_graph(_traced("0", "1"), [torch.randn(4, 8)])
     art = compile_and_build(CompileRequest(graph=capture.spec, options=CompileOptions(target=Target(kind="interpret"))))

@@ -16,7 +16,7 @@ from fxcc.client.cache import LocalCache
 from fxcc.client.capture import capture_graph
 from fxcc.client.settings import ClientSettings
 from fxcc.compiler_core.artifact import Artifact
-from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileRequest
 
 

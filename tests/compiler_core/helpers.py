@@ -12,7 +12,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from fxcc.client.capture import capture_graph
 from fxcc.client.runtime import load_plan
 from fxcc.compiler_core.artifact import Artifact
-from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileRequest
 
 

@@ -17,9 +17,9 @@ from fxcc.client.runtime import load_plan
 from fxcc.compiler_core.artifact import Artifact
 from fxcc.compiler_core.build import build_artifact, cuda_build_unavailable
 from fxcc.compiler_core.codegen.attention import is_template_kernel
-from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.errors import InvalidGraph
 from fxcc.compiler_core.passes.attention import CPU_OP, CUDA_OP, TEMPLATE_OP
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileOptions, CompileRequest, GraphSpec, Target, resolve_target
 
 aten = torch.ops.aten

@@ -23,10 +23,9 @@ from fxcc.compiler_core.autotune import (
     candidate_configs,
     retile_step,
 )
-from fxcc.compiler_core.build import compile_and_build
 from fxcc.compiler_core.codegen.triton import next_pow2
-from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.errors import AutotuneError
+from fxcc.compiler_core.pipeline import compile_and_build, compile_request
 from fxcc.compiler_core.tuning import mismatch, select_config
 from fxcc.compiler_core.wire import CompileRequest, IntArg, NodeRef, Target
 

@@ -17,7 +17,7 @@ from fxcc.client.runtime import load_plan
 from fxcc.compiler_core.autotune import autotune_artifact
 from fxcc.compiler_core.autotune_attention import STAGE_SMEM_MAX, candidate_configs, retile_step
 from fxcc.compiler_core.codegen.attention import AttentionConfig, int_args, is_template_kernel
-from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileOptions, CompileRequest
 
 HOPPER_64 = AttentionConfig(128, 64, 4, 2)

@@ -19,7 +19,7 @@ from fxcc.compiler_core.build import (
     int_type,
     kernel_signatures,
 )
-from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileOptions, CompileRequest, IntArg, Target
 
 _reason = cuda_build_unavailable()

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from fxcc.client.capture import capture_graph
-from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.sizevars import FloorDiv, ModularIndexing, render_index
 from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 from tests.compiler_core.helpers import compile_fn
@@ -147,7 +147,7 @@ def test_same_body_different_block_sizes_are_different_kernels():
 
     from fxcc.client.capture import capture_graph
     from fxcc.client.runtime import load_plan
-    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.pipeline import compile_request
     from fxcc.compiler_core.wire import CompileRequest
 
     def f(a, b, c, d):
@@ -170,7 +170,7 @@ def test_zero_dim_inputs_load_as_blocks():
 
     from fxcc.client.capture import capture_graph
     from fxcc.client.runtime import load_plan
-    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.pipeline import compile_request
     from fxcc.compiler_core.wire import CompileRequest
 
     def f(a, b, c):
@@ -191,7 +191,7 @@ def test_interpreted_bf16_stores_round_to_nearest_even():
 
     from fxcc.client.capture import capture_graph
     from fxcc.client.runtime import load_plan
-    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.pipeline import compile_request
     from fxcc.compiler_core.wire import CompileRequest
 
     def f(x):
@@ -212,7 +212,7 @@ def test_single_element_float_arange():
 
     from fxcc.client.capture import capture_graph
     from fxcc.client.runtime import load_plan
-    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.pipeline import compile_request
     from fxcc.compiler_core.wire import CompileRequest
 
     def f(x):
@@ -232,7 +232,7 @@ def test_bool_and_int_to_bf16():
 
     from fxcc.client.capture import capture_graph
     from fxcc.client.runtime import load_plan
-    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.pipeline import compile_request
     from fxcc.compiler_core.wire import CompileRequest
 
     def f(g, mask, i):
@@ -253,7 +253,7 @@ def test_tensor_constants_are_copied_by_a_kernel():
     from fxcc.client.backend import decomposition_table
     from fxcc.client.capture import capture_graph
     from fxcc.client.runtime import load_plan
-    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.pipeline import compile_request
     from fxcc.compiler_core.wire import CompileRequest
 
     def f(x):

@@ -10,9 +10,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from fxcc.client.capture import capture_graph
 from fxcc.compiler_core.artifact import AllocStep, ExternStep, KernelStep
-from fxcc.compiler_core.build import compile_and_build
 from fxcc.compiler_core.errors import InvalidGraph
 from fxcc.compiler_core.graph import rebuild_graph
+from fxcc.compiler_core.pipeline import compile_and_build
 from fxcc.compiler_core.plan import _may_alias
 from fxcc.compiler_core.wire import CompileOptions, CompileRequest, StrArg, Target
 

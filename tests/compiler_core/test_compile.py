@@ -12,7 +12,7 @@ from fxcc.client.backend import decomposition_table
 from fxcc.client.capture import capture_graph
 from fxcc.client.runtime import load_plan
 from fxcc.compiler_core.artifact import Artifact
-from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 
 
@@ -90,11 +90,11 @@ def test_transformer_block_training_gradients() -> None:
 
 
 def test_a_compiler_bug_degrades_to_an_all_extern_plan(monkeypatch) -> None:
-    import fxcc.compiler_core.compile as compile_mod
+    from fxcc.compiler_core import pipeline
     from tests.compiler_core.helpers import check
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("simulated codegen bug")
-    monkeypatch.setattr(compile_mod, "render_kernels", broken)
+    monkeypatch.setattr(pipeline, "render_kernels", broken)
     art = check(lambda a: a.sin().cos(), torch.randn(4, 4))
     assert art.manifest.stats.kernels == 0 and art.manifest.stats.nodes_extern == 2

@@ -12,11 +12,11 @@ from torch._dynamo.backends.common import aot_autograd
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from fxcc.client.capture import capture_graph
-from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.errors import InvalidGraph
 from fxcc.compiler_core.flex import fill_order_strides
 from fxcc.compiler_core.graph import rebuild_graph
 from fxcc.compiler_core.keys import compile_key
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileRequest, GraphSpec, Node
 
 BIAS = torch.randn(4)

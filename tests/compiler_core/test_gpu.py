@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.gpu,
 
 def compile_cuda(fn: Callable[..., Any], *inputs: torch.Tensor) -> Any:
     from fxcc.client.capture import capture_graph
-    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.pipeline import compile_request
     from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 
     major, minor = torch.cuda.get_device_capability()

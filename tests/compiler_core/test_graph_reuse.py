@@ -8,10 +8,10 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from fxcc.client.capture import capture_graph
 from fxcc.compiler_core import build
-from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.errors import InvalidGraph
 from fxcc.compiler_core.graph import propagate_shapes, rebuild_graph
 from fxcc.compiler_core.passes.pad_mm import pad_matmuls
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileOptions, CompileRequest, IntArg, Target
 
 
@@ -75,7 +75,9 @@ def test_the_request_check_propagates_as_the_rebuild_does():
     assert checked.value.node == rebuilt.value.node == spec.nodes[0].name
 
 
-def test_build_tasks_read_the_compiles_dtypes_instead_of_rebuilding(monkeypatch):
+def test_the_build_stage_reads_the_compiles_dtypes_instead_of_rebuilding(monkeypatch):
+    from fxcc.compiler_core import pipeline
+
     x, w = torch.randn(1024, 64), torch.randn(4099, 64)
     request = CompileRequest(graph=_spec(_net, x, w),
                              options=CompileOptions(target=Target(kind="cuda", arch=90)))
@@ -88,32 +90,36 @@ def test_build_tasks_read_the_compiles_dtypes_instead_of_rebuilding(monkeypatch)
         raise AssertionError("the build rebuilt the graph")
 
     monkeypatch.setattr(build, "_node_dtypes", no_rebuild)
-    tasks = build.build_tasks(art, request, 90)
-    assert {t.name for t in tasks} == set(derived)
-    assert all(t.types == derived[t.name].types for t in tasks)
+    monkeypatch.setattr(build, "cuda_build_unavailable", lambda: None)  # tasks are made without Triton's CUDA
+    monkeypatch.setattr(pipeline, "cuda_build_unavailable", lambda: None)
+    c = pipeline.run(pipeline.Compilation(request, build="tasks"))
+    assert [s.name for s in c.stages] == ["rebuild", "passes", "lower", "schedule", "codegen", "build", "package"]
+    assert {t.name for t in c.tasks} == set(derived)
+    assert all(t.types == derived[t.name].types for t in c.tasks)
 
 
-def test_tuning_in_the_compiles_process_reads_its_kernels_and_tunes_as_from_a_stored_artifact(monkeypatch):
-    from fxcc.compiler_core import autotune
+def test_tuning_reads_the_compiles_kernels_and_tunes_a_stored_artifact_alike(monkeypatch):
+    from fxcc.compiler_core import autotune, pipeline
     from fxcc.compiler_core.artifact import Artifact, manifest_from_json
 
     x, y = torch.randn(2, 1100), torch.randn(1000)
     spec = _spec(lambda a, b: (a.sum(-1) * 3, b.sin() * 2), x, y)
     request = CompileRequest(graph=spec)
-    art = compile_request(request)
-    assert set(art.scheduled) == {k.name for k in art.manifest.kernels}
+    c = pipeline.run(pipeline.Compilation(request))
+    art = c.artifact
+    assert set(c.scheduled()) == {k.name for k in art.manifest.kernels}
     stored = Artifact(manifest_from_json(art.manifest_json()), dict(art.blobs))  # as a tune job gets it
     assert stored.scheduled is None
 
     def timer(config, launch):
         return config.xblock + config.num_warps / 100  # small tiles win: not the heuristic's
 
-    from_stored = autotune.autotune_artifact(stored, request, "cpu", timer=timer)
-    derive = autotune.scheduled_kernels
-    monkeypatch.setattr(autotune, "scheduled_kernels", lambda r: pytest.fail("lowered the graph again"))
-    in_process = autotune.autotune_artifact(art, request, "cpu", timer=timer)
+    tune_job = pipeline.Compilation(request, artifact=stored, record=False)
+    from_stored = autotune.autotune_artifact(stored, request, "cpu", scheduled=tune_job.scheduled, timer=timer)
+    assert tune_job._front is not None  # its kernels came from the request's front stages, run again
+    monkeypatch.setattr(pipeline.Compilation, "front", lambda self: pytest.fail("lowered the graph again"))
+    in_process = autotune.autotune_artifact(art, request, "cpu", scheduled=c.scheduled, timer=timer)
     assert in_process.manifest.tuned and from_stored.manifest.tuned
     same = {"stats": None}
     assert in_process.manifest.model_copy(update=same) == from_stored.manifest.model_copy(update=same)
     assert in_process.blobs == from_stored.blobs
-    assert set(derive(request)) == set(art.scheduled)

@@ -35,7 +35,7 @@ def test_batch_norm_inference_on_cuda_returns_the_running_statistics() -> None:
     and 1 / sqrt(running_var + eps) per channel (on a CPU, empty): the graph's tensors are CUDA
     ones here (faked: compiled for the interpreter, run on CPU tensors), as the H200 sweep found."""
     from fxcc.client.capture import capture_graph
-    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.pipeline import compile_request
     from fxcc.compiler_core.wire import CompileRequest
 
     def f(x, w, b, rm, rv):

@@ -95,7 +95,7 @@ def test_decomposed_layernorm_and_softmax_fuse_too():
         from torch.fx.experimental.proxy_tensor import make_fx
 
         from fxcc.client.capture import capture_graph
-        from fxcc.compiler_core.compile import compile_request
+        from fxcc.compiler_core.pipeline import compile_request
         from fxcc.compiler_core.wire import CompileRequest
         with torch.no_grad():
             gm = make_fx(fn, decomposition_table=table)(*ins)

@@ -14,7 +14,7 @@ from functorch.compile import aot_function
 from fxcc.client.backend import decomposition_table, partition_joint_graph
 from fxcc.client.capture import capture_graph
 from fxcc.client.runtime import load_plan
-from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileRequest
 
 aten = torch.ops.aten

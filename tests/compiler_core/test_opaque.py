@@ -6,9 +6,9 @@ import torch
 from pydantic import ValidationError
 
 from fxcc.compiler_core.artifact import ExternStep, KernelStep
-from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.keys import compile_key
 from fxcc.compiler_core.opaque import parse_schema
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import (
     CompileRequest,
     GraphSpec,

@@ -21,7 +21,6 @@ from fxcc.client.examples import Bottleneck, ResNet50
 from fxcc.client.runtime import load_plan
 from fxcc.compiler_core.artifact import Artifact
 from fxcc.compiler_core.build import cuda_build_unavailable
-from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.graph import rebuild_graph
 from fxcc.compiler_core.passes import run_passes
 from fxcc.compiler_core.passes.layout import (
@@ -31,6 +30,7 @@ from fxcc.compiler_core.passes.layout import (
     cudnn_layout,
     cudnn_vals,
 )
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileOptions, CompileRequest, GraphSpec, Target
 
 aten = torch.ops.aten
@@ -417,7 +417,7 @@ def test_transformed_graph_compiled_for_the_cpu_matches_eager(compiled):
 _BUILD = """
 import json, sys
 from fxcc.compiler_core.build import build_artifact
-from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileRequest
 request = CompileRequest.model_validate_json(open(sys.argv[1]).read())
 built = build_artifact(compile_request(request), request, 90)

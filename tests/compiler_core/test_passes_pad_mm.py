@@ -6,9 +6,9 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from fxcc.client.capture import capture_graph
-from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.graph import rebuild_graph
 from fxcc.compiler_core.passes.pad_mm import MIN_ELEMENTS, pad_matmuls
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 
 

@@ -20,7 +20,7 @@ from fxcc.compiler_core.artifact import (
     FreeStep,
     KernelStep,
 )
-from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileRequest, IntArg, ListArg, NodeRef, TensorSpec
 from tests.compiler_core.helpers import check
 

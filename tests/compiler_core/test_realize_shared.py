@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.lowering import REALIZE_READS_SHARED
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileRequest
 from tests.compiler_core.helpers import alloc_steps, check, kernel_steps, run
 

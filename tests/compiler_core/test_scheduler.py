@@ -64,7 +64,7 @@ def test_graph_with_mutation_runs_as_externs():
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from fxcc.client.capture import capture_graph
-    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.pipeline import compile_request
     from fxcc.compiler_core.wire import CompileRequest
     from tests.compiler_core.helpers import run
 
@@ -119,7 +119,7 @@ def _transformer_block_graph():
 
 
 def test_transformer_block_needs_no_more_kernels_than_inductor():
-    from fxcc.compiler_core.compile import compile_request
+    from fxcc.compiler_core.pipeline import compile_request
     from fxcc.compiler_core.wire import CompileRequest
     from tests.compiler_core.helpers import run
 

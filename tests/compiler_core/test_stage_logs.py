@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fxcc.compiler_core import stage_logs
-from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import (
     CompileRequest,
     GraphSpec,

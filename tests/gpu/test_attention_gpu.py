@@ -19,8 +19,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from fxcc.client import cuda_loader
 from fxcc.client.runtime import cuda_arch_key, load_plan
 from fxcc.compiler_core.artifact import Artifact
-from fxcc.compiler_core.build import compile_and_build
 from fxcc.compiler_core.codegen.attention import int_args, is_template_kernel
+from fxcc.compiler_core.pipeline import compile_and_build
 from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 
 pytestmark = [

@@ -14,7 +14,7 @@ from fxcc.client import cuda_loader
 from fxcc.client.runtime import cuda_arch_key, load_plan
 from fxcc.compiler_core.artifact import Artifact, KernelStep
 from fxcc.compiler_core.autotune import step_sizes
-from fxcc.compiler_core.build import compile_and_build
+from fxcc.compiler_core.pipeline import compile_and_build
 from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 
 pytestmark = [

@@ -25,7 +25,7 @@ def test_small_resnet_runs_its_convs_channels_last_and_matches_eager():
     from fxcc.client.backend import decomposition_table
     from fxcc.client.capture import capture_graph
     from fxcc.client.runtime import load_plan
-    from fxcc.compiler_core.build import compile_and_build
+    from fxcc.compiler_core.pipeline import compile_and_build
     from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
     from tests.compiler_core.test_passes_layout import small_resnet
 

@@ -46,7 +46,7 @@ def _compile_and_run(fn, tensors: list[torch.Tensor]):  # type: ignore[no-untype
     from fxcc.client.backend import decomposition_table
     from fxcc.client.capture import capture_graph
     from fxcc.client.runtime import load_plan
-    from fxcc.compiler_core.build import compile_and_build
+    from fxcc.compiler_core.pipeline import compile_and_build
     from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 
     def flat_fn(*xs):  # type: ignore[no-untyped-def]

@@ -20,8 +20,8 @@ from pydantic import SecretStr
 from fxcc.client.cache import LocalCache
 from fxcc.client.remote import RemoteService
 from fxcc.compiler_core.artifact import Artifact
-from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.errors import ArtifactError
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.signing import PublicKey, Signer, TrustedKeys, generate
 from fxcc.compiler_core.wire import Target
 from fxcc.service.app import create_app

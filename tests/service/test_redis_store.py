@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from fxcc.compiler_core.artifact import Artifact, KernelInfo, add_blob
-from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.keys import compile_key
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileRequest
 from fxcc.service.keys import GROUP
 from fxcc.service.redis_store import RedisStore

@@ -16,7 +16,7 @@ import httpx
 
 from fxcc.client.remote import RemoteService
 from fxcc.compiler_core.artifact import Artifact
-from fxcc.compiler_core.compile import compile_request
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.signing import Signer, TrustedKeys, generate
 from fxcc.service.redis_store import RedisStore
 from fxcc.service.settings import ServiceSettings, api_processes

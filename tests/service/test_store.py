@@ -8,8 +8,8 @@ from collections.abc import Callable
 import pytest
 
 from fxcc.compiler_core.artifact import Artifact, KernelInfo, add_blob
-from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.keys import compile_key
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileRequest
 from fxcc.service.store import JobError, JobStage, JobState, Store, TokenRecord
 

@@ -6,15 +6,17 @@ stored untuned first and tuned through the tune queue; a CPU worker stores untun
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
+from fxcc.compiler_core import pipeline
 from fxcc.compiler_core.artifact import Artifact
-from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.keys import compile_key
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileRequest, Target
 from fxcc.service.store import Claim, JobState, Store
-from fxcc.worker import process, steps
+from fxcc.worker import process
 from fxcc.worker.process import JobPolicy, process_claim
 
 GPU = JobPolicy(tune_device="cuda:0")
@@ -27,13 +29,13 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every request looks tunable here; the 'tuner' records the kernels it saw and marks tuned."""
     tuned: list[str] = []
 
-    def tune(artifact: Artifact, request: CompileRequest, device: str | None) -> Artifact:
+    def tune(artifact: Artifact, request: CompileRequest, device: str | None, scheduled: Any = None) -> Artifact:
         assert device == "cuda:0"
         tuned.extend(k.name for k in artifact.manifest.kernels)
         return Artifact(artifact.manifest.model_copy(update={"tuned": True}), artifact.blobs)
 
     monkeypatch.setattr(process, "tuning_device", lambda arch, device: device)
-    monkeypatch.setattr(steps, "autotune_for_target", tune)  # what the in-process compile calls
+    monkeypatch.setattr(pipeline, "autotune_for_target", tune)  # what the pipeline's tune stage calls
     return tuned
 
 

@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 
 from fxcc.compiler_core.build import apply_builds, build_artifact, build_tasks, cuda_build_unavailable
 from fxcc.compiler_core.build_tasks import BuiltKernel
-from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.keys import compile_key
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import (
     CompileOptions,
     CompileRequest,

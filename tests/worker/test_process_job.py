@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.keys import compile_key
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.signing import Signer, TrustedKeys, generate
 from fxcc.compiler_core.wire import CompileRequest
 from fxcc.service.store import Claim, JobStage, JobState, Store
@@ -71,10 +71,10 @@ def test_unparseable_request_fails_without_raising(store: Store,
 
 def test_crashing_compile_is_retried_then_dead_lettered(store: Store, monkeypatch: pytest.MonkeyPatch,
                                                         make_unary: Callable[..., CompileRequest]) -> None:
-    def crash(request: CompileRequest) -> None:
+    def crash(*args: object) -> None:
         raise MemoryError("out of memory while building")
 
-    monkeypatch.setattr("fxcc.worker.steps.compile_request", crash)
+    monkeypatch.setattr("fxcc.compiler_core.pipeline.rebuild_graph", crash)
     claim = queue(store, make_unary())
     policy = JobPolicy(max_attempts=2)
     job = process_claim(store, claim, policy=policy)

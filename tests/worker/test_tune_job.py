@@ -9,18 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
+from fxcc.compiler_core import pipeline
 from fxcc.compiler_core.artifact import Artifact, TuningRecord
 from fxcc.compiler_core.build import arch_key
-from fxcc.compiler_core.compile import compile_request
 from fxcc.compiler_core.keys import compile_key
+from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.signing import Signer, TrustedKeys, generate
 from fxcc.compiler_core.wire import CompileRequest, Target
 from fxcc.service.settings import ServiceSettings
 from fxcc.service.store import Claim, JobRecord, JobStage, JobState, Store
-from fxcc.worker import steps, tune
+from fxcc.worker import tune
 from fxcc.worker.process import JobPolicy, process_claim
 
 CPU = JobPolicy()
@@ -53,7 +55,7 @@ class FakeTuner:
         self.calls: list[tuple[str, str, str]] = []
         self.fail = fail
 
-    def __call__(self, artifact: Artifact, request: CompileRequest, device: str | None) -> Artifact:
+    def __call__(self, artifact: Artifact, request: CompileRequest, device: str | None, scheduled: Any = None) -> Artifact:
         artifact.verify()  # the stored blobs, checked against their digests
         assert not artifact.manifest.tuned and artifact.manifest.key == compile_key(request)
         self.calls.append((artifact.manifest.key, request.options.mode, str(device)))
@@ -75,7 +77,7 @@ class FakeTuner:
 def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> FakeTuner:
     tuner = FakeTuner()
     monkeypatch.setattr(tune, "tuning_device", lambda arch, device: device if arch == 90 else None)
-    monkeypatch.setattr(steps, "autotune_for_target", tuner)  # what the in-process tune calls
+    monkeypatch.setattr(pipeline, "autotune_for_target", tuner)  # what the pipeline's tune stage calls
     return tuner
 
 
@@ -231,7 +233,7 @@ def test_a_crashing_tune_job_is_retried_then_dead_lettered(
         store: Store, make_unary: Callable[..., CompileRequest], monkeypatch: pytest.MonkeyPatch) -> None:
     tuner = FakeTuner(fail=True)
     monkeypatch.setattr(tune, "tuning_device", lambda arch, device: device)
-    monkeypatch.setattr(steps, "autotune_for_target", tuner)  # what the in-process tune calls
+    monkeypatch.setattr(pipeline, "autotune_for_target", tuner)  # what the pipeline's tune stage calls
     key = compile_on(store, cuda_request(make_unary)).key
     policy = replace(GPU, max_attempts=2)
     first = run_tune_job(store, policy)
