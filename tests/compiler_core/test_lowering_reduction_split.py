@@ -5,6 +5,7 @@ coalesced loads."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,8 +13,10 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from fxcc.compiler_core import target
+from fxcc.compiler_core.build import cuda_build_unavailable
 from fxcc.compiler_core.lowering.reduction import COLUMN_CHUNK_MIN, ROW_CHUNK_MIN, _split_factor
-from tests.compiler_core.helpers import check, kernel_steps
+from fxcc.compiler_core.wire import CompileOptions, CompileRequest, GraphSpec, Target
+from tests.compiler_core.helpers import build_for_sm90, check, kernel_steps
 
 # The interpreter's reductions split as a 2-SM GPU's would: a few programs fill it, so rows of a
 # few thousand elements split (the interpreter has no occupancy model of its own).
@@ -113,10 +116,10 @@ def test_split_factor_fills_the_gpu(outputs: int, rnumel: int, column: bool, wan
 
 
 @pytest.fixture(scope="module")
-def resnet_layer2_bn() -> list[dict]:
-    """The reduction launches of a channels-last batch norm's training step (forward and backward)
-    at ResNet-18 layer2's sizes (batch 32, 128 channels, 28×28), compiled for sm_90."""
-    from bench.reduction_shapes import on_cuda, reduction_rows
+def layer2_bn_spec() -> GraphSpec:
+    """A channels-last batch norm's training step (forward and backward) at ResNet-18 layer2's
+    sizes (batch 32, 128 channels, 28×28), its inputs on a (fake) CUDA device."""
+    from bench.reduction_shapes import on_cuda
     from fxcc.client.backend import decomposition_table
     from fxcc.client.capture import capture_graph
 
@@ -124,7 +127,15 @@ def resnet_layer2_bn() -> list[dict]:
     inputs = [channels_last(32, 128, 28, 28), torch.rand(128) + 0.5, torch.randn(128), channels_last(32, 128, 28, 28)]
     with torch.enable_grad():
         gm = make_fx(bn_step, decomposition_table=decomposition_table())(*inputs)
-    return reduction_rows(on_cuda(capture_graph(gm, inputs).spec))
+    return on_cuda(capture_graph(gm, inputs).spec)
+
+
+@pytest.fixture(scope="module")
+def resnet_layer2_bn(layer2_bn_spec: GraphSpec) -> list[dict]:
+    """The reduction launches of that step compiled for sm_90 (bench.reduction_shapes' rows)."""
+    from bench.reduction_shapes import reduction_rows
+
+    return reduction_rows(layer2_bn_spec)
 
 
 def test_batch_norm_reductions_fill_the_gpu_with_coalesced_loads(resnet_layer2_bn: list[dict]) -> None:
@@ -141,3 +152,14 @@ def test_batch_norm_reductions_fill_the_gpu_with_coalesced_loads(resnet_layer2_b
         assert r["column"] and r["programs"] >= 132, r
         assert r["lane_bytes"] == 4 and r["run_bytes"] >= 256, r
     assert second and all(r["rnumel"] <= 256 for r in second)
+
+
+@pytest.mark.skipif(cuda_build_unavailable() is not None, reason="cannot cross-compile for CUDA here")
+def test_split_kernels_build_for_sm90(layer2_bn_spec: GraphSpec, tmp_path: Path) -> None:
+    """Both stages (the first with its short last chunk masked) cross-compile to sm_90 cubins, in a
+    fresh process without TRITON_INTERPRET, as a CPU worker builds."""
+    cuda = CompileOptions(target=Target(kind="cuda", arch=90), allow_tf32=True)
+    kernels = build_for_sm90(CompileRequest(graph=layer2_bn_spec, options=cuda), tmp_path)
+    assert sum(name.startswith("fxcc_red_") for name, _, _ in kernels) >= 4
+    for name, error, built in kernels:
+        assert error is None and built, (name, error)
