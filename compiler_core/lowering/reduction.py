@@ -164,7 +164,8 @@ def _split_reduce(red: Reduction, split: int, column: bool) -> StridedView:
         flat = piece * chunk + rindex[0]
         if chunk * split == rnumel:
             return inner(kept, unflatten(flat, rsizes))
-        inside = ops.lt(ops.index_expr(flat, torch.int64), ops.constant(rnumel, torch.int64))
+        pos = torch.int32 if chunk * split < 2**31 else torch.int64
+        inside = ops.lt(ops.index_expr(flat, pos), ops.constant(rnumel, pos))
         return ops.masked(inside, lambda: inner(kept, unflatten(flat, rsizes)), _identity(rtype, acc))
     partial = g.add_computed(Reduction(acc, (split, *out) if column else (*out, split), (chunk,), rtype, first))
     load = make_loader(partial)
