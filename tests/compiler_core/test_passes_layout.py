@@ -209,36 +209,9 @@ def _training_specs() -> list[GraphSpec]:
     """The forward and backward graphs of a bottleneck's training step as the backend captures
     them: the forward's saved activations of free layout, its pass's output strides reported to
     AOTAutograd, which lays the backward's inputs out so."""
-    from torch._functorch.aot_autograd import aot_module_simplified
+    from bench.reduction_shapes import training_specs
 
-    from fxcc.client.graphs import _forward_strides, saved_outputs
-    from fxcc.compiler_core.compile import output_strides
-
-    specs: list[GraphSpec] = []
-
-    def compiler(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
-        from functorch.compile import make_boxed_func
-
-        strides = _forward_strides(gm)
-        cap = capture_graph(gm, inputs)
-        spec = on_device(cap.spec, "cuda")
-        if strides is not None:
-            spec = spec.model_copy(update={"free_layout_outputs": saved_outputs(cap)})
-            new_gm, _ = channels_last_convs(rebuild_graph(spec), spec, "cuda")
-            strides.extend(None if s is None else tuple(s) for s in output_strides(new_gm, spec.free_layout_outputs))
-        specs.append(spec)
-        return make_boxed_func(gm)
-
-    def backend(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
-        return aot_module_simplified(gm, inputs, fw_compiler=compiler, bw_compiler=compiler,
-                                     decompositions=decomposition_table())
-    torch._dynamo.reset()
-    model = small_resnet()[5].train()
-    try:
-        torch.compile(model, backend=backend)(torch.randn(2, 16, 8, 8)).sum().backward()
-    finally:
-        torch._dynamo.reset()
-    return specs
+    return training_specs(small_resnet()[5].train(), torch.randn(2, 16, 8, 8))
 
 
 def test_training_graphs_go_channels_last_across_forward_and_backward():
