@@ -236,8 +236,10 @@ def fuse_nodes(program: Sequence[ComputedBuffer | ExternCall]) -> list[Kernel | 
             open_kernel.closed_by = f"{item.name} did not fuse: {why}"
             out.append(open_kernel)
         x, r = item.numels()
-        # Short strided rows still fit a persistent tile at least 8 outputs wide (see launch_config).
-        column = hint(r) > COLUMN_RNUMEL_MIN and is_column_reduction(item)
+        # Short strided rows still fit a persistent tile at least 8 outputs wide (see launch_config),
+        # which can take more work after the reduction; a split's first stage takes none.
+        split_stage = isinstance(item.data, Reduction) and item.data.split_stage
+        column = (hint(r) > COLUMN_RNUMEL_MIN or split_stage) and is_column_reduction(item)
         open_kernel = Kernel(x, r, [item], column=column, partition=_partition(item))
     if open_kernel is not None:
         out.append(open_kernel)

@@ -63,6 +63,9 @@ class Reduction:
     inner_fn: Callable[[Sequence[Expr], Sequence[Expr]], Any]
     source_sizes: tuple[int, ...] = ()
     reduced_dims: tuple[int, ...] = ()
+    # The first stage of a split reduction (lowering.reduction): a kernel of its own, tiled as a
+    # column reduction whenever it reads as one, however short its chunks.
+    split_stage: bool = False
 
 
 @dataclass(frozen=True)

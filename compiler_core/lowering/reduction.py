@@ -87,15 +87,16 @@ SPLIT_MIN_RNUMEL = 1 << 16
 SPLIT_MAX_OUTPUTS = 64
 # With one (CUDA): a reduction whose programs would not fill FILL_WAVES waves of the device's SMs
 # splits its rows into chunks, a first stage of (chunk, output) programs and a second that
-# reduces the chunks' partials.
-FILL_WAVES = 2
+# reduces the chunks' partials. Note: several waves, since a loop of loads keeps a few KB in
+# flight per program: an SM needs several programs resident to hide memory latency.
+FILL_WAVES = 4
 # Outputs one program of a column reduction covers (codegen.triton's column tile), and one of a
 # row reduction too long for registers (a row per program).
 COLUMN_PROGRAM_OUTPUTS = 64
-# Elements of a row each first-stage program reduces at least: enough to amortise its launch and
-# its partial's store and reload; a column's chunk stays longer than COLUMN_RNUMEL_MIN, so that
-# the first stage keeps the column tile (a loop over r, wide along the contiguous outputs).
-COLUMN_CHUNK_MIN = COLUMN_RNUMEL_MIN + 1
+# Elements of a row each first-stage program reduces at least: a few iterations of the column
+# tile's loop (16 deep), and two looped row tiles (2048 wide): enough to amortise a program's start
+# and its partial's store and reload.
+COLUMN_CHUNK_MIN = 64
 ROW_CHUNK_MIN = 4096
 # At most this many chunks: the second stage then reduces rows short enough for one persistent
 # tile (a column reduction of at most COLUMN_RNUMEL_MIN partials), not a loop of its own.
@@ -167,7 +168,8 @@ def _split_reduce(red: Reduction, split: int, column: bool) -> StridedView:
         pos = torch.int32 if chunk * split < 2**31 else torch.int64
         inside = ops.lt(ops.index_expr(flat, pos), ops.constant(rnumel, pos))
         return ops.masked(inside, lambda: inner(kept, unflatten(flat, rsizes)), _identity(rtype, acc))
-    partial = g.add_computed(Reduction(acc, (split, *out) if column else (*out, split), (chunk,), rtype, first))
+    partial = g.add_computed(Reduction(acc, (split, *out) if column else (*out, split), (chunk,), rtype, first,
+                                          split_stage=True))
     load = make_loader(partial)
     return g.add_computed(Reduction(acc, out, (split,), rtype,
                                     lambda index, rindex: load([rindex[0], *index] if column else [*index, rindex[0]])))

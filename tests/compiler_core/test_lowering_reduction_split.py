@@ -100,7 +100,7 @@ def test_the_interpreter_keeps_the_few_outputs_rule() -> None:
     (128, 32 * 28 * 28, True, "split"),  # ResNet-18 layer2's batch norm: 2 column programs
     (64, 32 * 112 * 112, True, "split"),  # the stem's
     (512, 32 * 7 * 7, True, "split"),  # layer4's
-    (128 * 256, 32 * 28 * 28, True, None),  # enough column programs already (512)
+    (128 * 512, 32 * 28 * 28, True, None),  # enough column programs already (1024)
     (512, 2 * COLUMN_CHUNK_MIN - 1, True, None),  # rows too short to split
     (4, 1 << 20, False, "split"),  # a few long rows
     (1000, 1 << 20, False, None),  # a row per program fills the GPU
@@ -140,7 +140,7 @@ def resnet_layer2_bn(layer2_bn_spec: GraphSpec) -> list[dict]:
 
 def test_batch_norm_reductions_fill_the_gpu_with_coalesced_loads(resnet_layer2_bn: list[dict]) -> None:
     """Every launch reducing the 32×28×28 rows of a channels-last activation is split into at least
-    a wave of programs on the H200's 132 SMs, each tile row reading 256 contiguous bytes with
+    a wave of programs on the H200's 132 SMs (column tiles), each tile row reading 256 contiguous bytes with
     adjacent lanes 4 bytes apart; the second stages reduce at most 256 partials per channel.
     Before: 16 programs of an 8×128 tile (32 contiguous bytes a row) looping 196 times."""
     rows = resnet_layer2_bn
