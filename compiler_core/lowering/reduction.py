@@ -113,15 +113,22 @@ def _split_plan(red: Reduction, caps: Capabilities) -> tuple[int, bool] | None:
             return None
         split = next((s for s in (1024, 512, 256, 128, 64) if rnumel % s == 0), None)
         return (split, is_column(red)) if split else None
-    if rnumel < 2 * COLUMN_CHUNK_MIN:
-        return None
+    if rnumel <= COLUMN_RNUMEL_MIN:
+        return None  # see _split_factor
     column = is_column(red)
     split = _split_factor(outputs, rnumel, column, caps.sm_count)
     return (split, column) if split else None
 
 
 def _split_factor(outputs: int, rnumel: int, column: bool, sm_count: int) -> int | None:
-    """Into how many chunks to split each row on a device of `sm_count` SMs (None: do not)."""
+    """Into how many chunks to split each row on a device of `sm_count` SMs (None: do not).
+
+    Note: only rows that a kernel loops over (a column's longer than COLUMN_RNUMEL_MIN, a row's
+    longer than ROW_CHUNK_MIN): a row in one persistent tile also fuses the work around it (a
+    softmax's max, sum and normalisation in one kernel), which two stages would not.
+    """
+    if rnumel <= COLUMN_RNUMEL_MIN:
+        return None
     programs = -(-outputs // COLUMN_PROGRAM_OUTPUTS) if column else outputs
     fill = FILL_WAVES * sm_count
     most = min(SPLIT_MAX, rnumel // (COLUMN_CHUNK_MIN if column else ROW_CHUNK_MIN))

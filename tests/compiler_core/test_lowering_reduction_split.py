@@ -102,6 +102,7 @@ def test_the_interpreter_keeps_the_few_outputs_rule() -> None:
     (512, 32 * 7 * 7, True, "split"),  # layer4's
     (128 * 512, 32 * 28 * 28, True, None),  # enough column programs already (1024)
     (512, 2 * COLUMN_CHUNK_MIN - 1, True, None),  # rows too short to split
+    (8, 256, True, None),  # rows a persistent tile holds (and fuses the work around)
     (4, 1 << 20, False, "split"),  # a few long rows
     (1000, 1 << 20, False, None),  # a row per program fills the GPU
     (4, 2 * ROW_CHUNK_MIN - 1, False, None),
