@@ -158,12 +158,15 @@ def _looped(shape: KernelShape, wide: bool) -> list[Config]:
 
 
 def _column(shape: KernelShape, wide: bool) -> list[Config]:
+    """Tiles wide along the contiguous outputs and shallow along the strided reduced elements
+    (Inductor's outer-reduction shapes: 64 × 8 and the like), and the older narrow deep ones."""
     rtop = next_pow2(shape.rnumel)
-    xblocks = (8, 16, 32, 64) if wide else (8, 16, 32)
-    rblocks = (32, 64, 128) if wide else (64, 128)
+    shapes = [(x, r) for x in (64, 128) for r in (8, 16, 32)] + [(32, 32), (16, 64), (8, 128)]
+    if wide:
+        shapes += [(256, 8), (32, 64), (16, 128), (8, 64), (64, 64)]
     warps = (4, 8)
     stages = (1, 2) if wide else (1,)
-    return [Config(x, r, w, s, True) for x in xblocks for r in rblocks for w in warps for s in stages
+    return [Config(x, r, w, s, True) for x, r in shapes for w in warps for s in stages
             if r <= rtop and x * r <= 8192 and x <= next_pow2(shape.xnumel) and 32 * w <= x * r]
 
 

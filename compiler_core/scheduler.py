@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fxcc.compiler_core.ir.nodes import Buffer, ComputedBuffer, Reduction
+from fxcc.compiler_core.ir.nodes import COLUMN_RNUMEL_MIN, Buffer, ComputedBuffer, Reduction, is_column
 from fxcc.compiler_core.ir.ops import CountingHandler, use_handler
 from fxcc.compiler_core.lowering import ExternCall, GraphLowering
 from fxcc.compiler_core.sizevars import RINDEX, XINDEX, Expr, numel, simplify_index, unflatten
@@ -27,8 +27,6 @@ from fxcc.compiler_core.wire import Arg, _refs
 
 # Rows up to this long are reduced in registers in one pass (and may fuse prologue/epilogue).
 PERSISTENT_RNUMEL_MAX = 4096
-# Reductions along a strided dim loop over r in wide x tiles once rows are longer than this.
-COLUMN_RNUMEL_MIN = 256
 
 
 def too_long_for_registers(rnumel: Any) -> bool:
@@ -183,23 +181,9 @@ def is_column_reduction(node: ComputedBuffer) -> bool:
     """A reduction whose input is contiguous across outputs and strided along the reduced dim
     (e.g. a bias gradient, sum over rows): it wants wide XBLOCK tiles and a loop over r, since
     one row per program would read memory a column at a time."""
-    if not node.is_reduction():
+    if not node.is_reduction() or hint(node.numels()[0]) < 8:
         return False
-    x, r = node.numels()
-    kernel = Kernel(x, r)
-    coords = node_coords(node, x, r)
-    if coords is None or hint(x) < 8:
-        return False
-    for _, index in _reads(node, coords):
-        e = kernel_index(index, kernel)
-        if not e.has(RINDEX):
-            continue
-        at = e.subs({XINDEX: 0, RINDEX: 0})
-        step_x = e.subs({XINDEX: 1, RINDEX: 0}) - at
-        step_r = e.subs({XINDEX: 0, RINDEX: 1}) - at
-        if step_x == 1 and step_r != 1:
-            return True
-    return False
+    return is_column(node.data)
 
 
 def _partition(node: ComputedBuffer) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
@@ -252,8 +236,10 @@ def fuse_nodes(program: Sequence[ComputedBuffer | ExternCall]) -> list[Kernel | 
             open_kernel.closed_by = f"{item.name} did not fuse: {why}"
             out.append(open_kernel)
         x, r = item.numels()
-        # Short strided rows still fit a persistent tile at least 8 outputs wide (see launch_config).
-        column = hint(r) > COLUMN_RNUMEL_MIN and is_column_reduction(item)
+        # Short strided rows still fit a persistent tile at least 8 outputs wide (see launch_config),
+        # which can take more work after the reduction; a split's first stage takes none.
+        split_stage = isinstance(item.data, Reduction) and item.data.split_stage
+        column = (hint(r) > COLUMN_RNUMEL_MIN or split_stage) and is_column_reduction(item)
         open_kernel = Kernel(x, r, [item], column=column, partition=_partition(item))
     if open_kernel is not None:
         out.append(open_kernel)

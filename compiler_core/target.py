@@ -34,6 +34,19 @@ CUDA_BINARY = frozenset({"pow"})
 ATTENTION_HEAD_DIMS = (16, 32, 64, 128)
 ATTENTION_DTYPES = (torch.float32,)
 
+# Streaming multiprocessors per CUDA arch, for occupancy decisions (how many programs fill the GPU).
+# Note: an arch names a family, not a part (an sm_80 A30 has 56 SMs, an A100 108): the count of the
+# part fxcc's numbers were measured on. Lowering sees only the target's kind, so a CUDA target
+# without its arch counts as sm_90 (H100/H200).
+SM_COUNTS = {70: 80, 75: 40, 80: 108, 86: 84, 89: 128, 90: 132, 100: 148, 120: 170}
+DEFAULT_CUDA_ARCH = 90
+
+
+def sm_count(arch: int) -> int:
+    """The SMs of `arch`'s reference part (an unknown arch counts as the nearest older one's)."""
+    known = [a for a in SM_COUNTS if a <= arch]
+    return SM_COUNTS[max(known)] if known else SM_COUNTS[min(SM_COUNTS)]
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -44,6 +57,9 @@ class Capabilities:
     binary: frozenset[str]
     attention_head_dims: tuple[int, ...] = ATTENTION_HEAD_DIMS
     attention_dtypes: tuple[torch.dtype, ...] = ATTENTION_DTYPES
+    # The device's SMs, which reduction splits fill (0: no occupancy model: the interpreter runs
+    # one program at a time, and its reductions keep the rule of few outputs over very long rows).
+    sm_count: int = 0
 
     def spells(self, op: str) -> bool:
         """Whether the target's kernels compute `op` exactly (lowerings extern the rest)."""
@@ -51,7 +67,8 @@ class Capabilities:
 
 
 _CAPABILITIES = {
-    "cuda": Capabilities("cuda", COMMON_UNARY | CUDA_UNARY, COMMON_BINARY | CUDA_BINARY),
+    "cuda": Capabilities("cuda", COMMON_UNARY | CUDA_UNARY, COMMON_BINARY | CUDA_BINARY,
+                         sm_count=sm_count(DEFAULT_CUDA_ARCH)),
     "interpret": Capabilities("interpret", COMMON_UNARY | INTERPRET_UNARY, COMMON_BINARY),
 }
 

@@ -15,9 +15,13 @@ import sympy
 import torch
 
 from fxcc.compiler_core.ir.ops import CountingHandler, ops, use_handler
-from fxcc.compiler_core.sizevars import Expr, linear_index, numel
+from fxcc.compiler_core.sizevars import RINDEX, XINDEX, Expr, linear_index, numel, simplify_index, unflatten
 
 Loader = Callable[[Sequence[Expr]], Any]
+
+# Reductions along a strided dim (is_column) loop over r in wide x tiles once rows are longer than
+# this; shorter ones fit a persistent tile at least 8 outputs wide (scheduler, codegen.triton).
+COLUMN_RNUMEL_MIN = 256
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,9 @@ class Reduction:
     inner_fn: Callable[[Sequence[Expr], Sequence[Expr]], Any]
     source_sizes: tuple[int, ...] = ()
     reduced_dims: tuple[int, ...] = ()
+    # The first stage of a split reduction (lowering.reduction): a kernel of its own, tiled as a
+    # column reduction whenever it reads as one, however short its chunks.
+    split_stage: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,3 +154,28 @@ def body_reads(node: ComputedBuffer) -> CountingHandler:
         else:
             data.inner_fn(index_vars("i", data.ranges))
     return counter
+
+
+def reduction_read_steps(red: Reduction) -> list[tuple[Expr, Expr]]:
+    """For each load of `red`'s body that walks the reduced elements: (elements between the loads
+    of adjacent outputs, elements between those of adjacent reduced elements), in the flat
+    (output, reduced) coordinates a kernel iterates."""
+    counter = CountingHandler()
+    with use_handler(counter):
+        red.inner_fn(unflatten(XINDEX, red.ranges), unflatten(RINDEX, red.reduction_ranges))
+    bounds = {XINDEX: numel(red.ranges), RINDEX: numel(red.reduction_ranges)}
+    steps = []
+    for _, index in counter.loads:
+        e = simplify_index(index, bounds)
+        if not e.has(RINDEX):
+            continue
+        at = e.subs({XINDEX: 0, RINDEX: 0})
+        steps.append((e.subs({XINDEX: 1, RINDEX: 0}) - at, e.subs({XINDEX: 0, RINDEX: 1}) - at))
+    return steps
+
+
+def is_column(red: Reduction) -> bool:
+    """Whether `red` reads memory contiguous across outputs and strided along the reduced
+    elements (a column, or outer, reduction: a bias gradient, batch-norm statistics of a
+    channels-last tensor): its tiles want to be wide along the outputs."""
+    return any(sx == 1 and sr != 1 for sx, sr in reduction_read_steps(red))

@@ -13,12 +13,22 @@ from typing import Any
 import torch
 
 from fxcc.compiler_core.errors import UnsupportedOp
-from fxcc.compiler_core.ir.nodes import Lazy, Pointwise, Reduction, StridedView, TensorValue, make_loader
+from fxcc.compiler_core.ir.nodes import (
+    COLUMN_RNUMEL_MIN,
+    Lazy,
+    Pointwise,
+    Reduction,
+    StridedView,
+    TensorValue,
+    is_column,
+    make_loader,
+)
 from fxcc.compiler_core.ir.ops import compute_dtype, ops
 from fxcc.compiler_core.lowering.common import broadcast_loader, check_dtypes, require
 from fxcc.compiler_core.lowering.core import aten, current_graph, node_val, register_lowering
 from fxcc.compiler_core.sizevars import Expr, flatten, numel, unflatten
 from fxcc.compiler_core.symbolic import is_symbolic, sizes_of, strides_of
+from fxcc.compiler_core.target import Capabilities, capabilities
 
 Prologue = Callable[[Any, Sequence[Expr]], Any]
 
@@ -54,10 +64,11 @@ def reduce(x: TensorValue, dims: Sequence[int], keepdim: bool, rtype: str, acc: 
             full[d] = rindex[k]
         v = ops.to_dtype(load(full), acc)
         return prologue(v, full) if prologue else v
-    split = _split_factor(numel(out), numel(rsizes))
+    red = Reduction(acc, out, rsizes, rtype, inner, tuple(sizes), tuple(dims))
+    split = _split_plan(red, capabilities(current_graph().target))
     if split:
-        return _split_reduce(out, rsizes, rtype, acc, split, inner)
-    return current_graph().add_computed(Reduction(acc, out, rsizes, rtype, inner, tuple(sizes), tuple(dims)))
+        return _split_reduce(red, *split)
+    return current_graph().add_computed(red)
 
 
 def _empty_reduction(out: tuple[int, ...], rtype: str, acc: torch.dtype) -> StridedView:
@@ -70,33 +81,105 @@ def _empty_reduction(out: tuple[int, ...], rtype: str, acc: torch.dtype) -> Stri
     return current_graph().add_computed(Pointwise(acc, out, lambda index: ops.constant(value, acc)))
 
 
-# A few outputs over very long rows: reduce in two stages so the first has many programs.
+# Without an occupancy model (the interpreter): a few outputs over very long rows reduce in two
+# stages, so that the first has many programs.
 SPLIT_MIN_RNUMEL = 1 << 16
 SPLIT_MAX_OUTPUTS = 64
+# With one (CUDA): a reduction whose programs would not fill FILL_WAVES waves of the device's SMs
+# splits its rows into chunks, a first stage of (chunk, output) programs and a second that
+# reduces the chunks' partials. Note: several waves, since a loop of loads keeps a few KB in
+# flight per program: an SM needs several programs resident to hide memory latency.
+FILL_WAVES = 4
+# Outputs one program of a column reduction covers (codegen.triton's column tile), and one of a
+# row reduction too long for registers (a row per program).
+COLUMN_PROGRAM_OUTPUTS = 64
+# Elements of a row each first-stage program reduces at least: a few iterations of the column
+# tile's loop (16 deep), and two looped row tiles (2048 wide): enough to amortise a program's start
+# and its partial's store and reload.
+COLUMN_CHUNK_MIN = 64
+ROW_CHUNK_MIN = 4096
+# At most this many chunks: the second stage then reduces rows short enough for one persistent
+# tile (a column reduction of at most COLUMN_RNUMEL_MIN partials), not a loop of its own.
+SPLIT_MAX = COLUMN_RNUMEL_MIN
 
 
-def _split_factor(outputs: int, rnumel: int) -> int | None:
+def _split_plan(red: Reduction, caps: Capabilities) -> tuple[int, bool] | None:
+    """(chunks per row, whether a column reduction) for a reduction to split; None: one stage."""
+    outputs, rnumel = numel(red.ranges), numel(red.reduction_ranges)
     if is_symbolic(outputs, rnumel):
         return None  # Note: a split picked for one size could be wrong for another
-    if outputs > SPLIT_MAX_OUTPUTS or rnumel < SPLIT_MIN_RNUMEL:
+    if not caps.sm_count:
+        if outputs > SPLIT_MAX_OUTPUTS or rnumel < SPLIT_MIN_RNUMEL:
+            return None
+        split = next((s for s in (1024, 512, 256, 128, 64) if rnumel % s == 0), None)
+        return (split, is_column(red)) if split else None
+    if rnumel <= COLUMN_RNUMEL_MIN:
+        return None  # see _split_factor
+    column = is_column(red)
+    split = _split_factor(outputs, rnumel, column, caps.sm_count)
+    return (split, column) if split else None
+
+
+def _split_factor(outputs: int, rnumel: int, column: bool, sm_count: int) -> int | None:
+    """Into how many chunks to split each row on a device of `sm_count` SMs (None: do not).
+
+    Note: only rows that a kernel loops over (a column's longer than COLUMN_RNUMEL_MIN, a row's
+    longer than ROW_CHUNK_MIN): a row in one persistent tile also fuses the work around it (a
+    softmax's max, sum and normalisation in one kernel), which two stages would not.
+    """
+    if rnumel <= COLUMN_RNUMEL_MIN:
         return None
-    return next((s for s in (1024, 512, 256, 128, 64) if rnumel % s == 0), None)
+    programs = -(-outputs // COLUMN_PROGRAM_OUTPUTS) if column else outputs
+    fill = FILL_WAVES * sm_count
+    most = min(SPLIT_MAX, rnumel // (COLUMN_CHUNK_MIN if column else ROW_CHUNK_MIN))
+    if programs >= fill or most < 2:
+        return None
+    want = min(most, -(-fill // programs))
+    # Note: a split that divides the rows needs no mask on the first stage's loads; the nearest
+    # one within a quarter of the wanted count, else the wanted count with the last chunk short.
+    near = [s for s in range(max(2, want - want // 4), min(most, want + want // 4) + 1) if rnumel % s == 0]
+    return min(near, key=lambda s: (abs(s - want), -s)) if near else want
 
 
-def _split_reduce(out: tuple[int, ...], rsizes: tuple[int, ...], rtype: str, acc: torch.dtype, split: int,
-                  inner: Callable[[Sequence[Expr], Sequence[Expr]], Any]) -> StridedView:
+def _identity(rtype: str, acc: torch.dtype) -> float | int:
+    """What reducing by `rtype` in `acc` leaves unchanged (the value of a chunk's missing tail)."""
+    if rtype == "sum":
+        return 0
+    if rtype == "prod":
+        return 1
+    if acc.is_floating_point:
+        return float("-inf") if rtype == "max" else float("inf")
+    info = torch.iinfo(acc)
+    return info.min if rtype == "max" else info.max
+
+
+def _split_reduce(red: Reduction, split: int, column: bool) -> StridedView:
     """reduce(rows) == reduce over `split` chunks of reduce(chunk): exact for max/min, reassociated
-    for sum/prod (as any parallel reduction is)."""
-    chunk = numel(rsizes) // split
+    for sum/prod (as any parallel reduction is).
+
+    Note: the partial buffer is (split, *out) for a column reduction, so adjacent outputs of the
+    first stage are adjacent elements of one chunk (its loads coalesce, as the unsplit reduction's
+    would), and the second stage is a short column reduction; a row reduction's is (*out, split),
+    so both stages read along rows.
+    """
+    out, rsizes, rtype, acc, inner = red.ranges, red.reduction_ranges, red.reduction_type, red.dtype, red.inner_fn
+    rnumel = numel(rsizes)
+    chunk = -(-rnumel // split)
     g = current_graph()
 
     def first(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
-        flat = index[-1] * chunk + rindex[0]
-        return inner(index[:-1], unflatten(flat, rsizes))
-    partial = g.add_computed(Reduction(acc, (*out, split), (chunk,), rtype, first))
+        piece, kept = (index[0], index[1:]) if column else (index[-1], index[:-1])
+        flat = piece * chunk + rindex[0]
+        if chunk * split == rnumel:
+            return inner(kept, unflatten(flat, rsizes))
+        pos = torch.int32 if chunk * split < 2**31 else torch.int64
+        inside = ops.lt(ops.index_expr(flat, pos), ops.constant(rnumel, pos))
+        return ops.masked(inside, lambda: inner(kept, unflatten(flat, rsizes)), _identity(rtype, acc))
+    partial = g.add_computed(Reduction(acc, (split, *out) if column else (*out, split), (chunk,), rtype, first,
+                                          split_stage=True))
     load = make_loader(partial)
     return g.add_computed(Reduction(acc, out, (split,), rtype,
-                                    lambda index, rindex: load([*index, rindex[0]])))
+                                    lambda index, rindex: load([rindex[0], *index] if column else [*index, rindex[0]])))
 
 
 def _epilogue(dtype: torch.dtype, sizes: Sequence[int], fn: Callable[..., Any], *bufs: TensorValue) -> Lazy:

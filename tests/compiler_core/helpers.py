@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -55,3 +60,28 @@ def kernel_steps(art: Artifact) -> list[Any]:
 
 def alloc_steps(art: Artifact) -> list[Any]:
     return [s for s in art.manifest.plan.steps if s.kind == "alloc"]
+
+
+_BUILD_SM90 = """
+import json, sys
+from fxcc.compiler_core.build import build_artifact
+from fxcc.compiler_core.pipeline import compile_request
+from fxcc.compiler_core.wire import CompileRequest
+request = CompileRequest.model_validate_json(open(sys.argv[1]).read())
+built = build_artifact(compile_request(request), request, 90)
+print(json.dumps([[k.name, k.metadata.get("sm_90.error"), "sm_90" in k.binaries] for k in built.manifest.kernels]))
+"""
+
+
+def build_for_sm90(request: CompileRequest, tmp_path: Path) -> list[tuple[str, str | None, bool]]:
+    """(kernel, build error, whether it has an sm_90 cubin) for each kernel of `request` compiled and
+    built in a fresh process without TRITON_INTERPRET, as a CPU worker builds."""
+    path = tmp_path / "request.json"
+    path.write_text(request.model_dump_json())
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
+                                                      env.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", _BUILD_SM90, str(path)], env=env, capture_output=True, check=False,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [tuple(k) for k in json.loads(done.stdout.strip().splitlines()[-1])]

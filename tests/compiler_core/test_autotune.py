@@ -90,6 +90,9 @@ def test_column_reductions_stay_looped_with_wide_tiles() -> None:
     shape = KernelShape(4096, 1024, looped=True, column=True, can_loop=True, can_persist=False)
     configs = candidate_configs(shape, Config(16, 128, 4, looped=True), "max-autotune")
     assert len(configs) > 3 and all(c.looped and c.xblock >= 8 for c in configs)
+    # Inductor's outer-reduction shapes: wide along the contiguous outputs, shallow along r
+    default = {(c.xblock, c.rblock) for c in candidate_configs(shape, Config(64, 16, 4, looped=True))}
+    assert {(64, 8), (64, 16), (128, 8), (128, 16)} <= default
 
 
 @pytest.mark.parametrize("shape,heuristic", [

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,6 +27,7 @@ from fxcc.compiler_core.passes.layout import (
 )
 from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileOptions, CompileRequest, GraphSpec, Target
+from tests.compiler_core.helpers import build_for_sm90
 
 aten = torch.ops.aten
 CUDA = CompileOptions(target=Target(kind="cuda", arch=90))
@@ -213,36 +209,9 @@ def _training_specs() -> list[GraphSpec]:
     """The forward and backward graphs of a bottleneck's training step as the backend captures
     them: the forward's saved activations of free layout, its pass's output strides reported to
     AOTAutograd, which lays the backward's inputs out so."""
-    from torch._functorch.aot_autograd import aot_module_simplified
+    from bench.reduction_shapes import training_specs
 
-    from fxcc.client.graphs import _forward_strides, saved_outputs
-    from fxcc.compiler_core.compile import output_strides
-
-    specs: list[GraphSpec] = []
-
-    def compiler(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
-        from functorch.compile import make_boxed_func
-
-        strides = _forward_strides(gm)
-        cap = capture_graph(gm, inputs)
-        spec = on_device(cap.spec, "cuda")
-        if strides is not None:
-            spec = spec.model_copy(update={"free_layout_outputs": saved_outputs(cap)})
-            new_gm, _ = channels_last_convs(rebuild_graph(spec), spec, "cuda")
-            strides.extend(None if s is None else tuple(s) for s in output_strides(new_gm, spec.free_layout_outputs))
-        specs.append(spec)
-        return make_boxed_func(gm)
-
-    def backend(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
-        return aot_module_simplified(gm, inputs, fw_compiler=compiler, bw_compiler=compiler,
-                                     decompositions=decomposition_table())
-    torch._dynamo.reset()
-    model = small_resnet()[5].train()
-    try:
-        torch.compile(model, backend=backend)(torch.randn(2, 16, 8, 8)).sum().backward()
-    finally:
-        torch._dynamo.reset()
-    return specs
+    return training_specs(small_resnet()[5].train(), torch.randn(2, 16, 8, 8))
 
 
 def test_training_graphs_go_channels_last_across_forward_and_backward():
@@ -414,17 +383,6 @@ def test_transformed_graph_compiled_for_the_cpu_matches_eager(compiled):
     assert not runtime._relaid
 
 
-_BUILD = """
-import json, sys
-from fxcc.compiler_core.build import build_artifact
-from fxcc.compiler_core.pipeline import compile_request
-from fxcc.compiler_core.wire import CompileRequest
-request = CompileRequest.model_validate_json(open(sys.argv[1]).read())
-built = build_artifact(compile_request(request), request, 90)
-print(json.dumps([[k.name, k.metadata.get("sm_90.error"), "sm_90" in k.binaries] for k in built.manifest.kernels]))
-"""
-
-
 @pytest.mark.skipif(cuda_build_unavailable() is not None, reason="cannot cross-compile for CUDA here")
 def test_channels_last_kernels_build_for_sm90(compiled, tmp_path):
     """Every kernel of the plan (those that read and write NHWC, and the conversions) cross-compiles
@@ -433,15 +391,7 @@ def test_channels_last_kernels_build_for_sm90(compiled, tmp_path):
     Note: built in a fresh process without TRITON_INTERPRET, as a CPU worker builds (that a
     cross-compile after interpreted launches in one process works is test_interpreter_leak's).
     """
-    path = tmp_path / "request.json"
-    path.write_text(CompileRequest(graph=compiled["spec"], options=CUDA).model_dump_json())
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
-                                                      env.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-c", _BUILD, str(path)], env=env, capture_output=True, check=False,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    kernels = json.loads(done.stdout.strip().splitlines()[-1])
+    kernels = build_for_sm90(CompileRequest(graph=compiled["spec"], options=CUDA), tmp_path)
     assert len(kernels) >= 6 and any(name.startswith("fxcc_red_") for name, _, _ in kernels)
     for name, error, built in kernels:
         assert error is None and built, (name, error)
