@@ -39,6 +39,20 @@ def torchrun(env: dict[str, str], ranks: int, parallel: str, width: int, workdir
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
 
 
+def assert_same_compile_on_every_rank(url: str, env: dict[str, str], reports: list[dict]) -> None:
+    """Every rank got graphs of the same keys as rank 0, the service ran one compile job per distinct
+    graph however many ranks asked for it, and every rank's losses equal eager's."""
+    import pytest
+
+    keys = [e["key"] for e in reports[0]["events"]]
+    for report in reports[1:]:
+        assert [e["key"] for e in report["events"]] == keys, f"rank {report['rank']} has other keys"
+    jobs = jobs_by_key(url, env)
+    assert {k: len(jobs.get(k, [])) for k in set(keys)} == {k: 1 for k in set(keys)}
+    for report in reports:
+        assert report["fxcc"] == pytest.approx(report["eager"], rel=1e-4, abs=1e-5), report["rank"]
+
+
 def jobs_by_key(url: str, env: dict[str, str]) -> dict[str, list[str]]:
     """The compile jobs the service holds for the clients' principal, by compile key (GET /v1/jobs)."""
     answer = httpx.get(f"{url}/v1/jobs", params={"limit": 1000}, timeout=10,

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.conftest import jobs_by_key, precompile, torchrun, wait_for_jobs
+from tests.distributed.conftest import (
+    assert_same_compile_on_every_rank,
+    jobs_by_key,
+    precompile,
+    torchrun,
+    wait_for_jobs,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -34,16 +40,7 @@ def test_every_rank_gets_the_same_compile(shared_cluster, tmp_path, parallel, ra
     assert first, "fxcc compiled no graph"
     assert all(e["source"] in ("remote-compiled", "remote-hit") for r in reports for e in r["events"]), \
         [e for r in reports for e in r["events"]]
-    keys = [e["key"] for e in first]
-    for report in reports[1:]:
-        assert [e["key"] for e in report["events"]] == keys, f"rank {report['rank']} has other keys"
-
-    # One compile job per distinct graph, however many ranks asked for it.
-    jobs = jobs_by_key(url, env)
-    assert {k: len(jobs.get(k, [])) for k in set(keys)} == {k: 1 for k in set(keys)}
-
-    for report in reports:
-        assert report["fxcc"] == pytest.approx(report["eager"], rel=1e-4, abs=1e-5), report["rank"]
+    assert_same_compile_on_every_rank(url, env, reports)
 
 
 def test_precompile_on_one_rank_fills_the_cache_for_every_rank(shared_cluster, tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.distributed.conftest import jobs_by_key, torchrun
+from tests.distributed.conftest import assert_same_compile_on_every_rank, torchrun
 
 pytestmark = [
     pytest.mark.e2e,
@@ -33,10 +33,4 @@ def test_every_gpu_rank_gets_the_same_compile(shared_cluster, tmp_path, parallel
     first = reports[0]["events"]
     assert first and all(e["error"] is None for r in reports for e in r["events"]), [r["events"] for r in reports]
     assert all(e["kernels"] > 0 for e in first)
-    keys = [e["key"] for e in first]
-    for report in reports[1:]:
-        assert [e["key"] for e in report["events"]] == keys, f"rank {report['rank']} has other keys"
-    jobs = jobs_by_key(url, env)
-    assert {k: len(jobs.get(k, [])) for k in set(keys)} == {k: 1 for k in set(keys)}
-    for report in reports:
-        assert report["fxcc"] == pytest.approx(report["eager"], rel=1e-4, abs=1e-5), report["rank"]
+    assert_same_compile_on_every_rank(url, env, reports)
