@@ -141,12 +141,15 @@ def run_one(name: str, compiler: str, batch: int, steps: int) -> dict[str, Any]:
     first = fn()
     torch.cuda.synchronize()
     first_s = time.perf_counter() - t0
+    # read now: a CUDA-graphed output (Inductor's reduce-overhead) is overwritten by the next replay
+    first_value = float(first.float().sum())  # the first loss (or the logits' sum): against eager's
+    del first
     for _ in range(5):
         fn()
     row: dict[str, Any] = {"model": name, "compiler": compiler, "kind": "training" if training else "inference",
                            "batch": batch, "first_call_s": round(first_s, 2), "step_ms": round(timed_ms(fn, steps), 3)}
     row.update(profile_step(fn))
-    row["first_value"] = float(first.float().sum())  # the first loss (or the logits' sum): against eager's
+    row["first_value"] = first_value
     if compiler == "fxcc":
         row["fxcc_graphs"] = fxcc_plans()
     return row
