@@ -81,24 +81,10 @@ def test_resnet_training_step_runs_channels_last_forward_and_backward(monkeypatc
 
     from fxcc.client import runtime
     from fxcc.client.backend import fxcc_backend
-    from tests.models.test_conv_training_plans import TinyResNet
+    from tests.models.test_conv_training_plans import TinyResNet, record_conv_layouts
 
     monkeypatch.setenv("FXCC_FALLBACK", "error")
-    seen: dict[str, list[bool]] = {"convolution": [], "convolution_backward": []}
-    resolve = runtime.resolve_target
-
-    def recording(op: str, **kw):
-        fn = resolve(op, **kw)
-        name = (op.split(".") + [""])[1]
-        if name not in seen:
-            return fn
-
-        def call(*args):
-            operands = args[:3] if name == "convolution_backward" else args[:2]
-            seen[name].append(all(t.is_contiguous(memory_format=torch.channels_last) for t in operands))
-            return fn(*args)
-        return call
-    monkeypatch.setattr(runtime, "resolve_target", recording)
+    seen = record_conv_layouts(monkeypatch)
     runtime._relaid.clear()
     torch.manual_seed(0)
     eager = TinyResNet().cuda()

@@ -75,6 +75,29 @@ def _isolated(fresh_compiles, monkeypatch):
 
 
 @pytest.mark.usefixtures("_isolated")
+def record_conv_layouts(monkeypatch) -> dict[str, list[bool]]:
+    """For each convolution and convolution backward the plan runtime calls from now on, whether all
+    its tensor operands were channels-last (a list per op, in call order)."""
+    from fxcc.client import runtime
+
+    seen: dict[str, list[bool]] = {"convolution": [], "convolution_backward": []}
+    resolve = runtime.resolve_target
+
+    def recording(op: str, **kw):
+        fn = resolve(op, **kw)
+        name = (op.split(".") + [""])[1]
+        if name not in seen:
+            return fn
+
+        def call(*args):
+            operands = args[:3] if name == "convolution_backward" else args[:2]
+            seen[name].append(all(t.is_contiguous(memory_format=torch.channels_last) for t in operands))
+            return fn(*args)
+        return call
+    monkeypatch.setattr(runtime, "resolve_target", recording)
+    return seen
+
+
 def test_training_step_runs_all_but_convolutions_as_fxcc_kernels():
     fw, bw = train_both()
     assert externs(fw).count("aten.convolution.default") == 6
@@ -98,21 +121,7 @@ def test_channels_last_training_step_has_no_layout_conversion_between_convolutio
     monkeypatch.setenv("FXCC_CACHE_DIR", str(tmp_path / "channels-last"))  # the pass is not in the key
     monkeypatch.setattr(layout, "TARGETS", layout.TARGETS | {"interpret"})
     monkeypatch.setattr(layout, "DEVICES", layout.DEVICES | {"cpu"})
-    seen: dict[str, list[bool]] = {"convolution": [], "convolution_backward": []}
-    resolve = runtime.resolve_target
-
-    def recording(op: str, **kw):
-        fn = resolve(op, **kw)
-        name = (op.split(".") + [""])[1]
-        if name not in seen:
-            return fn
-
-        def call(*args):
-            operands = args[:3] if name == "convolution_backward" else args[:2]
-            seen[name].append(all(t.is_contiguous(memory_format=torch.channels_last) for t in operands))
-            return fn(*args)
-        return call
-    monkeypatch.setattr(runtime, "resolve_target", recording)
+    seen = record_conv_layouts(monkeypatch)
     runtime._relaid.clear()
     fw, bw = train_both()
     assert not runtime._relaid  # every extern result came out as the plan expected it
