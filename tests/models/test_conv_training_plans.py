@@ -74,7 +74,6 @@ def _isolated(fresh_compiles, monkeypatch):
     monkeypatch.setenv("FXCC_FALLBACK", "error")
 
 
-@pytest.mark.usefixtures("_isolated")
 def record_conv_layouts(monkeypatch) -> dict[str, list[bool]]:
     """For each convolution and convolution backward the plan runtime calls from now on, whether all
     its tensor operands were channels-last (a list per op, in call order)."""
@@ -98,6 +97,7 @@ def record_conv_layouts(monkeypatch) -> dict[str, list[bool]]:
     return seen
 
 
+@pytest.mark.usefixtures("_isolated")
 def test_training_step_runs_all_but_convolutions_as_fxcc_kernels():
     fw, bw = train_both()
     assert externs(fw).count("aten.convolution.default") == 6
