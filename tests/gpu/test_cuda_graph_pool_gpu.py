@@ -31,6 +31,25 @@ def _mlp(seed: int) -> nn.Module:
     return nn.Sequential(*layers, nn.Linear(1024, 8)).cuda().eval()
 
 
+def _pool_segments() -> list[str]:
+    """The shared pool's segments, each as its size and its blocks (MB, allocated or free): what an
+    assertion on the pool's growth prints, so that a failure on the card says where memory went."""
+    from fxcc.client.cuda_graphs import shared_pool
+
+    try:
+        pool = tuple(shared_pool(torch.device("cuda")).handle())
+        out = []
+        for seg in torch.cuda.memory_snapshot():
+            if tuple(seg.get("segment_pool_id", ())) != pool:
+                continue
+            blocks = ", ".join(f"{b['size'] / MB:.2f}{'a' if b['state'] == 'active_allocated' else 'f'}"
+                               for b in seg.get("blocks", []))
+            out.append(f"{seg['total_size'] / MB:.2f} MB stream {seg.get('stream')}: [{blocks}]")
+        return out
+    except Exception as e:  # noqa: BLE001 - a diagnostic only: never the test's failure
+        return [f"no snapshot ({type(e).__name__}: {e})"]
+
+
 def _pool_growth(compiled, x) -> int:
     from fxcc.client.cuda_graphs import stats
 
@@ -50,9 +69,11 @@ def test_a_second_models_graph_takes_the_memory_of_the_firsts_temporaries():
     xb = torch.randn(4096, 1024, device="cuda")
     with torch.no_grad():
         grown_a = _pool_growth(fa, xa)
+        after_a = _pool_segments()
         grown_b = _pool_growth(fb, xb)
-        assert grown_a >= 16 * MB, (grown_a, grown_b)  # at least one activation lives in the pool
-        assert grown_b <= grown_a // 4, (grown_a, grown_b)  # b's temporaries fit in what a freed
+        seen = (grown_a, grown_b, after_a, _pool_segments())
+        assert grown_a >= 16 * MB, seen  # at least one activation lives in the pool
+        assert grown_b <= grown_a // 4, seen  # b's temporaries fit in what a freed
 
         # interleaved replays: each overwrites the other's temporaries, never a caller's output
         replays = stats.replays
