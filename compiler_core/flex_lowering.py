@@ -240,8 +240,7 @@ def flex_attention_backward(q: TensorValue, k: TensorValue, v: TensorValue, out:
     if has_full != (views["full_q_num_blocks"] is not None):
         raise UnsupportedOp("flex_attention_backward with full kv blocks but no full q blocks, or the reverse")
     vals = node_val()
-    qv, kv, vv, dov = (_dense(g, t) for t in (q, k, v, grad_out))
-    lsev = lse if isinstance(lse, StridedView) else g.realize(lse, contiguous_strides(lse.sizes))
+    qv, kv, vv, dov, lsev = (_dense(g, t) for t in (q, k, v, grad_out, lse))
     delta = _delta(g, out, grad_out, grad_lse)
     dq, dk, dv = (_new_buffer(g, stem, x) for stem, x in (("flex_dq", vals[0]), ("flex_dk", vals[1]),
                                                             ("flex_dv", vals[2])))
@@ -252,7 +251,7 @@ def flex_attention_backward(q: TensorValue, k: TensorValue, v: TensorValue, out:
     ints["do_off"] = dov.offset
     ints["do_sz"], ints["do_sh"], ints["do_sm"] = dov.strides[:3]
     ints["l_off"] = lsev.offset
-    ints["l_sz"], ints["l_sh"], ints["l_sm"] = lsev.strides[:3]
+    ints["l_sz"], ints["l_sh"] = lsev.strides[:2]
     for name, t, row in (("dq", dq, "m"), ("dk", dk, "n"), ("dv", dv, "n")):
         ints[f"{name}_sz"], ints[f"{name}_sh"], ints[f"{name}_s{row}"] = t.strides[:3]
     for prefix, num, idx, heads in (("kv", "kv_num_blocks", "kv_indices", c["heads"]),

@@ -36,6 +36,10 @@ def sliding(b, h, q, kv):
     return (q >= kv) & (q - kv <= 20)
 
 
+def sink_and_window(b, h, q, kv):
+    return (kv < 16) | ((q >= kv) & (q - kv < 160))  # block lists with gaps: block 0, then the window
+
+
 def late_rows(b, h, q, kv):
     return (q >= 8) & (kv <= q)  # rows 0..7 keep no key at all
 
@@ -180,6 +184,23 @@ def test_a_mod_the_template_cannot_render_runs_flex_attention_eagerly():
     flex_steps = [s for s in _artifact(forward).manifest.plan.steps if isinstance(s, ExternStep) and s.flex]
     assert len(flex_steps) == 1 and flex_steps[0].flex.kind == "forward"
     assert forward.stats.kernels == 2  # sin and cos still fused kernels around it
+
+
+def test_block_lists_with_gaps_and_two_tiles_per_block():
+    """The block walk jumps between listed blocks that are not neighbours (an attention sink and a
+    window) and steps through each listed block in two tiles (sparse blocks of 64, tiles of 32), in
+    the forward's kv lists and the backward's kv and q lists, partial and full."""
+    mask = create_block_mask(sink_and_window, 1, 2, 512, 512, device="cpu", BLOCK_SIZE=64)
+    listed = mask.kv_num_blocks[0, 0, -1] + mask.full_kv_num_blocks[0, 0, -1]
+    assert listed == 5 and mask.full_kv_num_blocks.sum() > 0  # the last row lists blocks 0 and 4 to 7
+
+    def fn(q, k, v):
+        return flex_attention(q, k, v, block_mask=mask, score_mod=alibi)
+
+    got, want = _run(fn, _inputs(1, 2, 2, 512, 16))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert [_flex_launches(e) for e in _events()] == [1, 1]
 
 
 def test_lengths_that_are_no_multiple_of_the_tiles_backward():
