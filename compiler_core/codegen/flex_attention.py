@@ -92,6 +92,37 @@ class FlexParams:
     sparse_q: int  # the block mask's Q_BLOCK_SIZE and KV_BLOCK_SIZE
     sparse_kv: int
     n_stats: int = 1  # forward: logsumexp only (1) or logsumexp and max_scores (2)
+    tiles: tuple[tuple[str, int], ...] = ()  # the launch config the user's kernel_options set (tile_options)
+
+
+TILE_OPTIONS = {"forward": ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"),
+                "backward": ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "num_warps", "num_stages")}
+WARPS = (1, 2, 4, 8, 16)
+MAX_STAGES = 8
+
+
+def tile_options(kernel_options: dict[str, Any], kind: str) -> tuple[tuple[str, int], ...]:
+    """The launch config a flex_attention call's kernel_options set for the `kind` kernel, as
+    Inductor reads them: BLOCK_M / BLOCK_N (forward), BLOCK_M1 / BLOCK_N1 / BLOCK_M2 / BLOCK_N2
+    (backward), num_warps, num_stages, each also as `fwd_NAME` / `bwd_NAME` for one kernel only
+    (which wins over NAME). Other options are not tiles and are left to eager's path. ValueError
+    for a block that is no power of two of at least 16, or warps or stages out of range."""
+    prefix = "fwd_" if kind == "forward" else "bwd_"
+    out = {}
+    for name in TILE_OPTIONS[kind]:
+        value = kernel_options.get(prefix + name, kernel_options.get(name))
+        if value is None:
+            continue
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if name.startswith("BLOCK"):
+            ok = whole and value >= 16 and not value & (value - 1)
+        else:
+            ok = whole and (value in WARPS if name == "num_warps" else 1 <= value <= MAX_STAGES)
+        if not ok:
+            raise ValueError(f"flex_attention kernel option {name}={value!r} is no block (a power of two >= 16), "
+                             f"warp count {WARPS} or stage count (1 to {MAX_STAGES})")
+        out[name] = value
+    return tuple(sorted(out.items()))
 
 
 @dataclass(frozen=True)
@@ -115,7 +146,7 @@ def _fit(block: int, sparse: int, length: int) -> int:
 
 def heuristic_config(params: FlexParams, q_len: int, kv_len: int, target: str) -> FlexConfig:
     """The launch config: Inductor's sm_90 defaults for flex on CUDA, small tiles in the interpreter
-    (whose cost is per element of a tile).
+    (whose cost is per element of a tile), less what the call's kernel_options set (params.tiles).
 
     Note: Inductor's (torch 2.11 to 2.13, template_heuristics/triton.py): forward
     h100_default_flex_config by (dtype, head dim), (64, 64, 4 warps, 3 stages) for a head dim it
@@ -126,29 +157,30 @@ def heuristic_config(params: FlexParams, q_len: int, kv_len: int, target: str) -
     """
     d = max(params.head_dim, params.value_dim)
     fp32 = params.dtype == torch.float32
-    sq, skv = params.sparse_q, params.sparse_kv
     if params.kind == "forward":
         if target != "cuda":
-            m, n, warps, stages = 32, 32, 4, 1
+            config = (32, 32, 4, 1)
         elif d < 64:  # no entry in Inductor's table: its default
-            m, n, warps, stages = 64, 64, 4, 3
+            config = (64, 64, 4, 3)
         elif fp32:
-            m, n, warps, stages = (128, 32, 4, 3) if d == 64 else (32, 64, 4, 3)
+            config = (128, 32, 4, 3) if d == 64 else (32, 64, 4, 3)
         else:
-            m, n, warps, stages = (128, 128, 4, 3) if d == 64 else (128, 64, 8, 3)
-        blocks = (("BLOCK_M", _fit(m, sq, q_len)), ("BLOCK_N", _fit(n, skv, kv_len)))
-        return FlexConfig(blocks, warps, stages)
-    if target != "cuda":
-        m1, n1, m2, n2, warps, stages = 32, 32, 32, 32, 4, 1
+            config = (128, 128, 4, 3) if d == 64 else (128, 64, 8, 3)
+    elif target != "cuda":
+        config = (32, 32, 32, 32, 4, 1)
     elif fp32:
-        m1, n1, m2, n2, warps, stages = 16, 16, 16, 16, 4, 1
+        config = (16, 16, 16, 16, 4, 1)
     elif d < 64:
-        m1, n1, m2, n2, warps, stages = 64, 64, 64, 64, 4, 3
+        config = (64, 64, 64, 64, 4, 3)
     else:
-        m1, n1, m2, n2, warps, stages = 64, 128, 128, 64, 8, 3
-    blocks = (("BLOCK_M1", _fit(m1, sq, q_len)), ("BLOCK_N1", _fit(n1, skv, kv_len)),
-              ("BLOCK_M2", _fit(m2, sq, q_len)), ("BLOCK_N2", _fit(n2, skv, kv_len)))
-    return FlexConfig(blocks, warps, stages)
+        config = (64, 128, 128, 64, 8, 3)
+    chosen = dict(zip(TILE_OPTIONS[params.kind], config)) | dict(params.tiles)
+    blocks = []
+    for name in TILE_OPTIONS[params.kind][:-2]:  # BLOCK_N*: keys, cut from KV_BLOCK_SIZE; BLOCK_M*: query rows
+        keys = name.startswith("BLOCK_N")
+        blocks.append((name, _fit(chosen[name], params.sparse_kv if keys else params.sparse_q,
+                                  kv_len if keys else q_len)))
+    return FlexConfig(tuple(blocks), chosen["num_warps"], chosen["num_stages"])
 
 
 def launch_grid(params: FlexParams, config: FlexConfig, sizes: dict[str, int]) -> list[int]:

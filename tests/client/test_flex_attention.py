@@ -256,3 +256,29 @@ def test_two_block_masks_of_one_shape_are_two_artifacts():
     events = _events()
     assert [e.source for e in events] == ["compiled-in-process"] * 4
     assert len({e.key for e in events}) == 4
+
+
+def test_kernel_options_set_the_tiles_and_a_bad_one_runs_eagerly():
+    """Inductor's tile options in kernel_options (a `bwd_` name for the backward only, winning over
+    the plain name) set the templates' launch configs; a block that is no power of two makes the
+    call an extern step. Both still match eager."""
+    mask = create_block_mask(sliding, 1, 2, 128, 128, device="cpu", BLOCK_SIZE=64)
+    options = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 2, "bwd_num_warps": 8, "BLOCK_M1": 16, "BLOCK_N2": 16}
+
+    def fn(q, k, v):
+        return flex_attention(q, k, v, block_mask=mask, kernel_options=options)
+
+    got, want = _run(fn, _inputs(1, 2, 2, 128, 16))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    kernels = [k for e in _events() for k in _artifact(e).manifest.kernels if k.name.startswith(KERNEL_PREFIX)]
+    assert [(k.constexprs, k.num_warps) for k in kernels] == [
+        ({"BLOCK_M": 16, "BLOCK_N": 64}, 2),
+        ({"BLOCK_M1": 16, "BLOCK_N1": 32, "BLOCK_M2": 32, "BLOCK_N2": 16}, 8)]
+
+    def odd(q, k, v):
+        return flex_attention(q, k, v, block_mask=mask, kernel_options={"BLOCK_M": 48})
+
+    got, want = _run(odd, _inputs(1, 2, 2, 128, 16), grad=False)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-4)
+    assert _events()[-1].stats.extern_ops == ["higher_order.flex_attention"]
