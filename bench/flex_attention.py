@@ -12,7 +12,10 @@ times as medians of triton.testing.do_bench (L2 flushed between runs), forward u
 forward+backward (`out.backward(grad)`, grads of q, k, v), with fxcc / Inductor as a ratio, fxcc's
 kernel counts and extern ops per graph, and fxcc's and eager's max errors against Inductor's results
 (fxcc's also per tensor: out, dq, dk, dv), each impl's first call on leaves without grads.
-`--quick`: the first shape only, fewer repetitions (a few minutes).
+`--quick`: the first shape only, fewer repetitions (a few minutes). `--kernel-options JSON`: flex_attention's
+kernel_options for every impl (Inductor and fxcc both read the tile ones: BLOCK_M, BLOCK_N, BLOCK_M1, BLOCK_N1,
+BLOCK_M2, BLOCK_N2, num_warps, num_stages, each also as fwd_NAME / bwd_NAME), e.g.
+'{"bwd_BLOCK_M1": 32, "bwd_BLOCK_N2": 32}'.
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ def _max_err(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
 
 
-def run_case(shape: tuple[int, int, int, int], mask_name: str, rep: int) -> list[dict[str, Any]]:
+def run_case(shape: tuple[int, int, int, int], mask_name: str, rep: int,
+             kernel_options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     from fxcc.client import backend
@@ -61,12 +65,12 @@ def run_case(shape: tuple[int, int, int, int], mask_name: str, rep: int) -> list
     inductor_flex = torch.compile(flex_attention)
 
     def fxcc_fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return flex_attention(q, k, v, block_mask=block_mask)
+        return flex_attention(q, k, v, block_mask=block_mask, kernel_options=kernel_options)
 
     fxcc = torch.compile(fxcc_fn, backend="fxcc")
     impls = {
         "fxcc": fxcc,
-        "inductor": lambda q, k, v: inductor_flex(q, k, v, block_mask=block_mask),
+        "inductor": lambda q, k, v: inductor_flex(q, k, v, block_mask=block_mask, kernel_options=kernel_options),
         "eager": lambda q, k, v: flex_attention(q, k, v, block_mask=block_mask),
     }
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -126,6 +130,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="directory for h200-flex-attention.json")
     parser.add_argument("--quick", action="store_true", help="the first shape only, fewer repetitions")
+    parser.add_argument("--kernel-options", type=json.loads, default=None,
+                        help="flex_attention kernel_options (JSON) for fxcc and Inductor, e.g. tiles")
     args = parser.parse_args()
     os.environ.setdefault("FXCC_FALLBACK", "error")
     if not torch.cuda.is_available():
@@ -138,11 +144,12 @@ def main() -> None:
     for shape in shapes:
         for mask_name in MASKS:
             torch._dynamo.reset()
-            rows += run_case(shape, mask_name, rep)
+            rows += run_case(shape, mask_name, rep, args.kernel_options)
     args.out.mkdir(parents=True, exist_ok=True)
     result = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-        "fxcc_cuda_graphs": os.environ.get("FXCC_CUDA_GRAPHS", "default"), "rows": rows,
+        "fxcc_cuda_graphs": os.environ.get("FXCC_CUDA_GRAPHS", "default"), "kernel_options": args.kernel_options,
+        "rows": rows,
         "worst_fxcc_vs_inductor": max(r["fxcc_vs_inductor"] for r in rows),
     }
     path = args.out / "h200-flex-attention.json"

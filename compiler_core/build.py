@@ -111,12 +111,16 @@ def build_tasks(artifact: Artifact, request: CompileRequest, arch: int,
     return tasks
 
 
+def _task_kernel(task: BuildTask) -> tuple[KernelInfo, KernelSignature]:
+    info = KernelInfo(name=task.name, source=BlobRef(digest="0" * 64, size=len(task.source)),
+                      num_warps=task.num_warps, num_stages=task.num_stages, constexprs=task.constexprs)
+    return info, KernelSignature(task.types, frozenset(task.divisible16))
+
+
 def build_kernel(task: BuildTask) -> BuiltKernel:
     """Build one task here (a temporary folder holds its source: triton.jit reads the file). A
     kernel that Triton cannot build gives a BuiltKernel with the reason, not an exception."""
-    info = KernelInfo(name=task.name, source=BlobRef(digest="0" * 64, size=len(task.source)),
-                      num_warps=task.num_warps, num_stages=task.num_stages, constexprs=task.constexprs)
-    sig = KernelSignature(task.types, frozenset(task.divisible16))
+    info, sig = _task_kernel(task)
     try:
         with tempfile.TemporaryDirectory(prefix="fxcc-build-") as tmp:
             fn = _jit_function(info, task.source.encode(), Path(tmp))
@@ -156,8 +160,16 @@ def apply_builds(artifact: Artifact, arch: int, built: dict[str, BuiltKernel]) -
                     value_dtypes=artifact.value_dtypes)
 
 
-def compile_cubin(fn: Any, info: KernelInfo, sig: KernelSignature, arch: int) -> tuple[bytes, dict[str, int | str]]:
-    """Compile the @triton.jit `fn` for sm_`arch`; the cubin and its launch metadata."""
+def compile_task(task: BuildTask) -> Any:
+    """Triton's compiled kernel of one task, whose `asm` holds every stage (ttir, ttgir, ptx, cubin):
+    a look at what a build makes (tests check the pipelining of templates in its ttgir)."""
+    info, sig = _task_kernel(task)
+    with tempfile.TemporaryDirectory(prefix="fxcc-build-") as tmp:
+        return compile_triton(_jit_function(info, task.source.encode(), Path(tmp)), info, sig, task.arch)
+
+
+def compile_triton(fn: Any, info: KernelInfo, sig: KernelSignature, arch: int) -> Any:
+    """Triton's compiled kernel of the @triton.jit `fn` for sm_`arch`, specialised as `sig` says."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -176,11 +188,20 @@ def compile_cubin(fn: Any, info: KernelInfo, sig: KernelSignature, arch: int) ->
         constexprs[(i,)] = info.constexprs[name]
     attrs = {(i,): [["tt.divisibility", 16]] for i in sorted(sig.divisible16)}
     src = ASTSource(fn, signature, constexprs, attrs)
-    t0 = time.perf_counter()
     with TRITON_LOCK, _library_jitted(), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # knob-default notices from newer Tritons
-        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                                  options={"num_warps": info.num_warps, "num_stages": info.num_stages})
+        return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                              options={"num_warps": info.num_warps, "num_stages": info.num_stages})
+
+
+def compile_cubin(fn: Any, info: KernelInfo, sig: KernelSignature, arch: int) -> tuple[bytes, dict[str, int | str]]:
+    """Compile the @triton.jit `fn` for sm_`arch`; the cubin and its launch metadata."""
+    import triton
+
+    params = list(fn.arg_names)
+    nargs = len(sig.types)
+    t0 = time.perf_counter()
+    compiled = compile_triton(fn, info, sig, arch)
     md = compiled.metadata._asdict()
     _check_launchable(md, info.name)
     built: dict[str, int | str] = {k: int(md.get(k) or 0) for k in _METADATA_INTS}

@@ -163,6 +163,10 @@ def _common(q: TensorValue, k: TensorValue, v: TensorValue, block: list[Any], sc
     sparse_q, sparse_kv = int(fake_block.q_block), int(fake_block.kv_block)
     if any(s < 16 or s & (s - 1) for s in (sparse_q, sparse_kv)):
         raise UnsupportedOp(f"flex_attention template takes no block sizes {sparse_q}, {sparse_kv}")
+    try:
+        tiles = template.tile_options(flex.kernel_options, kind)
+    except ValueError as e:
+        raise UnsupportedOp(str(e)) from None
     tensors = dict(zip(("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks",
                         "q_indices", "full_q_num_blocks", "full_q_indices"), block[2:10]))
     views = {name: (None if t is None else _dense(g, t)) for name, t in tensors.items()}
@@ -177,7 +181,8 @@ def _common(q: TensorValue, k: TensorValue, v: TensorValue, block: list[Any], sc
         joint = lower_mod(flex.joint, (*MOD_REGISTERS, template.GRAD), score_ptrs, "jm", target, torch.float32)
     return {"g": g, "flex": flex, "views": views, "bufs": bufs, "score": score, "mask": mask, "joint": joint,
             "batch": batch, "heads": heads, "kv_heads": kv_heads, "q_len": q_len, "kv_len": kv_len,
-            "head_dim": int(head_dim), "value_dim": int(value_dim), "sparse_q": sparse_q, "sparse_kv": sparse_kv}
+            "head_dim": int(head_dim), "value_dim": int(value_dim), "sparse_q": sparse_q, "sparse_kv": sparse_kv,
+            "tiles": tiles}
 
 
 def _dense_any(g: GraphLowering, value: TensorValue) -> StridedView:
@@ -211,7 +216,8 @@ def flex_attention(q: TensorValue, k: TensorValue, v: TensorValue, block: list[A
     has_full = views["full_kv_num_blocks"] is not None
     params = template.FlexParams(
         "forward", c["head_dim"], c["value_dim"], q.dtype, float(scale), c["heads"] // c["kv_heads"], c["score"],
-        c["mask"], None, has_full, len(score_bufs), len(mask_bufs), c["sparse_q"], c["sparse_kv"], len(vals) - 1)
+        c["mask"], None, has_full, len(score_bufs), len(mask_bufs), c["sparse_q"], c["sparse_kv"], len(vals) - 1,
+        c["tiles"])
     ints = _qkv_ints(qv, kv, vv)
     ints["o_sz"], ints["o_sh"], ints["o_sm"] = outs[0].strides[:3]
     ints |= _mask_ints("kv", views["kv_num_blocks"], views["kv_indices"], c["batch"], c["heads"])
@@ -240,19 +246,19 @@ def flex_attention_backward(q: TensorValue, k: TensorValue, v: TensorValue, out:
     if has_full != (views["full_q_num_blocks"] is not None):
         raise UnsupportedOp("flex_attention_backward with full kv blocks but no full q blocks, or the reverse")
     vals = node_val()
-    qv, kv, vv, dov = (_dense(g, t) for t in (q, k, v, grad_out))
-    lsev = lse if isinstance(lse, StridedView) else g.realize(lse, contiguous_strides(lse.sizes))
+    qv, kv, vv, dov, lsev = (_dense(g, t) for t in (q, k, v, grad_out, lse))
     delta = _delta(g, out, grad_out, grad_lse)
     dq, dk, dv = (_new_buffer(g, stem, x) for stem, x in (("flex_dq", vals[0]), ("flex_dk", vals[1]),
                                                             ("flex_dv", vals[2])))
     params = template.FlexParams(
         "backward", c["head_dim"], c["value_dim"], q.dtype, float(scale), c["heads"] // c["kv_heads"], c["score"],
-        c["mask"], c["joint"], has_full, len(score_bufs), len(mask_bufs), c["sparse_q"], c["sparse_kv"])
+        c["mask"], c["joint"], has_full, len(score_bufs), len(mask_bufs), c["sparse_q"], c["sparse_kv"],
+        tiles=c["tiles"])
     ints = _qkv_ints(qv, kv, vv)
     ints["do_off"] = dov.offset
     ints["do_sz"], ints["do_sh"], ints["do_sm"] = dov.strides[:3]
     ints["l_off"] = lsev.offset
-    ints["l_sz"], ints["l_sh"], ints["l_sm"] = lsev.strides[:3]
+    ints["l_sz"], ints["l_sh"] = lsev.strides[:2]
     for name, t, row in (("dq", dq, "m"), ("dk", dk, "n"), ("dv", dv, "n")):
         ints[f"{name}_sz"], ints[f"{name}_sh"], ints[f"{name}_s{row}"] = t.strides[:3]
     for prefix, num, idx, heads in (("kv", "kv_num_blocks", "kv_indices", c["heads"]),

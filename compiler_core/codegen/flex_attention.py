@@ -15,9 +15,23 @@ together, and read its q, k, v and dO while they are in L2). The first each own 
 each query head of their group and each query block the transposed block mask lists
 (q_indices / full_q_indices) they recompute P^T from q, k and logsumexp and accumulate
 dV += P^T dO and dK += dS^T Q; the others own BLOCK_M2 query rows and accumulate dQ += dS K over
-the kv blocks, where dS = joint(P * (dP - delta)) * scale and delta
-(rowsum(out * dO), less the logsumexp's gradient) is computed beforehand by fxcc's own fused
-reduction. dS is rounded to the input dtype before its matmuls, as eager's backward rounds it.
+the kv blocks, where dS = joint(P * (dP - delta)) and delta (rowsum(out * dO), less the
+logsumexp's gradient) is computed beforehand by fxcc's own fused reduction; dK and dQ are
+multiplied by the scale once, after their loops. dS is rounded to the input dtype before its
+matmuls, as eager's backward rounds it.
+
+Note: the backward is Inductor's algorithm (torch/_inductor/kernel/flex/templates/
+flex_backwards.py.jinja, torch 2.11 to 2.13) at its sm_90 tiles (heuristic_config): one launch of
+dk/dv then dq programs per (batch, kv head), k and v (or q and dO) held for the whole walk, P
+recomputed from the logsumexp, dV += P^T dO, dK += dS^T Q, dQ += dS K, no TMA (Inductor's default
+leaves it off on CUDA), the scale applied to dK and dQ once (fxcc had scaled each dS tile: a
+multiply of every element per trip). Each block walk carries its tile's index from trip to trip
+(_block_loop), as Inductor's does; fxcc's had loaded each trip's block index in that trip, and
+Triton pipelined the full-block loops (a causal mask's bulk) one tile deep only. The logsumexp
+rows are dense (the lowering lays them out so), so their loads vectorise, as Inductor's do. Left
+different: Inductor's grid is (programs, batch, kv head), fxcc's one axis in the same order per
+head; Inductor loads two block indices per trip, fxcc one; with no score_mod the scores' scale
+and log2(e) are one multiply (as fxcc's forward), where Inductor multiplies twice.
 
 Tensors are addressed by base pointer + offset + z * s_z + h * s_h + row * s_row + d, every
 offset and stride a kernel argument (the innermost dim dense); a block mask of batch or head 1
@@ -53,7 +67,7 @@ def _mask_args(prefix: str) -> tuple[str, ...]:
 FWD_INTS = ("q_off", "q_sz", "q_sh", "q_sm", "k_off", "k_sz", "k_sh", "k_sn", "v_off", "v_sz", "v_sh", "v_sn",
             "o_sz", "o_sh", "o_sm", *_mask_args("kv"), *_mask_args("fkv"), "batch", "heads", "q_len", "kv_len")
 BWD_INTS = ("q_off", "q_sz", "q_sh", "q_sm", "k_off", "k_sz", "k_sh", "k_sn", "v_off", "v_sz", "v_sh", "v_sn",
-            "do_off", "do_sz", "do_sh", "do_sm", "l_off", "l_sz", "l_sh", "l_sm",
+            "do_off", "do_sz", "do_sh", "do_sm", "l_off", "l_sz", "l_sh",
             "dq_sz", "dq_sh", "dq_sm", "dk_sz", "dk_sh", "dk_sn", "dv_sz", "dv_sh", "dv_sn",
             *_mask_args("kv"), *_mask_args("fkv"), *_mask_args("q"), *_mask_args("fq"),
             "batch", "heads", "kv_heads", "q_len", "kv_len")
@@ -78,6 +92,37 @@ class FlexParams:
     sparse_q: int  # the block mask's Q_BLOCK_SIZE and KV_BLOCK_SIZE
     sparse_kv: int
     n_stats: int = 1  # forward: logsumexp only (1) or logsumexp and max_scores (2)
+    tiles: tuple[tuple[str, int], ...] = ()  # the launch config the user's kernel_options set (tile_options)
+
+
+TILE_OPTIONS = {"forward": ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"),
+                "backward": ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "num_warps", "num_stages")}
+WARPS = (1, 2, 4, 8, 16)
+MAX_STAGES = 8
+
+
+def tile_options(kernel_options: dict[str, Any], kind: str) -> tuple[tuple[str, int], ...]:
+    """The launch config a flex_attention call's kernel_options set for the `kind` kernel, as
+    Inductor reads them: BLOCK_M / BLOCK_N (forward), BLOCK_M1 / BLOCK_N1 / BLOCK_M2 / BLOCK_N2
+    (backward), num_warps, num_stages, each also as `fwd_NAME` / `bwd_NAME` for one kernel only
+    (which wins over NAME). Other options are not tiles and are left to eager's path. ValueError
+    for a block that is no power of two of at least 16, or warps or stages out of range."""
+    prefix = "fwd_" if kind == "forward" else "bwd_"
+    out = {}
+    for name in TILE_OPTIONS[kind]:
+        value = kernel_options.get(prefix + name, kernel_options.get(name))
+        if value is None:
+            continue
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if name.startswith("BLOCK"):
+            ok = whole and value >= 16 and not value & (value - 1)
+        else:
+            ok = whole and (value in WARPS if name == "num_warps" else 1 <= value <= MAX_STAGES)
+        if not ok:
+            raise ValueError(f"flex_attention kernel option {name}={value!r} is no block (a power of two >= 16), "
+                             f"warp count {WARPS} or stage count (1 to {MAX_STAGES})")
+        out[name] = value
+    return tuple(sorted(out.items()))
 
 
 @dataclass(frozen=True)
@@ -100,31 +145,42 @@ def _fit(block: int, sparse: int, length: int) -> int:
 
 
 def heuristic_config(params: FlexParams, q_len: int, kv_len: int, target: str) -> FlexConfig:
-    """The launch config: Inductor's sm90 defaults for flex (H100 table) on CUDA, small tiles in the
-    interpreter (whose cost is per element of a tile)."""
+    """The launch config: Inductor's sm_90 defaults for flex on CUDA, small tiles in the interpreter
+    (whose cost is per element of a tile), less what the call's kernel_options set (params.tiles).
+
+    Note: Inductor's (torch 2.11 to 2.13, template_heuristics/triton.py): forward
+    h100_default_flex_config by (dtype, head dim), (64, 64, 4 warps, 3 stages) for a head dim it
+    does not list; backward the "sm90" FlexBwDConfig, (BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2)
+    64/64/64/64 on 4 warps below head dim 64, 64/128/128/64 on 8 warps up to 128, 3 stages, and
+    16/16/16/16 on 4 warps and 1 stage for fp32. Inductor keys on the qk head dim, fxcc on the
+    larger of it and the value dim.
+    """
     d = max(params.head_dim, params.value_dim)
     fp32 = params.dtype == torch.float32
-    sq, skv = params.sparse_q, params.sparse_kv
     if params.kind == "forward":
         if target != "cuda":
-            m, n, warps, stages = 32, 32, 4, 1
+            config = (32, 32, 4, 1)
+        elif d < 64:  # no entry in Inductor's table: its default
+            config = (64, 64, 4, 3)
         elif fp32:
-            m, n, warps, stages = (128, 32, 4, 3) if d <= 64 else (32, 64, 4, 3)
+            config = (128, 32, 4, 3) if d == 64 else (32, 64, 4, 3)
         else:
-            m, n, warps, stages = (128, 128, 4, 3) if d <= 64 else (128, 64, 8, 3)
-        blocks = (("BLOCK_M", _fit(m, sq, q_len)), ("BLOCK_N", _fit(n, skv, kv_len)))
-        return FlexConfig(blocks, warps, stages)
-    if target != "cuda":
-        m1, n1, m2, n2, warps, stages = 32, 32, 32, 32, 4, 1
+            config = (128, 128, 4, 3) if d == 64 else (128, 64, 8, 3)
+    elif target != "cuda":
+        config = (32, 32, 32, 32, 4, 1)
     elif fp32:
-        m1, n1, m2, n2, warps, stages = 16, 16, 16, 16, 4, 1
+        config = (16, 16, 16, 16, 4, 1)
     elif d < 64:
-        m1, n1, m2, n2, warps, stages = 64, 64, 64, 64, 4, 3
+        config = (64, 64, 64, 64, 4, 3)
     else:
-        m1, n1, m2, n2, warps, stages = 64, 128, 128, 64, 8, 3
-    blocks = (("BLOCK_M1", _fit(m1, sq, q_len)), ("BLOCK_N1", _fit(n1, skv, kv_len)),
-              ("BLOCK_M2", _fit(m2, sq, q_len)), ("BLOCK_N2", _fit(n2, skv, kv_len)))
-    return FlexConfig(blocks, warps, stages)
+        config = (64, 128, 128, 64, 8, 3)
+    chosen = dict(zip(TILE_OPTIONS[params.kind], config)) | dict(params.tiles)
+    blocks = []
+    for name in TILE_OPTIONS[params.kind][:-2]:  # BLOCK_N*: keys, cut from KV_BLOCK_SIZE; BLOCK_M*: query rows
+        keys = name.startswith("BLOCK_N")
+        blocks.append((name, _fit(chosen[name], params.sparse_kv if keys else params.sparse_q,
+                                  kv_len if keys else q_len)))
+    return FlexConfig(tuple(blocks), chosen["num_warps"], chosen["num_stages"])
 
 
 def launch_grid(params: FlexParams, config: FlexConfig, sizes: dict[str, int]) -> list[int]:
@@ -143,13 +199,26 @@ def _pointers(params: FlexParams, inputs: tuple[str, ...], outputs: tuple[str, .
 def _block_loop(pad: str, mask: str, sparse_other: int, tile: str, sub: int, lo_var: str, body: str,
                 head: str) -> str:
     """A flat loop over the `mask` (kv / fkv / q / fq) block list's tiles of one sparse block row:
-    `sub` tiles of `tile` per listed block (a constexpr), the tile's first index in `lo_var`."""
+    `sub` tiles of `tile` per listed block (a constexpr), the tile's first index in `lo_var`.
+
+    Note: `lo_var` is carried from trip to trip (one tile on, or after a block's last tile the next
+    listed block's first index, loaded one trip ahead), the walk of Inductor's
+    get_offset_for_next_block. A tile's address then depends on no load of its own trip, and
+    Triton's pipeliner prefetches num_stages - 1 tiles ahead in every loop. Where each trip loaded
+    its own block index, the pipeliner (Triton 3.6 and 3.9, sm_90) gave the second loop of a program
+    (the full blocks: most of a causal mask's work) two buffers and a wait for every copy at each
+    trip, so its loads stalled the MMAs.
+    """
+    step = (f"{pad}    {lo_var} = nxt * {sparse_other}\n" if sub == 1 else
+            f"{pad}    {lo_var} = tl.where((it + 1) % {sub} == 0, nxt * {sparse_other}, {lo_var} + {tile})\n")
     return (f"{pad}n_list = tl.load({mask.upper()}N + {mask}n_off + z * {mask}n_sz + {head} * {mask}n_sh + sblock)\n"
             f"{pad}idx_base = {mask.upper()}I + {mask}i_off + z * {mask}i_sz + {head} * {mask}i_sh + sblock * {mask}i_sq\n"
+            f"{pad}{lo_var} = tl.load(idx_base, mask=n_list > 0, other=0) * {sparse_other}\n"
             f"{pad}for it in range(0, n_list * {sub}):\n"
-            f"{pad}    listed = tl.load(idx_base + it // {sub})\n"
-            f"{pad}    {lo_var} = listed * {sparse_other} + (it % {sub}) * {tile}\n"
-            f"{body}")
+            f"{body}"
+            f"{pad}    nxt = tl.load(idx_base + it // {sub} + 1, mask=it // {sub} + 1 < n_list, other=0, "
+            f"eviction_policy=\"evict_last\")\n"
+            f"{step}")
 
 
 def _mods(params: FlexParams, pad: str, regs: dict[str, str], masked: bool) -> tuple[str, list[str]]:
@@ -197,6 +266,22 @@ def _dot(params: FlexParams, target: str) -> tuple[str, Any]:
     return dot, lambda a, b: f"tl.dot({a}, {b})"
 
 
+def _reads_score(mod: ModText) -> bool:
+    return any(f"@{SCORE}@" in text for text in (*mod.lines, mod.value))
+
+
+def _scores(params: FlexParams, pad: str, var: str, product: str, regs: dict[str, str], fold: bool) -> tuple[str, str]:
+    """(the statement setting `var` to the scores, the expression of the log2-scaled scores after score_mod).
+
+    Note: with no score_mod (and, backward, a joint graph that does not read the score), scale and
+    log2(e) fold into one multiply of the product, in the backward as in the forward, so that both
+    compute the same P.
+    """
+    if fold and _is_identity(params.score):
+        return f"{pad}{var} = {product}\n", f"{var} * {params.scale * LOG2E!r}"
+    return f"{pad}{var} = {product} * {params.scale!r}\n", f"({params.score.value_of(regs)}) * {LOG2E!r}"
+
+
 def _forward_body(params: FlexParams, masked: bool, dot: str, mm: Any, even_kv: bool) -> str:
     pad = " " * 8
     regs = {f"@{SCORE}@": "qk", f"@{BATCH}@": "off_b", f"@{HEAD}@": "off_h", f"@{Q_IDX}@": "m_idx",
@@ -209,11 +294,7 @@ def _forward_body(params: FlexParams, masked: bool, dot: str, mm: Any, even_kv: 
         k_mask, v_mask = ", mask=col_ok[None, :], other=0.0", ", mask=col_ok[:, None], other=0.0"
         terms = ["col_ok[None, :]", *terms]
     keep, where = _keep(pad, terms)
-    # Note: with no score_mod, scale and log2(e) fold into one multiply of the product.
-    if _is_identity(params.score):
-        scores, post = f"{pad}qk = {mm('q', 'kt')}\n", f"qk * {params.scale * LOG2E!r}"
-    else:
-        scores, post = f"{pad}qk = {mm('q', 'kt')} * {params.scale!r}\n", f"({params.score.value_of(regs)}) * {LOG2E!r}"
+    scores, post = _scores(params, pad, "qk", mm("q", "kt"), regs, fold=True)
     return (f"{pad}cols = start + tl.arange(0, BLOCK_N)\n"
             f"{bounds}"
             f"{pad}kt = tl.load(k_base + cols[None, :] * k_sn + dq[:, None]{k_mask})\n"
@@ -295,17 +376,18 @@ def _dkdv_body(params: FlexParams, masked: bool, dot: str, mm: Any, even: bool) 
         row_mask = ", mask=row_ok, other=0.0"
         terms = ["row_ok[None, :] & col_ok[:, None]", *terms]
     keep, where = _keep(pad, terms)
-    grad = f"({params.joint.value_of(regs)}) * {params.scale!r}"
+    grad = params.joint.value_of(regs)
+    scores, post = _scores(params, pad, "qkT", mm("k", "qt"), regs, fold=not _reads_score(params.joint))
     return (f"{pad}rows = start + tl.arange(0, BLOCK_M1)\n"
             f"{bounds}"
             f"{pad}qt = tl.load(q_base + rows[None, :] * q_sm + dq[:, None]{q_mask})\n"
-            f"{pad}lse = tl.load(l_base + rows * l_sm{row_mask})\n"
+            f"{pad}lse = tl.load(l_base + rows{row_mask})\n"
             f"{pad}lse = tl.where(lse == float(\"-inf\"), 0.0, lse)\n"
-            f"{pad}qkT = {mm('k', 'qt')} * {params.scale!r}\n"
+            f"{scores}"
             f"{pad}m_idx = rows[None, :]\n"
             f"{mods}"
             f"{keep}"
-            f"{pad}pT = tl.exp2({where.format(f'({params.score.value_of(regs)}) * {LOG2E!r}')} - lse[None, :])\n"
+            f"{pad}pT = tl.exp2({where.format(post)} - lse[None, :])\n"
             f"{pad}do = tl.load(do_base + rows[:, None] * do_sm + dv[None, :]{do_mask})\n"
             f"{pad}dv_acc += {mm(f'pT.to({dot})', 'do')}\n"
             f"{pad}di = tl.load(d_base + rows{row_mask})\n"
@@ -327,16 +409,17 @@ def _dq_body(params: FlexParams, masked: bool, dot: str, mm: Any, even: bool) ->
         kv_mask = ", mask=col_ok[None, :], other=0.0"
         terms = ["col_ok[None, :]", *terms]
     keep, where = _keep(pad, terms)
-    grad = f"({params.joint.value_of(regs)}) * {params.scale!r}"
+    grad = params.joint.value_of(regs)
+    scores, post = _scores(params, pad, "qk", mm("q", "kt"), regs, fold=not _reads_score(params.joint))
     return (f"{pad}cols = start + tl.arange(0, BLOCK_N2)\n"
             f"{bounds}"
             f"{pad}kt = tl.load(k_base + cols[None, :] * k_sn + dq[:, None]{kv_mask})\n"
             f"{pad}vt = tl.load(v_base + cols[None, :] * v_sn + dv[:, None]{kv_mask})\n"
-            f"{pad}qk = {mm('q', 'kt')} * {params.scale!r}\n"
+            f"{scores}"
             f"{pad}n_idx = cols[None, :]\n"
             f"{mods}"
             f"{keep}"
-            f"{pad}p = tl.exp2({where.format(f'({params.score.value_of(regs)}) * {LOG2E!r}')} - lse[:, None])\n"
+            f"{pad}p = tl.exp2({where.format(post)} - lse[:, None])\n"
             f"{pad}dp = {mm('do', 'vt')}\n"
             f"{pad}ds = p * (dp - di[:, None])\n"
             f"{params.joint.indented(pad, regs)}"
@@ -402,7 +485,7 @@ def render_backward(params: FlexParams, config: FlexConfig, q_len: int, kv_len: 
             f"            d_base = DELTA + (z * heads + hq) * q_len\n"
             f"{dkdv}"
             f"        tl.store(DK + z * dk_sz + hk * dk_sh + cols[:, None] * dk_sn + dq[None, :], "
-            f"dk_acc.to(DK.dtype.element_ty), mask=col_ok[:, None])\n"
+            f"(dk_acc * {params.scale!r}).to(DK.dtype.element_ty), mask=col_ok[:, None])\n"
             f"        tl.store(DV + z * dv_sz + hk * dv_sh + cols[:, None] * dv_sn + dv[None, :], "
             f"dv_acc.to(DV.dtype.element_ty), mask=col_ok[:, None])\n"
             f"    else:\n"
@@ -416,7 +499,7 @@ def render_backward(params: FlexParams, config: FlexConfig, q_len: int, kv_len: 
             f"mask=row_ok[:, None], other=0.0)\n"
             f"        do = tl.load(DO + do_off + z * do_sz + hq * do_sh + rows[:, None] * do_sm + dv[None, :], "
             f"mask=row_ok[:, None], other=0.0)\n"
-            f"        lse = tl.load(LSE + l_off + z * l_sz + hq * l_sh + rows * l_sm, mask=row_ok, other=0.0)\n"
+            f"        lse = tl.load(LSE + l_off + z * l_sz + hq * l_sh + rows, mask=row_ok, other=0.0)\n"
             f"        lse = tl.where(lse == float(\"-inf\"), 0.0, lse)\n"
             f"        di = tl.load(DELTA + (z * heads + hq) * q_len + rows, mask=row_ok, other=0.0)\n"
             f"        k_base = K + k_off + z * k_sz + hk * k_sh\n"
@@ -426,7 +509,7 @@ def render_backward(params: FlexParams, config: FlexConfig, q_len: int, kv_len: 
             f"        sblock = (tile * BLOCK_M2) // {params.sparse_q}\n"
             f"{dqs}"
             f"        tl.store(DQ + z * dq_sz + hq * dq_sh + rows[:, None] * dq_sm + dq[None, :], "
-            f"dq_acc.to(DQ.dtype.element_ty), mask=row_ok[:, None])\n")
+            f"(dq_acc * {params.scale!r}).to(DQ.dtype.element_ty), mask=row_ok[:, None])\n")
 
 
 def render_flex(params: FlexParams, config: FlexConfig, q_len: int, kv_len: int, target: str) -> tuple[str, str]:

@@ -36,6 +36,10 @@ def sliding(b, h, q, kv):
     return (q >= kv) & (q - kv <= 20)
 
 
+def sink_and_window(b, h, q, kv):
+    return (kv < 16) | ((q >= kv) & (q - kv < 160))  # block lists with gaps: block 0, then the window
+
+
 def late_rows(b, h, q, kv):
     return (q >= 8) & (kv <= q)  # rows 0..7 keep no key at all
 
@@ -182,6 +186,23 @@ def test_a_mod_the_template_cannot_render_runs_flex_attention_eagerly():
     assert forward.stats.kernels == 2  # sin and cos still fused kernels around it
 
 
+def test_block_lists_with_gaps_and_two_tiles_per_block():
+    """The block walk jumps between listed blocks that are not neighbours (an attention sink and a
+    window) and steps through each listed block in two tiles (sparse blocks of 64, tiles of 32), in
+    the forward's kv lists and the backward's kv and q lists, partial and full."""
+    mask = create_block_mask(sink_and_window, 1, 2, 512, 512, device="cpu", BLOCK_SIZE=64)
+    listed = mask.kv_num_blocks[0, 0, -1] + mask.full_kv_num_blocks[0, 0, -1]
+    assert listed == 5 and mask.full_kv_num_blocks.sum() > 0  # the last row lists blocks 0 and 4 to 7
+
+    def fn(q, k, v):
+        return flex_attention(q, k, v, block_mask=mask, score_mod=alibi)
+
+    got, want = _run(fn, _inputs(1, 2, 2, 512, 16))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert [_flex_launches(e) for e in _events()] == [1, 1]
+
+
 def test_lengths_that_are_no_multiple_of_the_tiles_backward():
     mask = create_block_mask(sliding, 1, 2, 80, 80, device="cpu", BLOCK_SIZE=32)
 
@@ -235,3 +256,29 @@ def test_two_block_masks_of_one_shape_are_two_artifacts():
     events = _events()
     assert [e.source for e in events] == ["compiled-in-process"] * 4
     assert len({e.key for e in events}) == 4
+
+
+def test_kernel_options_set_the_tiles_and_a_bad_one_runs_eagerly():
+    """Inductor's tile options in kernel_options (a `bwd_` name for the backward only, winning over
+    the plain name) set the templates' launch configs; a block that is no power of two makes the
+    call an extern step. Both still match eager."""
+    mask = create_block_mask(sliding, 1, 2, 128, 128, device="cpu", BLOCK_SIZE=64)
+    options = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 2, "bwd_num_warps": 8, "BLOCK_M1": 16, "BLOCK_N2": 16}
+
+    def fn(q, k, v):
+        return flex_attention(q, k, v, block_mask=mask, kernel_options=options)
+
+    got, want = _run(fn, _inputs(1, 2, 2, 128, 16))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    kernels = [k for e in _events() for k in _artifact(e).manifest.kernels if k.name.startswith(KERNEL_PREFIX)]
+    assert [(k.constexprs, k.num_warps) for k in kernels] == [
+        ({"BLOCK_M": 16, "BLOCK_N": 64}, 2),
+        ({"BLOCK_M1": 16, "BLOCK_N1": 32, "BLOCK_M2": 32, "BLOCK_N2": 16}, 8)]
+
+    def odd(q, k, v):
+        return flex_attention(q, k, v, block_mask=mask, kernel_options={"BLOCK_M": 48})
+
+    got, want = _run(odd, _inputs(1, 2, 2, 128, 16), grad=False)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-4)
+    assert _events()[-1].stats.extern_ops == ["higher_order.flex_attention"]

@@ -156,12 +156,34 @@ def test_the_mods_are_in_the_key(spec):
     assert key(_with_flex(spec, mask_mod=renamed)) == key(spec)
 
 
+def _mma_loop_waits(ttgir: str) -> list[list[int]]:
+    """For each innermost scf.for of `ttgir` that runs an MMA (sm_90's warp_group_dot), the number
+    of copies each async wait in its body leaves in flight."""
+    loops, stack = [], []
+    for line in ttgir.splitlines():
+        indent = len(line) - len(line.lstrip())
+        while stack and indent <= stack[-1][0] and line.strip().startswith("}"):
+            _, waits, mma = stack.pop()
+            if mma:
+                loops.append(waits)
+        if "scf.for " in line:
+            stack.append((indent, [], False))
+        elif stack and "ttng.warp_group_dot " in line:
+            stack[-1] = (*stack[-1][:2], True)
+        elif stack and "ttg.async_wait" in line:
+            stack[-1][1].append(int(line.split("num = ")[1].split(" ")[0]))
+    return loops
+
+
 def test_the_cuda_templates_build_for_sm90(monkeypatch):
     """The forward and backward templates at the tiles they take on CUDA (bf16, head dim 64: 128x128
-    forward tiles, 64/128/128/64 backward ones) cross-compile to sm_90 cubins."""
+    forward tiles, 64/128/128/64 backward ones) cross-compile to sm_90 cubins, and Triton pipelines
+    every block walk: each loop's wait for its copies leaves the next tiles' in flight (the walk
+    that loaded each trip's block index in that trip got, in the full-block loops, one buffer
+    ahead and a wait for every copy)."""
     import torch.nn.attention.flex_attention as flex_module
 
-    from fxcc.compiler_core.build import build_artifact
+    from fxcc.compiler_core.build import build_artifact, build_tasks, compile_task
     from fxcc.compiler_core.codegen.flex_attention import KERNEL_PREFIX
     from fxcc.compiler_core.wire import CompileOptions, Target
 
@@ -182,8 +204,14 @@ def test_the_cuda_templates_build_for_sm90(monkeypatch):
     assert len(specs) == 2
     for spec in specs:
         request = CompileRequest(graph=spec, options=CompileOptions(target=Target(kind="cuda", arch=90)))
-        built = build_artifact(compile_request(request), request, 90)
+        art = compile_request(request)
+        built = build_artifact(art, request, 90)
         (flex,) = [k for k in built.manifest.kernels if k.name.startswith(KERNEL_PREFIX)]
         assert "sm_90" in flex.binaries, flex.metadata
         assert flex.constexprs in ({"BLOCK_M": 128, "BLOCK_N": 128},
                                    {"BLOCK_M1": 64, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 64})
+        (task,) = [t for t in build_tasks(art, request, 90) if t.name == flex.name]
+        loops = _mma_loop_waits(compile_task(task).asm["ttgir"])
+        # forward: the kv and full kv walks; backward: q, full q (dk/dv) and kv, full kv (dq)
+        assert len(loops) == (2 if "BLOCK_M" in flex.constexprs else 4), loops
+        assert all(waits and min(waits) > 0 for waits in loops), loops
