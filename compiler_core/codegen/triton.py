@@ -17,7 +17,15 @@ import torch
 from fxcc.compiler_core.errors import CodegenError
 from fxcc.compiler_core.ir.nodes import ComputedBuffer, Reduction, body_reads
 from fxcc.compiler_core.ir.ops import OpsHandler, compute_dtype, result_dtype, use_handler
-from fxcc.compiler_core.scheduler import Coords, Kernel, kernel_index, node_coords, run_body, store_index
+from fxcc.compiler_core.scheduler import (
+    Coords,
+    Kernel,
+    kernel_index,
+    loopable,
+    node_coords,
+    run_body,
+    store_index,
+)
 from fxcc.compiler_core.sizevars import RINDEX, XINDEX, Expr, FloorDiv, render_index
 from fxcc.compiler_core.symbolic import hint, is_symbolic, size_symbols_of
 from fxcc.compiler_core.target import capabilities
@@ -407,13 +415,18 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str,
     args |= {name: f"out_ptr{i}" for i, name in enumerate(stores)}
     h = TritonHandler(target, kernel, args, {name: buffers[name].dtype for name in loads})
     reduction = kernel.rnumel != 1
+    placed = [(node, node_coords(node, kernel.xnumel, kernel.rnumel, kernel.partition)) for node in kernel.nodes]
+    for node, coords in placed:
+        if coords is None:
+            raise CodegenError(f"{node.name} does not fit its kernel")
+    if looped and not loopable(kernel):
+        raise CodegenError(f"kernel of {kernel.nodes[0].name} has no looped form")
     with use_handler(h):
-        for node in kernel.nodes:
-            coords = node_coords(node, kernel.xnumel, kernel.rnumel, kernel.partition)
-            if coords is None:
-                raise CodegenError(f"{node.name} does not fit its kernel")
+        if looped:
+            _looped_reductions(h, [(n, c) for n, c in placed if n.is_reduction()])
+        for node, coords in placed:
             if looped and node.is_reduction():
-                value = _looped_reduction(h, node, coords)
+                value = h.registers[node.name]
             else:
                 value = run_body(node, coords)
                 if isinstance(node.data, Reduction):
@@ -488,29 +501,35 @@ def _identity(rtype: str, dtype: torch.dtype) -> str:
     return str(info.min if rtype == "max" else info.max)
 
 
-def _looped_reduction(h: TritonHandler, node: ComputedBuffer, coords: Coords) -> TVal:
-    """A reduction over a row too long for registers: accumulate RBLOCK at a time, then reduce."""
-    assert isinstance(node.data, Reduction)
-    rtype = node.data.reduction_type
+def _looped_reductions(h: TritonHandler, nodes: list[tuple[ComputedBuffer, Coords]]) -> None:
+    """A looped kernel's reductions, each row RBLOCK at a time in one shared `for roffset` loop
+    (one accumulator each, their bodies' loads emitted once), then reduced across the tile; their
+    values go to `h.registers`."""
     outer = h.lines
     h.lines = []
     saved = dict(h.cse)
-    value = run_body(node, coords)
+    values = [run_body(node, coords) for node, coords in nodes]
     inner = h.lines
     h.lines, h.cse = outer, saved
-    acc = f"acc{h.counter}"
-    h.counter += 1
-    ident = _identity(rtype, value.dtype)
-    outer.append(f"{acc} = tl.full([XBLOCK, RBLOCK], {ident}, {TL_DTYPES[value.dtype]})")
-    outer.append("for roffset in range(0, rnumel, RBLOCK):")
     rmask = ("rmask = tl.full([1, RBLOCK], True, tl.int1)" if tiles_evenly(h.kernel.rnumel, RBLOCK_MAX)
              else "rmask = rindex < rnumel")
-    loop = ["rindex = roffset + tl.arange(0, RBLOCK)[None, :]", rmask, *inner,
-            f"{acc} = tl.where(xmask & rmask, {COMBINE[rtype].format(acc, value.text)}, {acc})"]
+    loop = ["rindex = roffset + tl.arange(0, RBLOCK)[None, :]", rmask, *inner]
+    accs: dict[str, str] = {}  # node -> accumulator
+    for (node, _), value in zip(nodes, values):
+        assert isinstance(node.data, Reduction)
+        rtype = node.data.reduction_type
+        acc = accs[node.name] = f"acc{h.counter}"
+        h.counter += 1
+        outer.append(f"{acc} = tl.full([XBLOCK, RBLOCK], {_identity(rtype, value.dtype)}, {TL_DTYPES[value.dtype]})")
+        loop.append(f"{acc} = tl.where(xmask & rmask, {COMBINE[rtype].format(acc, value.text)}, {acc})")
+    outer.append("for roffset in range(0, rnumel, RBLOCK):")
     outer.extend(f"    {line}" for line in loop)
-    if rtype == "sum":
-        return h.emit(f"tl.sum({acc}, 1)[:, None]", value.dtype)
-    return h.emit(f"tl.reduce({acc}, 1, _fxcc_{rtype})[:, None]", value.dtype)
+    for (node, _), value in zip(nodes, values):
+        rtype = node.data.reduction_type
+        acc = accs[node.name]
+        total = (f"tl.sum({acc}, 1)[:, None]" if rtype == "sum"
+                 else f"tl.reduce({acc}, 1, _fxcc_{rtype})[:, None]")
+        h.registers[node.name] = h.emit(total, value.dtype)
 
 
 def _needs_int64(kernel: Kernel, buffers: dict[str, Any], names: list[str]) -> bool:

@@ -164,3 +164,15 @@ def test_split_kernels_build_for_sm90(layer2_bn_spec: GraphSpec, tmp_path: Path)
     assert sum(name.startswith("fxcc_red_") for name, _, _ in kernels) >= 4
     for name, error, built in kernels:
         assert error is None and built, (name, error)
+
+
+def test_sibling_split_reductions_share_their_stages(tiny_gpu: None) -> None:
+    """A batch-norm backward's two sums over one channels-last activation: both first stages in one
+    kernel (g loaded once), both second stages in another."""
+    torch.manual_seed(0)
+    g, x = channels_last(1, 16, 1103, 1), channels_last(1, 16, 1103, 1)
+    art = check(lambda a, b: (a.sum((0, 2, 3)), (a * b).sum((0, 2, 3))), g, x, atol=1e-4, rtol=1e-4)
+    assert len(kernel_steps(art)) == 2
+    first = next(art.blobs[k.source.digest].decode() for k in art.manifest.kernels
+                 if "for roffset" in art.blobs[k.source.digest].decode())
+    assert first.count("tl.load(") == 2 and first.count("tl.store(") == 2
