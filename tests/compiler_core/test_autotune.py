@@ -343,14 +343,14 @@ def _scheduled_reductions(fn: Callable[..., Any], *inputs: torch.Tensor) -> list
     return [found for found in c.scheduled().values() if found[0].rnumel != 1]
 
 
-def test_sibling_reduction_kernels_render_both_forms() -> None:
-    """A persistent kernel of sibling reductions (rows of 2000) has a looped form too: all its
-    reductions in one r-loop; a softmax (the sum reads the max) has none."""
+def test_sibling_and_welford_kernels_render_both_forms() -> None:
+    """A persistent kernel of sibling reductions and a Welford one (rows of 2000) has a looped form
+    too: all its reductions in one r-loop; a softmax (the sum reads the max) has none."""
     from fxcc.compiler_core.autotune import can_loop
     from fxcc.compiler_core.codegen.triton import render_kernel
 
     x = torch.randn(8, 2000)
-    (found,) = _scheduled_reductions(lambda a: (a.sum(-1), a.amax(-1), (a * a).sum(-1)), x)
+    (found,) = _scheduled_reductions(lambda a: (a.sum(-1), a.amax(-1), torch.var_mean(a, -1)), x)
     kernel, buffers, target = found
     assert not kernel.looped and can_loop(kernel)
     looped = render_kernel(kernel, buffers, target, looped=True).source
