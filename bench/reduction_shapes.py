@@ -8,7 +8,9 @@ reduced per output), the tile, programs launched, whether a column (outer) reduc
 bytes between the loads of adjacent outputs and of adjacent reduced elements of its widest input
 (lanes run along the outputs in a column tile, along the reduced elements in a row tile:
 `lane_bytes`). A summary line counts kernels under one wave of the device's SMs and kernels whose
-lanes read more than 4 bytes apart. Structure, not timings (bench/README.md has the numbers).
+lanes read more than 4 bytes apart, and `read_bytes`: the bytes of the buffers the graph's
+reduction kernels load, summed over their launches (each input buffer counted whole, once a launch).
+Structure, not timings (bench/README.md has the numbers).
 """
 
 from __future__ import annotations
@@ -91,8 +93,18 @@ def reduction_rows(spec: GraphSpec) -> list[dict[str, Any]]:
         rows.append({"xnumel": kernel.xnumel, "rnumel": kernel.rnumel, "XBLOCK": rk.constexprs["XBLOCK"],
                      "RBLOCK": rk.constexprs.get("RBLOCK"), "looped": kernel.looped, "programs": step.grid[0],
                      "column": kernel.column, "x_step_bytes": step_x * itemsize, "r_step_bytes": step_r * itemsize,
-                     **lanes(step_x, step_r, rk.constexprs, itemsize)})
+                     **lanes(step_x, step_r, rk.constexprs, itemsize), "read_bytes": read_bytes(kernel, buffers)})
     return rows
+
+
+def read_bytes(kernel: Any, buffers: dict[str, Any]) -> int:
+    """Bytes of the buffers `kernel` loads (not those it computes), each counted whole once."""
+    from fxcc.compiler_core.ir.nodes import body_reads
+    from fxcc.compiler_core.sizevars import numel
+
+    own = kernel.names()
+    names = {name for node in kernel.nodes for name, _ in body_reads(node).loads if name not in own}
+    return sum(int(numel(buffers[n].sizes)) * buffers[n].dtype.itemsize for n in names)
 
 
 def widest_read(kernel: Any, buffers: dict[str, Any]) -> tuple[int, int, int]:
@@ -132,7 +144,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "under_one_wave": sum(r["programs"] < SM_COUNT for r in rows),
             "strided_lanes": sum(r["lane_bytes"] > 4 for r in rows),
             "runs_under_128_bytes": sum(r["run_bytes"] < 128 for r in rows),
-            "programs_min": min((r["programs"] for r in rows), default=0)}
+            "programs_min": min((r["programs"] for r in rows), default=0),
+            "programs": sum(r["programs"] for r in rows), "read_bytes": sum(r["read_bytes"] for r in rows)}
 
 
 def main() -> None:

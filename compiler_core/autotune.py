@@ -28,7 +28,7 @@ from fxcc.compiler_core.artifact import Artifact, KernelInfo, KernelStep, Plan, 
 from fxcc.compiler_core.codegen.attention import is_template_kernel
 from fxcc.compiler_core.codegen.triton import RBLOCK_MAX, XBLOCK_MAX, launch_grid, next_pow2, render_kernel
 from fxcc.compiler_core.errors import AutotuneError
-from fxcc.compiler_core.scheduler import Kernel, node_coords
+from fxcc.compiler_core.scheduler import Kernel, loopable
 from fxcc.compiler_core.tuning import (
     Timer,
     device_name,
@@ -369,15 +369,9 @@ def tune_kernel(info: KernelInfo, found: _Scheduled, launches: Sequence[KernelSt
 
 
 def can_loop(kernel: Kernel) -> bool:
-    """Whether a looped form of `kernel` is valid: one reduction first, then only per-row work
-    (the shape the scheduler gives looped kernels, see scheduler._fits)."""
-    if kernel.rnumel <= 1 or not kernel.nodes or not kernel.nodes[0].is_reduction():
-        return False
-    for node in kernel.nodes[1:]:
-        coords = node_coords(node, kernel.xnumel, kernel.rnumel, kernel.partition)
-        if node.is_reduction() or coords is None or coords.full:
-            return False
-    return True
+    """Whether a looped form of `kernel` is valid: its reductions first, sharing one r-loop, then
+    only per-row work (the shape the scheduler gives looped kernels, see scheduler.loopable)."""
+    return loopable(kernel)
 
 
 def launches_by_kernel(plan: Plan) -> dict[str, list[KernelStep]]:

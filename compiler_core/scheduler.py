@@ -5,11 +5,18 @@ kernel when its index space maps onto the kernel's, and every value it reads fro
 is the one the kernel holds in registers at the same (xindex, rindex): same index after
 simplification. Anything else starts a new kernel, so fusion never changes what is computed.
 
-Note: after in-order fusion, a pointwise kernel may move into an earlier kernel of the same
-iteration space (horizontal fusion), as extra outputs: only when everything it reads already
-exists at that point (graph inputs, earlier kernels and extern calls, or values the target
-kernel holds at the same index) and no extern call it moves past may write memory. Buffers are
-written once, so nothing before its old place can read what it writes.
+Note: a looped kernel runs one `for roffset` loop over the row; every reduction of the kernel
+accumulates in it (sibling reductions: the same (xnumel, rnumel), tile and partition, and none
+reads a value the kernel computes, so each body needs only memory), and only per-row work follows
+the loop. A persistent kernel holds the whole row, so its reductions may also read each other.
+
+Note: after in-order fusion, a kernel may move into an earlier kernel (horizontal fusion), as
+extra outputs: a pointwise one into any kernel of its iteration space, a reduction kernel into
+one of the same tile (xnumel, rnumel, column or row, partition), where its reductions become
+siblings of the target's. Only when everything it reads already exists at that point (graph
+inputs, earlier kernels and extern calls, or values the target kernel holds at the same index)
+and no extern call it moves past may write memory. Buffers are written once, so nothing before
+its old place can read what it writes.
 """
 
 from __future__ import annotations
@@ -157,14 +164,15 @@ def _fits(kernel: Kernel, node: ComputedBuffer) -> bool:
 
 def misfit(kernel: Kernel, node: ComputedBuffer) -> str | None:
     """Why `node` cannot join `kernel` (None: it can), in words for the schedule's log."""
+    if node.is_reduction() and kernel.looped:
+        return _sibling_misfit(kernel, node)
     if node.is_reduction() and too_long_for_registers(numel(node.data.reduction_ranges)):
-        return "its reduction is too long for registers (a looped kernel of its own)"
+        return "its reduction is too long for registers and the kernel is not a looped one of its tile"
     coords = node_coords(node, kernel.xnumel, kernel.rnumel, kernel.partition)
     if coords is None:
-        return (f"its iteration space {node.numels()} does not map onto the kernel's "
-                f"(x={kernel.xnumel}, r={kernel.rnumel})")
-    if kernel.looped and (node.is_reduction() or coords.full):
-        return "after a looped reduction only per-row work can follow"
+        return _space_misfit(kernel, node)
+    if kernel.looped and coords.full:
+        return "after a looped reduction only per-row work or sibling reductions can follow"
     for name, index in _reads(node, coords):
         producer = kernel.node_named(name)
         if producer is None:
@@ -175,6 +183,51 @@ def misfit(kernel: Kernel, node: ComputedBuffer) -> str | None:
         if pc.full and not producer.is_reduction() and not coords.full:
             return f"a row-wide value ({name}) cannot feed a per-row node"
     return None
+
+
+def _space_misfit(kernel: Kernel, node: ComputedBuffer) -> str:
+    return (f"its iteration space {node.numels()} does not map onto the kernel's "
+            f"(x={kernel.xnumel}, r={kernel.rnumel})")
+
+
+def _sibling_misfit(kernel: Kernel, node: ComputedBuffer) -> str | None:
+    """Why reduction `node` cannot share looped `kernel`'s r-loop (None: it can)."""
+    if node.numels() != (kernel.xnumel, kernel.rnumel):
+        return _space_misfit(kernel, node)
+    if (wants_column(node), _partition(node)) != (kernel.column, kernel.partition):
+        return "it reduces another tile than the kernel's looped reduction (column or partition differ)"
+    for name, _ in _body_loads(node):
+        if kernel.node_named(name) is not None:
+            return f"it reads {name}, which the kernel computes (a looped kernel's reductions read only memory)"
+    return None
+
+
+def loopable(kernel: Kernel) -> bool:
+    """Whether `kernel` has a looped form: reductions first in it and reading nothing it computes
+    (they share one r-loop), every other node per-row work (see the module's Note)."""
+    if kernel.rnumel == 1 or not kernel.nodes or not kernel.nodes[0].is_reduction():
+        return False
+    own = kernel.names()
+    for node in kernel.nodes:
+        if node.is_reduction():
+            if node.numels() != (kernel.xnumel, kernel.rnumel) or any(n in own for n, _ in _body_loads(node)):
+                return False
+            continue
+        coords = node_coords(node, kernel.xnumel, kernel.rnumel, kernel.partition)
+        if coords is None or coords.full:
+            return False
+    return True
+
+
+def wants_column(node: ComputedBuffer) -> bool:
+    """Whether reduction `node` starts a column kernel (looped, in wide x tiles).
+
+    Short strided rows still fit a persistent tile at least 8 outputs wide (see launch_config),
+    which can take more work after the reduction; a split's first stage takes none.
+    """
+    r = node.numels()[1]
+    split_stage = isinstance(node.data, Reduction) and node.data.split_stage
+    return (hint(r) > COLUMN_RNUMEL_MIN or split_stage) and is_column_reduction(node)
 
 
 def is_column_reduction(node: ComputedBuffer) -> bool:
@@ -236,22 +289,19 @@ def fuse_nodes(program: Sequence[ComputedBuffer | ExternCall]) -> list[Kernel | 
             open_kernel.closed_by = f"{item.name} did not fuse: {why}"
             out.append(open_kernel)
         x, r = item.numels()
-        # Short strided rows still fit a persistent tile at least 8 outputs wide (see launch_config),
-        # which can take more work after the reduction; a split's first stage takes none.
-        split_stage = isinstance(item.data, Reduction) and item.data.split_stage
-        column = (hint(r) > COLUMN_RNUMEL_MIN or split_stage) and is_column_reduction(item)
-        open_kernel = Kernel(x, r, [item], column=column, partition=_partition(item))
+        open_kernel = Kernel(x, r, [item], column=wants_column(item), partition=_partition(item))
     if open_kernel is not None:
         out.append(open_kernel)
     return out
 
 
 def hoist_kernels(items: Sequence[Kernel | ExternCall]) -> list[Kernel | ExternCall]:
-    """Horizontal fusion: each pointwise kernel joins the nearest earlier kernel it fits in, if any."""
+    """Horizontal fusion: each kernel joins the nearest earlier kernel it fits in, if any (a
+    pointwise one any kernel of its space, a reduction kernel one of its tile)."""
     out: list[Kernel | ExternCall] = []
     made_at: dict[str, int] = {}  # buffer → position in `out` of the item that writes it
     for item in items:
-        if isinstance(item, Kernel) and item.rnumel == 1:
+        if isinstance(item, Kernel):
             hoisted = _hoist_target(out, made_at, item)
             if hoisted is not None:
                 at, merged = hoisted
@@ -281,6 +331,8 @@ def _hoist_target(out: Sequence[Kernel | ExternCall], made_at: dict[str, int],
             if _may_write(target):
                 return None  # reads moved above it could see memory before it changes
             continue
+        if kernel.rnumel != 1 and not _same_tile(target, kernel):
+            continue
         # Note: nodes join the target on trial and leave again if one does not fit, rather than
         # joining a copy: copying a wide target for every hoisted kernel is quadratic.
         for joined, node in enumerate(kernel.nodes):
@@ -292,6 +344,12 @@ def _hoist_target(out: Sequence[Kernel | ExternCall], made_at: dict[str, int],
         else:
             return at, target
     return None
+
+
+def _same_tile(a: Kernel, b: Kernel) -> bool:
+    """Whether two kernels walk their rows alike: one may take the other's reductions as siblings."""
+    return (a.xnumel, a.rnumel, a.column, a.looped, a.partition) == (b.xnumel, b.rnumel, b.column, b.looped,
+                                                                     b.partition)
 
 
 def _may_write(call: ExternCall) -> bool:

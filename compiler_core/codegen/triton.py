@@ -16,8 +16,16 @@ import torch
 
 from fxcc.compiler_core.errors import CodegenError
 from fxcc.compiler_core.ir.nodes import ComputedBuffer, Reduction, body_reads
-from fxcc.compiler_core.ir.ops import OpsHandler, compute_dtype, result_dtype, use_handler
-from fxcc.compiler_core.scheduler import Coords, Kernel, kernel_index, node_coords, run_body, store_index
+from fxcc.compiler_core.ir.ops import WELFORD, OpsHandler, compute_dtype, result_dtype, use_handler
+from fxcc.compiler_core.scheduler import (
+    Coords,
+    Kernel,
+    kernel_index,
+    loopable,
+    node_coords,
+    run_body,
+    store_index,
+)
 from fxcc.compiler_core.sizevars import RINDEX, XINDEX, Expr, FloorDiv, render_index
 from fxcc.compiler_core.symbolic import hint, is_symbolic, size_symbols_of
 from fxcc.compiler_core.target import capabilities
@@ -182,6 +190,8 @@ class TritonHandler(OpsHandler):
     cse: dict[str, TVal] = field(default_factory=dict)
     counter: int = 0
     size_symbols: set[sympy.Symbol] = field(default_factory=set)  # become kernel parameters
+    # a Welford body (its inner_fn) -> its (mean, m2, weight), so the nodes of one accumulate once
+    welford: dict[int, tuple[TVal, TVal, TVal]] = field(default_factory=dict)
 
     def index(self, expr: Expr) -> Expr:
         """`expr` in kernel coordinates; its size symbols become kernel parameters."""
@@ -407,17 +417,20 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str,
     args |= {name: f"out_ptr{i}" for i, name in enumerate(stores)}
     h = TritonHandler(target, kernel, args, {name: buffers[name].dtype for name in loads})
     reduction = kernel.rnumel != 1
+    placed = [(node, node_coords(node, kernel.xnumel, kernel.rnumel, kernel.partition)) for node in kernel.nodes]
+    for node, coords in placed:
+        if coords is None:
+            raise CodegenError(f"{node.name} does not fit its kernel")
+    if looped and not loopable(kernel):
+        raise CodegenError(f"kernel of {kernel.nodes[0].name} has no looped form")
     with use_handler(h):
-        for node in kernel.nodes:
-            coords = node_coords(node, kernel.xnumel, kernel.rnumel, kernel.partition)
-            if coords is None:
-                raise CodegenError(f"{node.name} does not fit its kernel")
+        if looped:
+            _looped_reductions(h, [(n, c) for n, c in placed if n.is_reduction()])
+        for node, coords in placed:
             if looped and node.is_reduction():
-                value = _looped_reduction(h, node, coords)
+                value = h.registers[node.name]
             else:
-                value = run_body(node, coords)
-                if isinstance(node.data, Reduction):
-                    value = _reduce(h, node.data.reduction_type, value)
+                value = _persistent_reduction(h, node, coords) if node.is_reduction() else run_body(node, coords)
             h.registers[node.name] = value
             if node.name in kernel.stored:
                 index = store_index(node, coords, kernel)
@@ -488,29 +501,148 @@ def _identity(rtype: str, dtype: torch.dtype) -> str:
     return str(info.min if rtype == "max" else info.max)
 
 
-def _looped_reduction(h: TritonHandler, node: ComputedBuffer, coords: Coords) -> TVal:
-    """A reduction over a row too long for registers: accumulate RBLOCK at a time, then reduce."""
+def _persistent_reduction(h: TritonHandler, node: ComputedBuffer, coords: Coords) -> TVal:
+    """A reduction over rows in registers: its body over the tile, reduced along r."""
     assert isinstance(node.data, Reduction)
     rtype = node.data.reduction_type
+    if rtype not in WELFORD:
+        return _reduce(h, rtype, run_body(node, coords))
+    key = id(node.data.inner_fn)
+    if key not in h.welford:
+        shift = _welford_shift(h, node, coords)
+        h.welford[key] = _welford_tile(h, run_body(node, coords), shift)
+    return h.welford[key][WELFORD.index(rtype)]
+
+
+def _welford_shift(h: TritonHandler, node: ComputedBuffer, coords: Coords) -> TVal:
+    """Each row's first value (a triple's mean): what a Welford accumulation subtracts first.
+
+    Note: fp32 holds a mean of 1e4 only to 5e-4, five hundredths of a standard deviation of 1e-2;
+    accumulated as is, the means' rounding reached m2 (3% off at 1e4 + randn·1e-2, the column
+    form). Shifted by a value of the row, the accumulation sees values of the spread's size
+    (x - shift is exact when both are within a factor 2) and only the stored mean rounds. Any
+    shift is correct; one near the mean is precise.
+    """
+    zero = [sympy.Integer(0)] * len(coords.rindex)
+    value = node.data.inner_fn(coords.index, zero)
+    return value[0] if isinstance(value, tuple) else value
+
+
+def _welford_tile(h: TritonHandler, value: TVal | tuple[TVal, TVal, TVal], shift: TVal) -> tuple[TVal, TVal, TVal]:
+    """(mean, m2, weight) per row of a Welford body's values over a tile held in registers.
+
+    Note: two passes over the registers rather than Welford's running update: the tile is loaded
+    once either way, and the mean first, then the squared deviations from it (Chan's formula for
+    triples) is exact to rounding, cheaper than a division per element, and needs no tuple
+    reduction. Rows of one element (rnumel 1) are their own statistics.
+    """
+    mean, m2, weight = value if isinstance(value, tuple) else (value, None, None)
+    if h.kernel.rnumel == 1:
+        return (mean, m2 or h.constant(0.0, mean.dtype), weight or h.constant(1.0, mean.dtype))
+    dt, typ = mean.dtype, TL_DTYPES[mean.dtype]
+    w = h.emit(f"tl.where(xmask & rmask, {weight.text if weight else '1.0'}, 0.0).to({typ})", dt)
+    m = h.emit(f"tl.where(xmask & rmask, {mean.text} - {shift.text}, 0.0)", dt)
+    q = None if m2 is None else h.emit(f"tl.where(xmask & rmask, {m2.text}, 0.0)", dt)
+    return _unshift(h, _welford_rows(h, m, q, w), shift)
+
+
+def _unshift(h: TritonHandler, stats: tuple[TVal, TVal, TVal], shift: TVal) -> tuple[TVal, TVal, TVal]:
+    mean, m2, weight = stats
+    return h.emit(f"({shift.text} + {mean.text})", mean.dtype), m2, weight
+
+
+def _welford_rows(h: TritonHandler, mean: TVal, m2: TVal | None, weight: TVal) -> tuple[TVal, TVal, TVal]:
+    """(mean, m2, weight) per row from per-lane ones over an [XBLOCK, RBLOCK] tile, lanes outside
+    the rows weighing 0 (and holding 0): Chan's formula across the lanes."""
+    dt = mean.dtype
+    total = h.emit(f"tl.sum({weight.text}, 1)[:, None]", dt)
+    safe = h.emit(f"tl.where({total.text} == 0, 1.0, {total.text})", dt)
+    row_mean = h.emit(f"(tl.sum({weight.text} * {mean.text}, 1)[:, None] / {safe.text})", dt)
+    dev = h.emit(f"({mean.text} - {row_mean.text})", dt)
+    spread = f"{weight.text} * {dev.text} * {dev.text}"
+    if m2 is not None:
+        spread = f"{m2.text} + {spread}"
+    return row_mean, h.emit(f"tl.sum({spread}, 1)[:, None]", dt), total
+
+
+def _looped_reductions(h: TritonHandler, nodes: list[tuple[ComputedBuffer, Coords]]) -> None:
+    """A looped kernel's reductions, each row RBLOCK at a time in one shared `for roffset` loop
+    (one accumulator each, three for a Welford body, their bodies' loads emitted once), then
+    reduced across the tile; their values go to `h.registers`."""
+    shifts = {id(n.data.inner_fn): _welford_shift(h, n, c) for n, c in nodes if n.data.reduction_type in WELFORD}
     outer = h.lines
     h.lines = []
     saved = dict(h.cse)
-    value = run_body(node, coords)
+    values = [run_body(node, coords) for node, coords in nodes]
     inner = h.lines
     h.lines, h.cse = outer, saved
-    acc = f"acc{h.counter}"
-    h.counter += 1
-    ident = _identity(rtype, value.dtype)
-    outer.append(f"{acc} = tl.full([XBLOCK, RBLOCK], {ident}, {TL_DTYPES[value.dtype]})")
-    outer.append("for roffset in range(0, rnumel, RBLOCK):")
     rmask = ("rmask = tl.full([1, RBLOCK], True, tl.int1)" if tiles_evenly(h.kernel.rnumel, RBLOCK_MAX)
              else "rmask = rindex < rnumel")
-    loop = ["rindex = roffset + tl.arange(0, RBLOCK)[None, :]", rmask, *inner,
-            f"{acc} = tl.where(xmask & rmask, {COMBINE[rtype].format(acc, value.text)}, {acc})"]
+    loop = ["rindex = roffset + tl.arange(0, RBLOCK)[None, :]", rmask, *inner]
+    accs: dict[str, str] = {}  # node -> accumulator
+    welford: dict[int, tuple[TVal, TVal, TVal]] = {}  # a Welford body -> its accumulators
+    for (node, _), value in zip(nodes, values):
+        assert isinstance(node.data, Reduction)
+        rtype = node.data.reduction_type
+        if rtype in WELFORD:
+            key = id(node.data.inner_fn)
+            if key not in welford:
+                welford[key] = _welford_accumulate(h, value, shifts[key], outer, loop)
+            continue
+        acc = accs[node.name] = f"acc{h.counter}"
+        h.counter += 1
+        outer.append(f"{acc} = tl.full([XBLOCK, RBLOCK], {_identity(rtype, value.dtype)}, {TL_DTYPES[value.dtype]})")
+        loop.append(f"{acc} = tl.where(xmask & rmask, {COMBINE[rtype].format(acc, value.text)}, {acc})")
+    outer.append("for roffset in range(0, rnumel, RBLOCK):")
     outer.extend(f"    {line}" for line in loop)
-    if rtype == "sum":
-        return h.emit(f"tl.sum({acc}, 1)[:, None]", value.dtype)
-    return h.emit(f"tl.reduce({acc}, 1, _fxcc_{rtype})[:, None]", value.dtype)
+    for (node, _), value in zip(nodes, values):
+        rtype = node.data.reduction_type
+        if rtype in WELFORD:
+            key = id(node.data.inner_fn)
+            if key not in h.welford:
+                h.welford[key] = _unshift(h, _welford_rows(h, *welford[key]), shifts[key])
+            h.registers[node.name] = h.welford[key][WELFORD.index(rtype)]
+            continue
+        acc = accs[node.name]
+        total = (f"tl.sum({acc}, 1)[:, None]" if rtype == "sum"
+                 else f"tl.reduce({acc}, 1, _fxcc_{rtype})[:, None]")
+        h.registers[node.name] = h.emit(total, value.dtype)
+
+
+def _welford_accumulate(h: TritonHandler, value: TVal | tuple[TVal, TVal, TVal], shift: TVal, outer: list[str],
+                        loop: list[str]) -> tuple[TVal, TVal, TVal]:
+    """Per-lane (mean - shift, m2, weight) accumulators of a Welford body, initialised in `outer`
+    and updated in `loop`: Welford's update for single values, Chan's combination for triples.
+
+    Note: lanes past the row keep their accumulators (the update is selected by the masks), so
+    a lane that saw nothing weighs 0 with mean and m2 0, as _welford_rows expects. Weights are
+    counted in the accumulation dtype (fp32: exact to 2**24 elements a lane and a row).
+    """
+    triple = isinstance(value, tuple)
+    dt = value[0].dtype if triple else value.dtype
+    typ = TL_DTYPES[dt]
+    mean, m2, weight = (f"acc{h.counter}_{part}" for part in ("mean", "m2", "weight"))
+    h.counter += 1
+    outer.extend(f"{acc} = tl.full([XBLOCK, RBLOCK], 0, {typ})" for acc in (mean, m2, weight))
+    keep = "xmask & rmask"
+    if triple:
+        m, q, w = (v.text for v in value)
+        loop += [f"{weight}_next = {weight} + {w}",
+                 f"{mean}_delta = ({m} - {shift.text}) - {mean}",
+                 f"{mean}_frac = {w} / tl.where({weight}_next == 0, 1.0, {weight}_next)",  # 0 when both weigh 0
+                 f"{m2} = tl.where({keep}, {m2} + {q} + {mean}_delta * {mean}_delta * {weight} * {mean}_frac, {m2})",
+                 f"{mean} = tl.where({keep}, {mean} + {mean}_delta * {mean}_frac, {mean})",
+                 f"{weight} = tl.where({keep}, {weight}_next, {weight})"]
+    else:
+        x = f"{mean}_x"
+        loop += [f"{x} = {value.text} - {shift.text}",
+                 f"{weight}_next = {weight} + 1.0",
+                 f"{mean}_delta = {x} - {mean}",
+                 f"{mean}_next = {mean} + {mean}_delta / {weight}_next",
+                 f"{m2} = tl.where({keep}, {m2} + {mean}_delta * ({x} - {mean}_next), {m2})",
+                 f"{mean} = tl.where({keep}, {mean}_next, {mean})",
+                 f"{weight} = tl.where({keep}, {weight}_next, {weight})"]
+    return TVal(mean, dt), TVal(m2, dt), TVal(weight, dt)
 
 
 def _needs_int64(kernel: Kernel, buffers: dict[str, Any], names: list[str]) -> bool:

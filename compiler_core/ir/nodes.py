@@ -54,6 +54,10 @@ class Reduction:
 
     `source_sizes`/`reduced_dims` say which dims of the reduced tensor rindex walks, so that
     pointwise work over that tensor can share the kernel even when the dims are not trailing.
+
+    A Welford reduction (`reduction_type` in ops.WELFORD) accumulates (mean, m2, weight) of its
+    body's values, each element of weight 1, or of (mean, m2, weight) triples its body returns
+    (partials of a split's first stage, combined by Chan's formula); the node stores one part.
     """
 
     dtype: torch.dtype

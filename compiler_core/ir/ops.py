@@ -29,6 +29,9 @@ BINARY_ARITH = frozenset({
 })
 BINARY_TO_BOOL = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"})
 REDUCTIONS = frozenset({"sum", "prod", "max", "min"})
+# One Welford accumulation's outputs (lowering.reduction.welford): nodes of these types with one body
+# (the same inner_fn) are accumulated once in a kernel; each stores its part.
+WELFORD = ("welford_mean", "welford_m2", "welford_weight")
 
 UNARY = UNARY_FLOAT | UNARY_ANY | UNARY_TO_BOOL
 BINARY = BINARY_ARITH | BINARY_TO_BOOL

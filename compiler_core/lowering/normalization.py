@@ -17,8 +17,8 @@ from fxcc.compiler_core.ir.nodes import Lazy, Loader, TensorValue, make_loader
 from fxcc.compiler_core.ir.ops import compute_dtype, ops
 from fxcc.compiler_core.lowering.common import broadcast_loader, check_dtypes, remap_view, require
 from fxcc.compiler_core.lowering.core import aten, node_val, register_lowering
-from fxcc.compiler_core.lowering.reduction import _keep_or_squeeze, _two_pass
-from fxcc.compiler_core.sizevars import Expr, FloorDiv, flatten, unflatten
+from fxcc.compiler_core.lowering.reduction import _keep_or_squeeze, welford
+from fxcc.compiler_core.sizevars import Expr, FloorDiv, flatten, numel, unflatten
 from fxcc.compiler_core.symbolic import sizes_of
 
 
@@ -103,7 +103,7 @@ def _batch_statistics(x: TensorValue, weight: TensorValue | None, bias: TensorVa
                       running: tuple[TensorValue, TensorValue] | None, training: bool,
                       momentum: float, eps: float) -> tuple[Lazy, ...]:
     """(out, save_mean, save_rstd[, new running_mean, new running_var]) from the batch's statistics
-    per channel (two-pass: sum, then squared deviations)."""
+    per channel (one Welford reduction: mean and squared deviations in one read of x)."""
     vals = node_val()
     check_dtypes(x.dtype, *(v.dtype for v in vals))
     if not training or not x.dtype.is_floating_point or len(x.sizes) < 2:
@@ -111,30 +111,28 @@ def _batch_statistics(x: TensorValue, weight: TensorValue | None, bias: TensorVa
     require("rsqrt")
     acc = _acc(x)
     dims = [d for d in range(len(x.sizes)) if d != 1]
-    total, m2, n, _ = _two_pass(x, dims, True, acc, 0.0)
-    total_x, m2_x = broadcast_loader(total, x.sizes), broadcast_loader(m2, x.sizes)
-    total_c, m2_c = make_loader(total), make_loader(m2)
+    n = numel([x.sizes[d] for d in dims])
+    mean, m2 = welford(x, dims, True, acc)
+    mean_x, m2_x = broadcast_loader(mean, x.sizes), broadcast_loader(m2, x.sizes)
+    mean_c, m2_c = make_loader(mean), make_loader(m2)
     rank = len(x.sizes)
 
     def at_channel(load: Loader) -> Loader:
         return lambda index: load([0, index[0], *([0] * (rank - 2))])
 
-    def mean_of(s: Any) -> Any:
-        return ops.truediv(s, ops.constant(float(n), acc))
-
     def rstd_of(m: Any) -> Any:
         var = ops.truediv(m, ops.constant(float(n), acc))
         return ops.rsqrt(ops.add(var, ops.constant(float(eps), acc)))
 
-    y = _normalize(x, lambda i: mean_of(total_x(i)), lambda i: rstd_of(m2_x(i)), _channel(weight),
+    y = _normalize(x, mean_x, lambda i: rstd_of(m2_x(i)), _channel(weight),
                    _channel(bias), acc, vals[0].dtype)
     c = (x.sizes[1],)
-    s_at, m_at = at_channel(total_c), at_channel(m2_c)
+    mean_at, m_at = at_channel(mean_c), at_channel(m2_c)
 
     def per_channel(dtype: torch.dtype, fn: Any) -> Lazy:
         return Lazy(dtype, c, lambda index: ops.to_dtype(fn(index), compute_dtype(dtype)))
 
-    stats = (y, per_channel(vals[1].dtype, lambda i: mean_of(s_at(i))),
+    stats = (y, per_channel(vals[1].dtype, mean_at),
              per_channel(vals[2].dtype, lambda i: rstd_of(m_at(i))))
     if running is None:
         return stats
@@ -147,7 +145,7 @@ def _batch_statistics(x: TensorValue, weight: TensorValue | None, bias: TensorVa
 
     return (
         *stats,
-        per_channel(vals[3].dtype, lambda i: blend(rm(i), mean_of(s_at(i)))),
+        per_channel(vals[3].dtype, lambda i: blend(rm(i), mean_at(i))),
         per_channel(vals[4].dtype, lambda i: blend(rv(i), ops.truediv(m_at(i), ops.constant(unbiased, acc)))),
     )
 
@@ -155,7 +153,7 @@ def _batch_statistics(x: TensorValue, weight: TensorValue | None, bias: TensorVa
 @register_lowering(aten.native_group_norm.default)
 def _group_norm(x: TensorValue, weight: TensorValue | None, bias: TensorValue | None, n: int, c: int,
                 hxw: int, group: int, eps: float) -> tuple[Lazy, Lazy, Lazy]:
-    """x as [N, G, C/G * HxW] (row-major): per (sample, group) mean and rstd (two-pass), then
+    """x as [N, G, C/G * HxW] (row-major): per (sample, group) mean and rstd (Welford), then
     (x - mean) * rstd * weight[c] + bias[c]; mean and rstd come out as [N, G]."""
     out, mean_val, rstd_val = node_val()
     check_dtypes(x.dtype, out.dtype, mean_val.dtype)
@@ -165,26 +163,26 @@ def _group_norm(x: TensorValue, weight: TensorValue | None, bias: TensorValue | 
     acc = _acc(x)
     per_group = (c // group) * hxw
     grouped = remap_view(x, (n, group, per_group), lambda idx: unflatten(flatten(idx, (n, group, per_group)), x.sizes))
-    total, m2, count, _ = _two_pass(grouped, [2], True, acc, 0.0)
+    mean, m2 = welford(grouped, [2], True, acc)
+    count = per_group
     stat_sizes = (n, group)
-    total_v = _keep_or_squeeze(total, [2], False, stat_sizes)
+    mean_v = _keep_or_squeeze(mean, [2], False, stat_sizes)
     m2_v = _keep_or_squeeze(m2, [2], False, stat_sizes)
-    total_load, m2_load = make_loader(total_v), make_loader(m2_v)
+    mean_load, m2_load = make_loader(mean_v), make_loader(m2_v)
     channels_per_group = c // group
 
-    def stats(s: Any, m: Any) -> tuple[Any, Any]:
-        mean = ops.truediv(s, ops.constant(float(count), acc))
+    def stats(mean: Any, m: Any) -> tuple[Any, Any]:
         var = ops.truediv(m, ops.constant(float(count), acc))
         return mean, ops.rsqrt(ops.add(var, ops.constant(float(eps), acc)))
 
     def group_of(index: Sequence[Expr]) -> list[Expr]:
         return [index[0], FloorDiv(index[1], channels_per_group)]
 
-    y = _normalize(x, lambda i: stats(total_load(group_of(i)), m2_load(group_of(i)))[0],
-                   lambda i: stats(total_load(group_of(i)), m2_load(group_of(i)))[1],
+    y = _normalize(x, lambda i: stats(mean_load(group_of(i)), m2_load(group_of(i)))[0],
+                   lambda i: stats(mean_load(group_of(i)), m2_load(group_of(i)))[1],
                    _channel(weight), _channel(bias), acc, out.dtype)
 
     def stat(val: torch.Tensor, k: int) -> Lazy:
         return Lazy(val.dtype, stat_sizes, lambda index: ops.to_dtype(
-            stats(total_load(index), m2_load(index))[k], compute_dtype(val.dtype)))
+            stats(mean_load(index), m2_load(index))[k], compute_dtype(val.dtype)))
     return y, stat(mean_val, 0), stat(rstd_val, 1)

@@ -1,4 +1,4 @@
-"""Reduction lowerings: sum, mean, amax/amin, prod, var/var_mean (two-pass), softmax, log_softmax, layer norm (pooling: lowering/pooling.py).
+"""Reduction lowerings: sum, mean, amax/amin, prod, var/var_mean and layer norm (Welford), softmax, log_softmax (pooling: lowering/pooling.py).
 
 Each reduction becomes a `Reduction` buffer (accumulated in fp32 for fp16/bf16) plus Lazy
 pointwise work around it; the scheduler then fuses the prologue and epilogue into one kernel
@@ -7,6 +7,7 @@ when the rows fit in registers.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,7 +24,7 @@ from fxcc.compiler_core.ir.nodes import (
     is_column,
     make_loader,
 )
-from fxcc.compiler_core.ir.ops import compute_dtype, ops
+from fxcc.compiler_core.ir.ops import WELFORD, compute_dtype, ops
 from fxcc.compiler_core.lowering.common import broadcast_loader, check_dtypes, require
 from fxcc.compiler_core.lowering.core import aten, current_graph, node_val, register_lowering
 from fxcc.compiler_core.sizevars import Expr, flatten, numel, unflatten
@@ -48,12 +49,23 @@ def reduce(x: TensorValue, dims: Sequence[int], keepdim: bool, rtype: str, acc: 
            prologue: Prologue | None = None) -> StridedView:
     """A Reduction buffer of `rtype` over `dims` of `x` (in dtype `acc`); `prologue(v, full_index)`
     transforms each element first."""
+    out, rsizes, inner = _reduction_body(x, dims, keepdim, acc, prologue)
+    if numel(out) == 0 or numel(rsizes) == 0:
+        return _empty_reduction(out, rtype, acc)
+    red = Reduction(acc, out, rsizes, rtype, inner, tuple(x.sizes), tuple(dims))
+    split = _split_plan(red, capabilities(current_graph().target))
+    if split:
+        return _split_reduce(red, *split)
+    return current_graph().add_computed(red)
+
+
+def _reduction_body(x: TensorValue, dims: Sequence[int], keepdim: bool, acc: torch.dtype,
+                    prologue: Prologue | None) -> tuple[tuple[int, ...], tuple[int, ...], Any]:
+    """(output sizes, reduced sizes, body) of a reduction over `dims` of `x`."""
     sizes = x.sizes
     kept = [d for d in range(len(sizes)) if d not in dims]
     out = tuple(1 if d in dims else s for d, s in enumerate(sizes)) if keepdim else tuple(sizes[d] for d in kept)
     rsizes = tuple(sizes[d] for d in dims)
-    if numel(out) == 0 or numel(rsizes) == 0:
-        return _empty_reduction(out, rtype, acc)
     load = make_loader(x)
 
     def inner(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
@@ -64,11 +76,25 @@ def reduce(x: TensorValue, dims: Sequence[int], keepdim: bool, rtype: str, acc: 
             full[d] = rindex[k]
         v = ops.to_dtype(load(full), acc)
         return prologue(v, full) if prologue else v
-    red = Reduction(acc, out, rsizes, rtype, inner, tuple(sizes), tuple(dims))
-    split = _split_plan(red, capabilities(current_graph().target))
+    return out, rsizes, inner
+
+
+def welford(x: TensorValue, dims: Sequence[int], keepdim: bool, acc: torch.dtype) -> tuple[StridedView, StridedView]:
+    """(mean, sum of squared deviations from it) buffers of `x` over `dims`, by one Welford
+    reduction: x is read once for both (split in two stages as `reduce` splits, partials
+    combined by Chan's formula). codegen.triton's _welford_* say how each kernel form computes it.
+    """
+    out, rsizes, inner = _reduction_body(x, dims, keepdim, acc, None)
+    g = current_graph()
+    if numel(out) == 0 or numel(rsizes) == 0:
+        nothing = float("nan") if numel(rsizes) == 0 else 0.0  # the mean of no elements
+        mean = g.add_computed(Pointwise(acc, out, lambda index: ops.constant(nothing, acc)))
+        return mean, _empty_reduction(out, "sum", acc)
+    red = Reduction(acc, out, rsizes, WELFORD[0], inner, tuple(x.sizes), tuple(dims))
+    split = _split_plan(red, capabilities(g.target))
     if split:
-        return _split_reduce(red, *split)
-    return current_graph().add_computed(red)
+        return _split_welford(red, *split)
+    return g.add_computed(red), g.add_computed(dataclasses.replace(red, reduction_type=WELFORD[1]))
 
 
 def _empty_reduction(out: tuple[int, ...], rtype: str, acc: torch.dtype) -> StridedView:
@@ -162,24 +188,71 @@ def _split_reduce(red: Reduction, split: int, column: bool) -> StridedView:
     would), and the second stage is a short column reduction; a row reduction's is (*out, split),
     so both stages read along rows.
     """
-    out, rsizes, rtype, acc, inner = red.ranges, red.reduction_ranges, red.reduction_type, red.dtype, red.inner_fn
+    rtype, acc = red.reduction_type, red.dtype
+    first = _chunk_body(red, split, column, _identity(rtype, acc))
+    g = current_graph()
+    partial = g.add_computed(_first_stage(red, split, column, rtype, first))
+    load = make_loader(partial)
+    return g.add_computed(Reduction(acc, red.ranges, (split,), rtype,
+                                    lambda index, rindex: load(_partial_index(index, rindex, column))))
+
+
+def _split_welford(red: Reduction, split: int, column: bool) -> tuple[StridedView, StridedView]:
+    """(mean, m2) of a Welford reduction in two stages: each chunk's (mean, m2, weight) (a chunk's
+    missing tail weighs nothing), then the chunks' triples combined (see _split_reduce's Note for
+    the partials' layout)."""
+    acc = red.dtype
+    rnumel = numel(red.reduction_ranges)
+    chunk = -(-rnumel // split)
+
+    def first(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
+        value = _chunk_body(red, split, column, 0)(index, rindex)
+        if chunk * split == rnumel:
+            return value
+        inside = _chunk_inside(index, rindex, split, column, rnumel)
+        return value, ops.constant(0.0, acc), ops.to_dtype(inside, acc)
+    g = current_graph()
+    loads = [make_loader(g.add_computed(_first_stage(red, split, column, part, first))) for part in WELFORD]
+
+    def second(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
+        at = _partial_index(index, rindex, column)
+        return tuple(load(at) for load in loads)
+    final = Reduction(acc, red.ranges, (split,), WELFORD[0], second)
+    return g.add_computed(final), g.add_computed(dataclasses.replace(final, reduction_type=WELFORD[1]))
+
+
+def _first_stage(red: Reduction, split: int, column: bool, rtype: str, body: Any) -> Reduction:
+    chunk = -(-numel(red.reduction_ranges) // split)
+    out = (split, *red.ranges) if column else (*red.ranges, split)
+    return Reduction(red.dtype, out, (chunk,), rtype, body, split_stage=True)
+
+
+def _partial_index(index: Sequence[Expr], rindex: Sequence[Expr], column: bool) -> list[Expr]:
+    return [rindex[0], *index] if column else [*index, rindex[0]]
+
+
+def _chunk_inside(index: Sequence[Expr], rindex: Sequence[Expr], split: int, column: bool, rnumel: int) -> Any:
+    """Whether a first stage's element lies in the row (the last chunk may be short)."""
+    chunk = -(-rnumel // split)
+    piece = index[0] if column else index[-1]
+    pos = torch.int32 if chunk * split < 2**31 else torch.int64
+    return ops.lt(ops.index_expr(piece * chunk + rindex[0], pos), ops.constant(rnumel, pos))
+
+
+def _chunk_body(red: Reduction, split: int, column: bool, missing: float) -> Any:
+    """A first stage's body: `red`'s body over one chunk of each row (`missing` past the row's end)."""
+    rsizes, inner = red.reduction_ranges, red.inner_fn
     rnumel = numel(rsizes)
     chunk = -(-rnumel // split)
-    g = current_graph()
 
     def first(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
         piece, kept = (index[0], index[1:]) if column else (index[-1], index[:-1])
         flat = piece * chunk + rindex[0]
         if chunk * split == rnumel:
             return inner(kept, unflatten(flat, rsizes))
-        pos = torch.int32 if chunk * split < 2**31 else torch.int64
-        inside = ops.lt(ops.index_expr(flat, pos), ops.constant(rnumel, pos))
-        return ops.masked(inside, lambda: inner(kept, unflatten(flat, rsizes)), _identity(rtype, acc))
-    partial = g.add_computed(Reduction(acc, (split, *out) if column else (*out, split), (chunk,), rtype, first,
-                                          split_stage=True))
-    load = make_loader(partial)
-    return g.add_computed(Reduction(acc, out, (split,), rtype,
-                                    lambda index, rindex: load([rindex[0], *index] if column else [*index, rindex[0]])))
+        inside = _chunk_inside(index, rindex, split, column, rnumel)
+        return ops.masked(inside, lambda: inner(kept, unflatten(flat, rsizes)), missing)
+    return first
 
 
 def _epilogue(dtype: torch.dtype, sizes: Sequence[int], fn: Callable[..., Any], *bufs: TensorValue) -> Lazy:
@@ -253,20 +326,6 @@ def _mean(x: TensorValue, dims: Any = None, keepdim: bool = False, *, dtype: Any
     return _epilogue(val.dtype, sizes_of(val), lambda s: ops.truediv(s, ops.constant(float(n), acc)), buf)
 
 
-def _two_pass(x: TensorValue, dims: list[int], keepdim: bool, acc: torch.dtype,
-              correction: float) -> tuple[StridedView, StridedView, int, float]:
-    """(sum, sum of squared deviations from the mean) buffers: a numerically safe variance."""
-    n = numel([x.sizes[d] for d in dims])
-    total = reduce(x, dims, True, "sum", acc)
-    mean_load = broadcast_loader(total, x.sizes)
-
-    def deviation(v: Any, full: Sequence[Expr]) -> Any:
-        d = ops.sub(v, ops.truediv(mean_load(full), ops.constant(float(n), acc)))
-        return ops.mul(d, d)
-    m2 = reduce(x, dims, True, "sum", acc, deviation)
-    return total, m2, n, max(0.0, n - correction)
-
-
 def _keep_or_squeeze(buf: StridedView, dims: list[int], keepdim: bool, sizes: Sequence[int]) -> TensorValue:
     if keepdim:
         return buf
@@ -283,13 +342,14 @@ def _var_parts(x: TensorValue, dims: Any, correction: Any, keepdim: bool) -> tup
     dims = _dims(x, dims)
     acc = _acc_dtype(out.dtype)
     corr = 1.0 if correction is None else float(correction)
-    total, m2, n, denom = _two_pass(x, dims, keepdim, acc, corr)
+    n = numel([x.sizes[d] for d in dims])
+    denom = max(0.0, n - corr)
+    mean, m2 = welford(x, dims, True, acc)
     sizes = sizes_of(out)
-    total_v = _keep_or_squeeze(total, dims, keepdim, sizes)
+    mean_v = _keep_or_squeeze(mean, dims, keepdim, sizes)
     m2_v = _keep_or_squeeze(m2, dims, keepdim, sizes)
     var = _epilogue(out.dtype, sizes, lambda s: ops.truediv(s, ops.constant(denom, acc)), m2_v)
-    mean = _epilogue(out.dtype, sizes, lambda s: ops.truediv(s, ops.constant(float(n), acc)), total_v)
-    return var, mean
+    return var, _epilogue(out.dtype, sizes, lambda m: m, mean_v)
 
 
 @register_lowering(aten.var.correction)
@@ -354,16 +414,15 @@ def _layer_norm(x: TensorValue, normalized_shape: Sequence[int], weight: TensorV
     rank = len(x.sizes)
     dims = list(range(rank - len(normalized_shape), rank))
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    total, m2, n, _ = _two_pass(x, dims, True, acc, 0.0)
-    inv_n = 1.0 / n
+    total, m2 = welford(x, dims, True, acc)
+    inv_n = 1.0 / numel([x.sizes[d] for d in dims])
     mean_load = broadcast_loader(total, x.sizes)
     var_load = broadcast_loader(m2, x.sizes)
     load = make_loader(x)
     w_load = broadcast_loader(weight, x.sizes) if weight is not None else None
     b_load = broadcast_loader(bias, x.sizes) if bias is not None else None
 
-    def stats(s: Any, m: Any) -> tuple[Any, Any]:
-        mean = ops.mul(s, ops.constant(inv_n, acc))
+    def stats(mean: Any, m: Any) -> tuple[Any, Any]:
         rstd = ops.rsqrt(ops.add(ops.mul(m, ops.constant(inv_n, acc)), ops.constant(float(eps), acc)))
         return mean, rstd
 

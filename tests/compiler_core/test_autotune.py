@@ -333,3 +333,28 @@ def test_tuning_a_tuned_artifact_changes_nothing(tuned_pair) -> None:  # type: i
 
     again = autotune_artifact(tuned, request, "cpu", timer=timer)
     assert again.manifest == tuned.manifest and again.blobs == tuned.blobs
+
+
+def _scheduled_reductions(fn: Callable[..., Any], *inputs: torch.Tensor) -> list[Any]:
+    from fxcc.compiler_core.pipeline import FRONT, Compilation, run
+
+    gm = make_fx(fn, decomposition_table=core_aten_decompositions())(*inputs)
+    c = run(Compilation(CompileRequest(graph=capture_graph(gm, list(inputs)).spec), record=False), FRONT)
+    return [found for found in c.scheduled().values() if found[0].rnumel != 1]
+
+
+def test_sibling_and_welford_kernels_render_both_forms() -> None:
+    """A persistent kernel of sibling reductions and a Welford one (rows of 2000) has a looped form
+    too: all its reductions in one r-loop; a softmax (the sum reads the max) has none."""
+    from fxcc.compiler_core.autotune import can_loop
+    from fxcc.compiler_core.codegen.triton import render_kernel
+
+    x = torch.randn(8, 2000)
+    (found,) = _scheduled_reductions(lambda a: (a.sum(-1), a.amax(-1), torch.var_mean(a, -1)), x)
+    kernel, buffers, target = found
+    assert not kernel.looped and can_loop(kernel)
+    looped = render_kernel(kernel, buffers, target, looped=True).source
+    assert looped.count("for roffset in range(0, rnumel, RBLOCK):") == 1
+    assert "tl.sum(" in render_kernel(kernel, buffers, target, looped=False).source
+    (softmax,) = _scheduled_reductions(lambda a: torch.softmax(a, -1), x)
+    assert not can_loop(softmax[0])

@@ -143,11 +143,13 @@ def test_batch_norm_reductions_fill_the_gpu_with_coalesced_loads(resnet_layer2_b
     """Every launch reducing the 32×28×28 rows of a channels-last activation is split into at least
     a wave of programs on the H200's 132 SMs (column tiles), each tile row reading 256 contiguous bytes with
     adjacent lanes 4 bytes apart; the second stages reduce at most 256 partials per channel.
-    Before: 16 programs of an 8×128 tile (32 contiguous bytes a row) looping 196 times."""
+    Before: 16 programs of an 8×128 tile (32 contiguous bytes a row) looping 196 times; and four
+    first stages (sum, squared deviations, the backward's two sums) where two read x and dy once."""
     rows = resnet_layer2_bn
     first = [r for r in rows if r["xnumel"] > 128]  # (chunk, channel) programs over the activation
     second = [r for r in rows if r["xnumel"] == 128]  # per channel
-    assert len(first) >= 3  # sum, squared deviations, and the backward's sums
+    # the forward's statistics (one Welford reduction) and the backward's two sums (siblings, one kernel)
+    assert len(first) == 2
     for r in first:
         assert r["xnumel"] % 128 == 0 and r["xnumel"] * r["rnumel"] >= 32 * 128 * 28 * 28, r
         assert r["column"] and r["programs"] >= 132, r
@@ -164,3 +166,15 @@ def test_split_kernels_build_for_sm90(layer2_bn_spec: GraphSpec, tmp_path: Path)
     assert sum(name.startswith("fxcc_red_") for name, _, _ in kernels) >= 4
     for name, error, built in kernels:
         assert error is None and built, (name, error)
+
+
+def test_sibling_split_reductions_share_their_stages(tiny_gpu: None) -> None:
+    """A batch-norm backward's two sums over one channels-last activation: both first stages in one
+    kernel (g loaded once), both second stages in another."""
+    torch.manual_seed(0)
+    g, x = channels_last(1, 16, 1103, 1), channels_last(1, 16, 1103, 1)
+    art = check(lambda a, b: (a.sum((0, 2, 3)), (a * b).sum((0, 2, 3))), g, x, atol=1e-4, rtol=1e-4)
+    assert len(kernel_steps(art)) == 2
+    first = next(art.blobs[k.source.digest].decode() for k in art.manifest.kernels
+                 if "for roffset" in art.blobs[k.source.digest].decode())
+    assert first.count("tl.load(") == 2 and first.count("tl.store(") == 2

@@ -184,3 +184,42 @@ def test_row_tiles_hold_the_same_bytes_in_narrow_dtypes():
         configs[dtype] = (info.constexprs["XBLOCK"], info.constexprs["RBLOCK"], info.num_warps)
     assert configs[torch.float32] == (8, 256, 4)
     assert configs[torch.bfloat16] == (16, 256, 4)
+
+
+def _sources(art):
+    return [art.blobs[k.source.digest].decode() for k in art.manifest.kernels]
+
+
+def test_sibling_looped_reductions_share_one_loop_and_its_loads():
+    """Reductions of one long-row space that read nothing of each other: one kernel, one r-loop
+    with an accumulator each, x loaded once an iteration (rows of 9001 loop, see PERSISTENT_RNUMEL_MAX)."""
+    x = torch.randn(3, 9001)
+    art = check(lambda a: (a.sum(-1), (a * a).amax(-1), a.abs().sum(-1) + 1), x, atol=1e-3, rtol=1e-4)
+    (src,) = _sources(art)
+    assert src.count("for roffset in range(0, rnumel, RBLOCK):") == 1
+    assert src.count("tl.load(") == 1 and src.count("tl.store(") == 3
+
+
+def test_sibling_column_reductions_share_one_loop():
+    x = torch.randn(300, 40)
+    art = check(lambda a: (a.sum(0), (a * a).sum(0), a.amin(0)), x, atol=1e-4, rtol=1e-5)
+    (src,) = _sources(art)
+    assert src.count("for roffset in range(0, rnumel, RBLOCK):") == 1 and src.count("tl.load(") == 1
+
+
+def test_a_looped_reduction_reading_another_stays_a_kernel_of_its_own():
+    # The second reads the first's result, which exists only after the first's loop.
+    x = torch.randn(3, 9001)
+    art = check(lambda a: (a - a.amax(-1, keepdim=True)).abs().sum(-1), x, atol=1e-2, rtol=1e-4)
+    assert len(kernel_steps(art)) == 2
+
+
+def test_a_sibling_reduction_after_an_extern_joins_the_earlier_kernel():
+    # The extern call reads the first kernel's sum, which closes it; the second reduction reads
+    # only the input and moves up into it, sharing its loop.
+    x, y = torch.randn(3, 9001), torch.randn(3)
+    art = check(lambda a, b: (torch.atan2(a.sum(-1), b), (a * 3).amax(-1)), x, y, atol=1e-2, rtol=1e-4)
+    kinds = [s.kind for s in art.manifest.plan.steps if s.kind in ("kernel", "extern")]
+    assert kinds == ["kernel", "extern"]
+    (src,) = _sources(art)
+    assert src.count("for roffset") == 1
