@@ -509,9 +509,17 @@ def _persistent_reduction(h: TritonHandler, node: ComputedBuffer, coords: Coords
         return _reduce(h, rtype, run_body(node, coords))
     key = id(node.data.inner_fn)
     if key not in h.welford:
-        shift = _welford_shift(h, node, coords)
-        h.welford[key] = _welford_tile(h, run_body(node, coords), shift)
+        value = run_body(node, coords)
+        h.welford[key] = _welford_tile(h, value, _first_lane(h, value[0]) if isinstance(value, tuple) else None)
     return h.welford[key][WELFORD.index(rtype)]
+
+
+def _first_lane(h: TritonHandler, value: TVal) -> TVal:
+    """Each row's value at its first lane, from the tile in registers (the shift of partials' means).
+
+    Note: not the body evaluated at rindex 0 (_welford_shift) — a body that reads a value this
+    kernel computed reads the register tile, at every lane, whatever index it is given."""
+    return h.emit(f"tl.sum(tl.where(rindex == 0, {value.text}, 0.0), 1)[:, None]", value.dtype)
 
 
 def _welford_shift(h: TritonHandler, node: ComputedBuffer, coords: Coords) -> TVal:
@@ -528,7 +536,8 @@ def _welford_shift(h: TritonHandler, node: ComputedBuffer, coords: Coords) -> TV
     return value[0] if isinstance(value, tuple) else value
 
 
-def _welford_tile(h: TritonHandler, value: TVal | tuple[TVal, TVal, TVal], shift: TVal) -> tuple[TVal, TVal, TVal]:
+def _welford_tile(h: TritonHandler, value: TVal | tuple[TVal, TVal, TVal],
+                  shift: TVal | None) -> tuple[TVal, TVal, TVal]:
     """(mean, m2, weight) per row of a Welford body's values over a tile held in registers.
 
     Note: two passes over the registers rather than Welford's running update: the tile is loaded
@@ -541,9 +550,11 @@ def _welford_tile(h: TritonHandler, value: TVal | tuple[TVal, TVal, TVal], shift
         return (mean, m2 or h.constant(0.0, mean.dtype), weight or h.constant(1.0, mean.dtype))
     dt, typ = mean.dtype, TL_DTYPES[mean.dtype]
     w = h.emit(f"tl.where(xmask & rmask, {weight.text if weight else '1.0'}, 0.0).to({typ})", dt)
-    m = h.emit(f"tl.where(xmask & rmask, {mean.text} - {shift.text}, 0.0)", dt)
+    centred = mean.text if shift is None else f"{mean.text} - {shift.text}"
+    m = h.emit(f"tl.where(xmask & rmask, {centred}, 0.0)", dt)
     q = None if m2 is None else h.emit(f"tl.where(xmask & rmask, {m2.text}, 0.0)", dt)
-    return _unshift(h, _welford_rows(h, m, q, w), shift)
+    stats = _welford_rows(h, m, q, w)
+    return stats if shift is None else _unshift(h, stats, shift)
 
 
 def _unshift(h: TritonHandler, stats: tuple[TVal, TVal, TVal], shift: TVal) -> tuple[TVal, TVal, TVal]:
