@@ -313,8 +313,8 @@ def _node_dtypes(request: CompileRequest) -> dict[str, str]:
 
     # Note: the same graph the compile lowered (passes included), so extern results the passes
     # made (an SDPA call) have their dtypes too.
-    gm, _ = run_passes(rebuild_graph(request.graph, request.hints), request.graph,
-                       request.options.target.kind, request.options.allow_tf32)
+    gm = rebuild_graph(request.graph, request.hints)
+    run_passes(gm, request.options.target.kind, request.options.allow_tf32)
     out: dict[str, str] = {}
     for node in gm.graph.nodes:
         val = node.meta.get("val")
