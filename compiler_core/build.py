@@ -93,12 +93,12 @@ def build_tasks(artifact: Artifact, request: CompileRequest, arch: int,
     """One task per kernel of the artifact that has no sm_`arch` binary yet and that the plan
     launches with a consistent signature (apply_builds says why the others get none).
     `value_dtypes`: the dtypes of the compiled graph's values (pipeline.Compilation.value_dtypes),
-    else the artifact's (kept in memory by the compile that made it), else derived again."""
+    else derived again."""
     if not artifact.manifest.kernels:
         return []
     import triton
 
-    signatures = kernel_signatures(artifact.manifest.plan, request, value_dtypes or artifact.value_dtypes)
+    signatures = kernel_signatures(artifact.manifest.plan, request, value_dtypes)
     tasks = []
     for info in artifact.manifest.kernels:
         sig = signatures.get(info.name)
@@ -152,8 +152,7 @@ def apply_builds(artifact: Artifact, arch: int, built: dict[str, BuiltKernel]) -
                 "binaries": dict(info.binaries, **{key: add_blob(blobs, result.cubin)}), "metadata": meta}))
             continue
         kernels.append(info.model_copy(update={"metadata": meta}))
-    return Artifact(artifact.manifest.model_copy(update={"kernels": kernels}), blobs,
-                    value_dtypes=artifact.value_dtypes)
+    return Artifact(artifact.manifest.model_copy(update={"kernels": kernels}), blobs)
 
 
 def compile_cubin(fn: Any, info: KernelInfo, sig: KernelSignature, arch: int) -> tuple[bytes, dict[str, int | str]]:
@@ -217,7 +216,7 @@ def kernel_signatures(plan: Plan, request: CompileRequest,
 
     A kernel launched with different argument types by different steps gets no entry (no
     binary can serve all of them). `value_dtypes`: the compiled graph's value dtypes where the
-    compile that made the plan gave them (Artifact.value_dtypes), else they are derived again.
+    compile that made the plan gave them (pipeline.Compilation.value_dtypes), else they are derived again.
     """
     found: dict[str, KernelSignature | None] = {}
     for step, dtypes in _kernel_steps(plan, request, value_dtypes):

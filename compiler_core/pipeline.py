@@ -315,9 +315,7 @@ def _unpackaged(c: Compilation, plan: Plan, kernels: list[KernelInfo], stats: Co
     """The artifact of the plan and kernels, untuned and unbuilt, before `package` completes its manifest."""
     manifest = ArtifactManifest(key=c.key, versions=local_versions(), target=c.request.options.target, plan=plan,
                                 kernels=kernels, stats=stats)
-    scheduled = c.scheduled() if c.extern_reason is None and kernels else None
-    return Artifact(manifest, c.blobs, value_dtypes=c.value_dtypes() if c.gm is not None else None,
-                    scheduled=scheduled or None)
+    return Artifact(manifest, c.blobs)
 
 
 def _subgraph(c: Compilation, graph: GraphSpec, hints: dict[str, int],
