@@ -52,7 +52,8 @@ def training_specs(model: torch.nn.Module, x: torch.Tensor) -> list[GraphSpec]:
         spec = on_cuda(cap.spec)
         if strides is not None:
             spec = spec.model_copy(update={"free_layout_outputs": saved_outputs(cap)})
-            new_gm, _ = channels_last_convs(rebuild_graph(spec), spec, "cuda")
+            new_gm = rebuild_graph(spec)
+            channels_last_convs(new_gm, "cuda")
             strides.extend(None if s is None else tuple(s) for s in output_strides(new_gm, spec.free_layout_outputs))
         specs.append(spec)
         return make_boxed_func(gm)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import operator
 import re
 from dataclasses import dataclass, field
@@ -21,37 +20,23 @@ from fxcc.compiler_core.symbolic import from_torch, size_symbol
 from fxcc.compiler_core.symexpr import dump
 from fxcc.compiler_core.wire import (
     Arg,
-    BoolArg,
     ControlFlow,
-    DeviceArg,
-    DtypeArg,
     FlexAttention,
-    FloatArg,
     GraphSpec,
     IntArg,
-    LayoutArg,
     ListArg,
-    MemoryFormatArg,
     Node,
     NodeRef,
-    NoneArg,
     OpaqueOp,
     Placeholder,
-    StrArg,
     SymArg,
     SymbolSpec,
     TensorSpec,
     UserKernel,
     dtype_name,
+    plain_arg,
     target_name,
 )
-
-_MEMORY_FORMATS = {
-    torch.contiguous_format: "contiguous_format",
-    torch.channels_last: "channels_last",
-    torch.channels_last_3d: "channels_last_3d",
-    torch.preserve_format: "preserve_format",
-}
 
 
 @dataclass
@@ -133,27 +118,11 @@ def encode_arg(a: Any, node: str, symbols: Symbols | None = None) -> Arg:
         return _sym_arg(a, symbols)
     if isinstance(a, (torch.SymFloat, torch.SymBool)):
         raise UnsupportedOp(f"a {type(a).__name__} argument cannot travel", node=node)
-    if isinstance(a, bool):
-        return BoolArg(value=a)
-    if isinstance(a, int):
-        return IntArg(value=a)
-    if isinstance(a, float):
-        return FloatArg(value=a if math.isfinite(a) else ("nan" if math.isnan(a) else
-                                                           ("inf" if a > 0 else "-inf")))
-    if a is None:
-        return NoneArg()
-    if isinstance(a, str):
-        return StrArg(value=a)
-    if isinstance(a, torch.dtype):
-        return DtypeArg(value=dtype_name(a))
-    if isinstance(a, torch.device):
-        return DeviceArg(value=a.type)
-    if isinstance(a, torch.layout):
-        if a != torch.strided:
-            raise UnsupportedOp(f"layout {a} is not supported", node=node)
-        return LayoutArg(value="strided")
-    if isinstance(a, torch.memory_format):
-        return MemoryFormatArg(value=_MEMORY_FORMATS[a])
+    if isinstance(a, torch.layout) and a != torch.strided:
+        raise UnsupportedOp(f"layout {a} is not supported", node=node)
+    plain = plain_arg(a)
+    if plain is not None:
+        return plain
     if isinstance(a, (list, tuple)):
         return ListArg(items=[encode_arg(x, node, symbols) for x in a])
     raise UnsupportedOp(f"argument of type {type(a).__name__} cannot travel", node=node)

@@ -13,7 +13,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -263,13 +263,6 @@ class Artifact:
 
     manifest: ArtifactManifest
     blobs: dict[str, bytes] = field(default_factory=dict)
-    # The dtypes of the compiled graph's values (passes applied), by node name, as the compile that
-    # made this artifact saw them: the build's kernel signatures read them instead of propagating
-    # the graph's shapes again. In memory only: never stored, sent or trusted from elsewhere.
-    value_dtypes: dict[str, str] | None = field(default=None, compare=False, repr=False)
-    # Likewise in memory only: the compile's fused kernels by name, (scheduler Kernel, buffers, target),
-    # which tuning in the same process reads instead of lowering the graph again (autotune_artifact).
-    scheduled: dict[str, tuple[Any, dict[str, Any], str]] | None = field(default=None, compare=False, repr=False)
 
     def verify(self) -> None:
         """Raise ArtifactError unless every referenced blob is present with the right digest."""

@@ -260,8 +260,8 @@ def autotune_artifact(artifact: Artifact, request: CompileRequest, device: str =
     """The artifact with every kernel's config chosen by measurement on `device`, marked tuned.
 
     `scheduled`: the compile's fused kernels by name (or what gives them, asked once tuning
-    starts), default the artifact's own (Artifact.scheduled); a stored artifact has none, and
-    pipeline.retune gives them from its request's front stages. A kernel that cannot be tuned (no
+    starts: pipeline.Compilation.scheduled, which for a stored artifact runs its request's front
+    stages); without them only template kernels are tuned. A kernel that cannot be tuned (no
     launch, not in the schedule, its reference config fails, the budget is spent) keeps its
     heuristic config and no TuningRecord; one tuned before keeps its config and record. If no
     kernel was tuned, the artifact comes back unchanged (and untuned).
@@ -269,9 +269,7 @@ def autotune_artifact(artifact: Artifact, request: CompileRequest, device: str =
     manifest = artifact.manifest
     if not manifest.kernels:
         return artifact
-    found_kernels = scheduled() if callable(scheduled) else scheduled
-    if found_kernels is None:
-        found_kernels = artifact.scheduled or {}
+    found_kernels = (scheduled() if callable(scheduled) else scheduled) or {}
     scheduled_by_name = {name: _Scheduled(*found) for name, found in found_kernels.items()}
     launches = launches_by_kernel(manifest.plan)
     blobs = dict(artifact.blobs)
@@ -307,8 +305,7 @@ def autotune_artifact(artifact: Artifact, request: CompileRequest, device: str =
     stats = manifest.stats.model_copy(update={"tune_s": round(time.monotonic() - started, 3)})
     new = manifest.model_copy(update={"kernels": kernels, "plan": plan, "tuned": True, "stats": stats})
     used = {ref.digest for ref in new.blob_refs()}
-    return Artifact(new, {d: b for d, b in blobs.items() if d in used}, value_dtypes=artifact.value_dtypes,
-                    scheduled=artifact.scheduled)
+    return Artifact(new, {d: b for d, b in blobs.items() if d in used})
 
 
 def _regrid(step: KernelStep, info: KernelInfo) -> KernelStep:

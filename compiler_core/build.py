@@ -93,12 +93,12 @@ def build_tasks(artifact: Artifact, request: CompileRequest, arch: int,
     """One task per kernel of the artifact that has no sm_`arch` binary yet and that the plan
     launches with a consistent signature (apply_builds says why the others get none).
     `value_dtypes`: the dtypes of the compiled graph's values (pipeline.Compilation.value_dtypes),
-    else the artifact's (kept in memory by the compile that made it), else derived again."""
+    else derived again."""
     if not artifact.manifest.kernels:
         return []
     import triton
 
-    signatures = kernel_signatures(artifact.manifest.plan, request, value_dtypes or artifact.value_dtypes)
+    signatures = kernel_signatures(artifact.manifest.plan, request, value_dtypes)
     tasks = []
     for info in artifact.manifest.kernels:
         sig = signatures.get(info.name)
@@ -156,8 +156,7 @@ def apply_builds(artifact: Artifact, arch: int, built: dict[str, BuiltKernel]) -
                 "binaries": dict(info.binaries, **{key: add_blob(blobs, result.cubin)}), "metadata": meta}))
             continue
         kernels.append(info.model_copy(update={"metadata": meta}))
-    return Artifact(artifact.manifest.model_copy(update={"kernels": kernels}), blobs,
-                    value_dtypes=artifact.value_dtypes)
+    return Artifact(artifact.manifest.model_copy(update={"kernels": kernels}), blobs)
 
 
 def compile_task(task: BuildTask) -> Any:
@@ -238,7 +237,7 @@ def kernel_signatures(plan: Plan, request: CompileRequest,
 
     A kernel launched with different argument types by different steps gets no entry (no
     binary can serve all of them). `value_dtypes`: the compiled graph's value dtypes where the
-    compile that made the plan gave them (Artifact.value_dtypes), else they are derived again.
+    compile that made the plan gave them (pipeline.Compilation.value_dtypes), else they are derived again.
     """
     found: dict[str, KernelSignature | None] = {}
     for step, dtypes in _kernel_steps(plan, request, value_dtypes):
@@ -334,8 +333,8 @@ def _node_dtypes(request: CompileRequest) -> dict[str, str]:
 
     # Note: the same graph the compile lowered (passes included), so extern results the passes
     # made (an SDPA call) have their dtypes too.
-    gm, _ = run_passes(rebuild_graph(request.graph, request.hints), request.graph,
-                       request.options.target.kind, request.options.allow_tf32)
+    gm = rebuild_graph(request.graph, request.hints)
+    run_passes(gm, request.options.target.kind, request.options.allow_tf32)
     out: dict[str, str] = {}
     for node in gm.graph.nodes:
         val = node.meta.get("val")

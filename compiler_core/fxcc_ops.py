@@ -1,7 +1,7 @@
 """fxcc's own aten-level ops (`torch.ops.fxcc.*`): graph nodes that passes emit for fxcc's templates.
 
-Note: each op has a fake kernel, so a rewritten GraphSpec is rebuilt and re-derived with
-FakeTensors like any client graph, and an eager kernel built from aten ops, so that a plan that
+Note: each op has a fake kernel, so a pass that adds one gets its FakeTensor like any aten node's
+(passes/edit.py), and an eager kernel built from aten ops, so that a plan that
 runs one as an extern call (its template could not be lowered) still computes the right result.
 Only the ops named in OPS resolve from the wire (compiler_core.wire.resolve_target).
 """

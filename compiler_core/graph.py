@@ -31,13 +31,15 @@ from fxcc.compiler_core.wire import (
     LayoutArg,
     ListArg,
     MemoryFormatArg,
+    Node,
     NodeRef,
     NoneArg,
     StrArg,
     SymArg,
     TensorSpec,
-    _refs,
+    plain_arg,
     resolve_target,
+    target_name,
     torch_dtype,
 )
 
@@ -169,19 +171,17 @@ def _flex_target(n: Any) -> Any:
     return FlexTarget(n.flex.kind, n.flex.n_outputs)
 
 
-def rebuild_graph(spec: GraphSpec, hints: dict[str, int] | None = None,
-                  like: tuple[fx.GraphModule, GraphSpec] | None = None) -> fx.GraphModule:
+def rebuild_graph(spec: GraphSpec, hints: dict[str, int] | None = None) -> fx.GraphModule:
     """An FX GraphModule equivalent to `spec`, with `meta["val"]` (a FakeTensor) on every node.
 
-    With size symbols, FakeTensors have symbolic sizes from one ShapeEnv (in gm.meta["fxcc_syms"]).
-    `like`: an earlier rebuild (gm, spec) of a static graph that `spec` was rewritten from (a
-    graph pass): each node the rewrite left as it was keeps its value (see _Reuse).
+    With size symbols, FakeTensors have symbolic sizes from one ShapeEnv (in gm.meta["fxcc_syms"]):
+    the compilation's, which the passes rewrite the graph under and whose guards the plan keeps.
+    Each node remembers the wire node it was made from (`wire_graph` reuses it while a pass leaves
+    the node as it was).
     """
     graph = fx.Graph()
     syms = SymValues(spec, hints or {}) if spec.symbols else None
-    reuse = _Reuse.of(like, spec)
-    mode = reuse.mode if reuse else FakeTensorMode(allow_non_fake_inputs=False,
-                                                   shape_env=syms.shape_env if syms else None)
+    mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=syms.shape_env if syms else None)
     nodes: dict[str, fx.Node] = {}
     fakes: dict[str, Any] = {}
     for p in spec.placeholders:
@@ -189,8 +189,7 @@ def rebuild_graph(spec: GraphSpec, hints: dict[str, int] | None = None,
         if p.symbol is not None:
             node.meta["val"] = fakes[p.name] = _size(p.symbol, syms)
         else:
-            kept = reuse.placeholder(p) if reuse else None
-            node.meta["val"] = fakes[p.name] = fake_input(mode, p.spec, syms) if kept is None else kept
+            node.meta["val"] = fakes[p.name] = fake_input(mode, p.spec, syms)
         nodes[p.name] = node
     for n in spec.nodes:
         target = _node_target(n, mode, syms)
@@ -198,19 +197,20 @@ def rebuild_graph(spec: GraphSpec, hints: dict[str, int] | None = None,
             collectives.check_node(n.target, n.args, n.name)
         args = tuple(decode_arg(a, nodes, syms) for a in n.args)
         kwargs = {k: decode_arg(v, nodes, syms) for k, v in n.kwargs.items()}
-        val = reuse.value(n, fakes) if reuse else _NOT_KEPT
-        if val is _NOT_KEPT:
-            val = _propagate(n, target, mode, fakes, syms)
+        val = _propagate(n, target, mode, fakes, syms)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # size expressions as SymInt arguments
             node = graph.call_function(target, args, kwargs)
         node.name = n.name
         node.meta["val"] = fakes[n.name] = val
+        _remember_wire(node, n)
         nodes[n.name] = node
-    graph.output(tuple(decode_arg(a, nodes, syms) for a in spec.outputs))
+    out = graph.output(tuple(decode_arg(a, nodes, syms) for a in spec.outputs))
+    _remember_wire(out, spec.outputs)
     gm = _graph_module(graph)
     gm.meta["fxcc_syms"] = syms
     gm.meta["fxcc_fake_mode"] = mode
+    gm.meta["fxcc_free_outputs"] = frozenset(spec.free_layout_outputs)
     return gm
 
 
@@ -247,56 +247,84 @@ def _propagate(n: Any, target: Any, mode: FakeTensorMode, fakes: dict[str, Any],
     return val
 
 
-_NOT_KEPT = object()
+# ---------------------------------------------------------------- the wire form of a rewritten graph
+
+_WIRE = "fxcc_wire"  # node.meta: (the wire form, the target, args and kwargs it was rebuilt with)
 
 
-class _Reuse:
-    """The values of an earlier rebuild that a rewritten spec may keep.
+def _remember_wire(node: fx.Node, wire: Any) -> None:
+    node.meta[_WIRE] = (wire, node.target, node.args, node.kwargs)
 
-    Note: a node keeps its earlier value only when its wire form is equal (same op, arguments
-    and keyword arguments, by name) and every node it reads kept its value too: then the op
-    would see the same FakeTensors and give the same result. The values and the FakeTensorMode
-    are shared with the earlier graph (FakeTensors of one graph must come from one mode). Only
-    for static graphs: a symbolic graph is rebuilt in a ShapeEnv of its own (passes/attention.py
-    says why), and FakeTensor propagation costs most of a pass's rebuild of a deep network.
+
+def keep_wire(new: fx.Node, old: fx.Node) -> None:
+    """`new` (a copy of `old` in another graph, its arguments the copies of old's, names kept)
+    has old's wire form, where old still had the one it was rebuilt from."""
+    wire = kept_wire(old)
+    if wire is not None:
+        _remember_wire(new, wire)
+
+
+def kept_wire(node: fx.Node) -> Any:
+    """The wire form `node` was rebuilt from, while its target and arguments are the same objects
+    (a pass that changes them gives the node new ones: FX makes a new args tuple), else None."""
+    kept = node.meta.get(_WIRE)
+    if kept is None:
+        return None
+    wire, target, args, kwargs = kept
+    return wire if node.target is target and node.args is args and node.kwargs is kwargs else None
+
+
+def wire_graph(gm: fx.GraphModule, spec: GraphSpec) -> GraphSpec:
+    """The wire form of `gm`, the rebuild of `spec` as the passes left it: each node the passes
+    kept as it was rebuilt keeps its wire node (opaque ops, control flow and flex_attention
+    included); each node a pass made or changed is encoded from its FX target and arguments.
+    `spec` itself where no pass changed anything.
+
+    Note: the key is computed on the request as received (compile_key), never on this: the
+    passes' output depends on the compiler, and a key must not.
     """
+    syms = gm.meta.get("fxcc_syms")
+    nodes: list[Node] = []
+    outputs: Any = None
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            nodes.append(kept_wire(node) or Node(
+                name=node.name, target=target_name(node.target), args=[wire_arg(a, syms) for a in node.args],
+                kwargs={k: wire_arg(v, syms) for k, v in node.kwargs.items()}))
+        elif node.op == "output":
+            outputs = kept_wire(node)
+            if outputs is None:
+                outputs = [wire_arg(a, syms) for a in node.args[0]]
+    if outputs is spec.outputs and len(nodes) == len(spec.nodes) and all(a is b for a, b in zip(nodes, spec.nodes)):
+        return spec
+    return GraphSpec(symbols=spec.symbols, placeholders=spec.placeholders, nodes=nodes, outputs=outputs,
+                     free_layout_outputs=spec.free_layout_outputs)
 
-    def __init__(self, gm: fx.GraphModule, spec: GraphSpec) -> None:
-        self.mode: FakeTensorMode = gm.meta["fxcc_fake_mode"]
-        self.vals = {n.name: n.meta["val"] for n in gm.graph.nodes if n.op != "output"}
-        self.wire = {n.name: n for n in spec.nodes}
-        self.placeholders = {p.name: p for p in spec.placeholders}
-        self.kept: set[str] = set()
 
-    @classmethod
-    def of(cls, like: tuple[fx.GraphModule, GraphSpec] | None, spec: GraphSpec) -> _Reuse | None:
-        if like is None or spec.symbols or like[1].symbols or like[0].meta.get("fxcc_fake_mode") is None:
-            return None
-        return cls(*like)
+def wire_arg(a: Any, syms: SymValues | None = None) -> Arg:
+    """An argument of an FX node as a wire argument (the inverse of decode_arg); a SymInt as its
+    expression over the graph's size symbols."""
+    if isinstance(a, fx.Node):
+        return NodeRef(name=a.name)
+    if isinstance(a, torch.SymInt):
+        from fxcc.compiler_core.symbolic import from_torch
+        from fxcc.compiler_core.symexpr import dump
 
-    def placeholder(self, p: Any) -> Any:
-        old = self.placeholders.get(p.name)
-        if old is None or old != p or p.name not in self.vals:
-            return None
-        self.kept.add(p.name)
-        return self.vals[p.name]
-
-    def value(self, n: Any, fakes: dict[str, Any]) -> Any:
-        old = self.wire.get(n.name)
-        if old is None or old != n or n.name not in self.vals:
-            return _NOT_KEPT
-        if not all(name in self.kept for name in _refs(list(n.args) + list(n.kwargs.values()))):
-            return _NOT_KEPT
-        self.kept.add(n.name)
-        return self.vals[n.name]
+        expr = from_torch(a.node.expr, syms.rename if syms else {})
+        return IntArg(value=int(expr)) if expr.is_Integer else SymArg(expr=dump(expr))
+    if isinstance(a, (list, tuple)):
+        return ListArg(items=[wire_arg(x, syms) for x in a])
+    plain = plain_arg(a)
+    if plain is not None:
+        return plain
+    raise ValueError(f"an argument of type {type(a).__name__} has no wire form")
 
 
 def _graph_module(graph: fx.Graph) -> fx.GraphModule:
     """A GraphModule of `graph` whose Python code is made only if something calls it.
 
     Note: the compiler reads the graph and never runs the module; generating a deep network's
-    forward (thousands of nodes) cost about 0.3 s per rebuild, and a compile rebuilds after
-    each pass that rewrites the graph.
+    forward (thousands of nodes) cost about 0.3 s.
     """
     try:
         from torch.fx._lazy_graph_module import _LazyGraphModule

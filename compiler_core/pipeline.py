@@ -38,7 +38,7 @@ from fxcc.compiler_core.compile import (
 )
 from fxcc.compiler_core.control_flow import compile_control_flow, merged_kernels, merged_stats
 from fxcc.compiler_core.errors import InvalidGraph, UnsupportedOp
-from fxcc.compiler_core.graph import rebuild_graph
+from fxcc.compiler_core.graph import rebuild_graph, wire_graph
 from fxcc.compiler_core.keys import compile_key
 from fxcc.compiler_core.lowering import ExternCall, GraphLowering, lower_graph
 from fxcc.compiler_core.passes import run_passes
@@ -87,7 +87,7 @@ class Compilation:
     title: str = ""  # names the graph in the stage logs
     record: bool = True  # keep the stage log in the artifact (a subgraph's goes into its graph's)
     # What the stages made, in order.
-    graph: GraphSpec | None = None  # the wire graph, as the passes left it
+    graph: GraphSpec | None = None  # the wire form of `gm`, derived once the passes rewrote it
     gm: Any = None  # the FX graph with FakeTensors (torch.fx.GraphModule)
     lowered: GraphLowering | None = None
     items: list[Kernel | ExternCall] = field(default_factory=list)
@@ -172,8 +172,10 @@ def rebuild(c: Compilation) -> None:
 
 
 def passes(c: Compilation) -> None:
-    """fxcc's graph rewrites (attention fusion, matmul padding, channels-last convs), FX graph and spec alike."""
-    c.gm, c.graph = run_passes(c.gm, c.graph, c.target, c.request.options.allow_tf32)
+    """fxcc's graph rewrites (attention fusion, matmul padding, channels-last convs) of the FX graph in
+    place, under its ShapeEnv (what a match asked of the sizes stays a guard); then its wire form."""
+    if run_passes(c.gm, c.target, c.request.options.allow_tf32):
+        c.graph = wire_graph(c.gm, c.graph)
     emit("graph", c.title, lambda: format_graph(c.gm))
 
 
@@ -313,9 +315,7 @@ def _unpackaged(c: Compilation, plan: Plan, kernels: list[KernelInfo], stats: Co
     """The artifact of the plan and kernels, untuned and unbuilt, before `package` completes its manifest."""
     manifest = ArtifactManifest(key=c.key, versions=local_versions(), target=c.request.options.target, plan=plan,
                                 kernels=kernels, stats=stats)
-    scheduled = c.scheduled() if c.extern_reason is None and kernels else None
-    return Artifact(manifest, c.blobs, value_dtypes=c.value_dtypes() if c.gm is not None else None,
-                    scheduled=scheduled or None)
+    return Artifact(manifest, c.blobs)
 
 
 def _subgraph(c: Compilation, graph: GraphSpec, hints: dict[str, int],

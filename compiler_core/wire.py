@@ -590,6 +590,32 @@ def target_name(fn: Any) -> str:
     return f"{ns}.{fn._opname}.{fn._overloadname}"
 
 
+def plain_arg(a: Any) -> Arg | None:
+    """A plain Python value an aten op takes (a number, None, a short string, a dtype, a device,
+    the strided layout, a memory format) as a wire argument; None for any other value."""
+    import torch
+
+    if isinstance(a, bool):
+        return BoolArg(value=a)
+    if isinstance(a, int):
+        return IntArg(value=a)
+    if isinstance(a, float):
+        return FloatArg(value=a if math.isfinite(a) else "nan" if math.isnan(a) else "inf" if a > 0 else "-inf")
+    if a is None:
+        return NoneArg()
+    if isinstance(a, str):
+        return StrArg(value=a)
+    if isinstance(a, torch.dtype):
+        return DtypeArg(value=dtype_name(a))
+    if isinstance(a, torch.device):
+        return DeviceArg(value=a.type)
+    if isinstance(a, torch.layout) and a == torch.strided:
+        return LayoutArg(value="strided")
+    if isinstance(a, torch.memory_format):
+        return MemoryFormatArg(value=str(a).removeprefix("torch."))
+    return None
+
+
 def torch_dtype(name: str) -> Any:
     import torch
 

@@ -2,8 +2,9 @@
 
 Note: the chain `softmax(q @ kᵀ * c) @ v` writes an N×L×S scores tensor and an equally large
 softmax; an aten scaled-dot-product-attention kernel computes the same result with neither. The
-pass rewrites the GraphSpec (the rewritten spec is rebuilt and re-derived with FakeTensors like any
-client graph) and only where the result is the same:
+pass rewrites the FX graph in place (the new nodes' FakeTensors derived from their arguments', the
+graph's wire form derived from it after the passes: graph.wire_graph) and only where the result is
+the same:
 - every node of the chain has exactly one user, so neither the scores nor the softmax is a graph
   output or read elsewhere. This is also what keeps training graphs whole: AOTAutograd's forward
   saves the softmax for the backward (a graph output), and a backward reads it twice;
@@ -36,9 +37,9 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from fxcc.compiler_core.graph import rebuild_graph
+from fxcc.compiler_core.passes.edit import GraphEdit
 from fxcc.compiler_core.target import ATTENTION_DTYPES, ATTENTION_HEAD_DIMS
-from fxcc.compiler_core.wire import BoolArg, FloatArg, GraphSpec, IntArg, Node, NodeRef, NoneArg
+from fxcc.compiler_core.wire import resolve_target
 
 log = logging.getLogger("fxcc.passes.attention")
 
@@ -93,39 +94,39 @@ class SdpaMatch:
     dead: tuple[fx.Node, ...] = ()  # getitems of its other results, which nothing reads
 
 
-def fuse_attention(gm: fx.GraphModule, spec: GraphSpec, target: str,
-                   allow_tf32: bool = False) -> tuple[fx.GraphModule, GraphSpec]:
-    """`gm` and `spec` with each matched attention chain replaced by one SDPA call, or fxcc's
-    kernel where it applies, and direct SDPA calls by fxcc's kernel where it applies (else unchanged)."""
+def fuse_attention(gm: fx.GraphModule, target: str, allow_tf32: bool = False) -> bool:
+    """Each matched attention chain of `gm` replaced in place by one SDPA call, or fxcc's kernel
+    where it applies, and direct SDPA calls by fxcc's kernel where it applies; whether any was.
+
+    Note: on a symbolic graph the match may ask something of the sizes that holds only for some of
+    them (batch × heads at most MAX_HEADS): the ShapeEnv, the compilation's, records it as a guard,
+    which the plan keeps, so other sizes compile a variant of their own (passes/edit.py).
+    """
     try:
-        syms = gm.meta.get("fxcc_syms")  # a symbolic graph keeps its hints
-        before = _recorded(syms)
         matches = find_attention(gm, target, allow_tf32)
         direct = find_direct_sdpa(gm, target, allow_tf32)
-        if not matches and not direct:
-            return gm, spec
-        if _recorded(syms) != before:
-            # Note: the match asked something of the sizes that holds only for some of them (the
-            # ShapeEnv recorded a guard); the rebuilt graph gets a new ShapeEnv, where that guard
-            # would be lost, and the plan would run SDPA for sizes the match never allowed.
-            log.info("attention pass skipped: the match holds only under guards on the sizes")
-            return gm, spec
-        rewritten = rewrite_spec(spec, matches, target, direct)
-        new_gm = rebuild_graph(rewritten, {s.name: v for s, v in syms.hints.items()} if syms else None,
-                               like=(gm, spec))
     except Exception as e:  # noqa: BLE001 - correctness first: an unsure rewrite is no rewrite
         log.warning("attention pass skipped: %s: %s", type(e).__name__, e)
-        return gm, spec
-    fxcc = sum(m.template for m in matches)
-    log.info("attention pass: %d chain(s) → %s, %d → %s; %d direct SDPA call(s) → %s", len(matches) - fxcc,
-             CUDA_OP if target == "cuda" else CPU_OP, fxcc, TEMPLATE_OP, len(direct), TEMPLATE_OP)
-    return new_gm, rewritten
-
-
-def _recorded(syms: object) -> tuple[int, int]:
-    """How many guards and replacements a symbolic graph's ShapeEnv holds ((0, 0) without one)."""
-    env = getattr(syms, "shape_env", None)
-    return (len(env.guards), len(env.replacements)) if env is not None else (0, 0)
+        return False
+    if not matches and not direct:
+        return False
+    edit = GraphEdit(gm)
+    done = {"chain": 0, "template": 0, "direct": 0}
+    for m in [*matches, *direct]:
+        try:
+            if isinstance(m, AttentionMatch):
+                edit.replace(m.out, sdpa_node(edit, m, target), erase=m.removed)
+                done["template" if m.template else "chain"] += 1
+            else:
+                edit.replace(m.out, template_node(edit, m), erase=(m.call, *m.dead))
+                done["direct"] += 1
+        except Exception as e:  # noqa: BLE001 - this match's nodes are taken back; the others stand
+            edit.rollback()
+            log.warning("attention pass skipped %s: %s: %s", m.out.name, type(e).__name__, e)
+    edit.finish()
+    log.info("attention pass: %d chain(s) → %s, %d → %s; %d direct SDPA call(s) → %s", done["chain"],
+             CUDA_OP if target == "cuda" else CPU_OP, done["template"], TEMPLATE_OP, done["direct"], TEMPLATE_OP)
+    return any(done.values())
 
 
 def find_attention(gm: fx.GraphModule, target: str, allow_tf32: bool = False) -> list[AttentionMatch]:
@@ -344,94 +345,34 @@ def supported(m: AttentionMatch, target: str) -> bool:
     return q.dtype in CPU_DTYPES and e == ev
 
 
-def rewrite_spec(spec: GraphSpec, matches: list[AttentionMatch], target: str,
-                 direct: list[SdpaMatch] | None = None) -> GraphSpec:
-    """`spec` without the matched chains; each second bmm's name now holds the SDPA result, and
-    each direct SDPA call's output name fxcc's kernel's result."""
-    direct = direct or []
-    removed = {n.name for m in matches for n in m.removed} | {d.call.name for d in direct}
-    removed |= {n.name for d in direct for n in d.dead}
-    by_out = {m.out.name: m for m in matches}
-    direct_by_out = {d.out.name: d for d in direct}
-    taken = {p.name for p in spec.placeholders} | {n.name for n in spec.nodes}
-    nodes: list[Node] = []
-    for n in spec.nodes:
-        if n.name in by_out:
-            nodes.extend(sdpa_nodes(by_out[n.name], target, taken))
-        elif n.name in direct_by_out:
-            d = direct_by_out[n.name]
-            args = [NodeRef(name=d.q.name), NodeRef(name=d.k.name), NodeRef(name=d.v.name),
-                    FloatArg(value=d.scale), BoolArg(value=d.causal), BoolArg(value=True),
-                    BoolArg(value=d.heads_outer)]
-            nodes.append(Node(name=n.name, target=TEMPLATE_OP, args=args))
-        elif n.name not in removed:
-            nodes.append(n)
-    # Note: a symbolic graph keeps its size symbols (their declarations and ranges), or the
-    # rewritten spec would use undeclared symbols and dynamic attention would never fuse.
-    return GraphSpec(symbols=spec.symbols, placeholders=spec.placeholders,
-                     nodes=_drop_dead_views(nodes, spec.outputs), outputs=spec.outputs)
-
-
-def sdpa_nodes(m: AttentionMatch, target: str, taken: set[str]) -> list[Node]:
-    """q, k, v as 4-D [1, N, ·, ·] views (N heads of one batch), the SDPA call, its output as [N, L, Ev]."""
-    def name(stem: str) -> str:
-        base = f"{m.out.name}_{stem}"[:120]
-        new, i = base, 0
-        while new in taken:
-            i += 1
-            new = f"{base}{i}"
-        taken.add(new)
-        return new
-
-    def ref(n: str | fx.Node) -> NodeRef:
-        return NodeRef(name=n if isinstance(n, str) else n.name)
-
-    zero = IntArg(value=0)
-    q, k, kt, v = name("q"), name("k"), name("kt"), name("v")
-    call, out4 = name("sdpa"), name("out")
-    nodes = [
-        Node(name=q, target="aten.unsqueeze.default", args=[ref(m.q), zero]),
-        Node(name=kt, target="aten.transpose.int", args=[ref(m.kt), IntArg(value=1), IntArg(value=2)]),
-        Node(name=k, target="aten.unsqueeze.default", args=[ref(kt), zero]),
-        Node(name=v, target="aten.unsqueeze.default", args=[ref(m.v), zero]),
-    ]
-    scale = {"scale": FloatArg(value=m.scale)}
+def sdpa_node(edit: GraphEdit, m: AttentionMatch, target: str) -> fx.Node:
+    """Before the chain's second bmm: q, k, v as 4-D [1, N, ·, ·] views (N heads of one batch), the
+    target's SDPA call (or fxcc's kernel), and its output as [N, L, Ev], which is returned."""
+    at, stem = m.out, m.out.name
+    q = edit.add(at, aten.unsqueeze.default, (m.q, 0), name=f"{stem}_q")
+    kt = edit.add(at, aten.transpose.int, (m.kt, 1, 2), name=f"{stem}_kt")
+    k = edit.add(at, aten.unsqueeze.default, (kt, 0), name=f"{stem}_k")
+    v = edit.add(at, aten.unsqueeze.default, (m.v, 0), name=f"{stem}_v")
     if m.template:
         # Note: laid out as the aten op the target would run lays its output out, so that the
         # rest of the plan is the one it would be with that op.
-        args = [ref(q), ref(k), ref(v), FloatArg(value=m.scale), BoolArg(value=False), BoolArg(value=True),
-                BoolArg(value=target != "cuda")]
-        nodes.append(Node(name=out4, target=TEMPLATE_OP, args=args))
-        nodes.append(Node(name=m.out.name, target="aten.select.int", args=[ref(out4), zero, zero]))
-        return nodes
-    if target == "cuda":
-        args = [ref(q), ref(k), ref(v), NoneArg(), BoolArg(value=False), FloatArg(value=0.0), BoolArg(value=False)]
-        nodes.append(Node(name=call, target=CUDA_OP, args=args, kwargs=scale))
+        out4 = edit.add(at, resolve_target(TEMPLATE_OP), (q, k, v, m.scale, False, True, target != "cuda"),
+                        name=f"{stem}_out")
     else:
-        args = [ref(q), ref(k), ref(v), FloatArg(value=0.0), BoolArg(value=False)]
-        nodes.append(Node(name=call, target=CPU_OP, args=args, kwargs=scale))
-    nodes.append(Node(name=out4, target="getitem", args=[ref(call), zero]))
-    nodes.append(Node(name=m.out.name, target="aten.select.int", args=[ref(out4), zero, zero]))
-    return nodes
+        if target == "cuda":
+            call = edit.add(at, resolve_target(CUDA_OP), (q, k, v, None, False, 0.0, False), {"scale": m.scale},
+                            name=f"{stem}_sdpa")
+        else:
+            call = edit.add(at, resolve_target(CPU_OP), (q, k, v, 0.0, False), {"scale": m.scale},
+                            name=f"{stem}_sdpa")
+        out4 = edit.add(at, operator.getitem, (call, 0), name=f"{stem}_out")
+    return edit.add(at, aten.select.int, (out4, 0, 0), name=stem)
 
 
-_VIEW_OPS = frozenset({"aten.permute.default", "aten.transpose.int", "aten.view.default", "aten.expand.default",
-                       "aten.reshape.default", "aten._unsafe_view.default", "aten.unsqueeze.default",
-                       "aten.squeeze.dim", "aten.t.default"})
-
-
-def _drop_dead_views(nodes: list[Node], outputs: list) -> list[Node]:
-    """`nodes` without the view ops nothing reads any more (the transposed k the scores bmm read)."""
-    from fxcc.compiler_core.wire import _refs
-
-    while True:
-        used = set(_refs(list(outputs)))
-        for n in nodes:
-            used.update(_refs(list(n.args) + list(n.kwargs.values())))
-        dead = {n.name for n in nodes if n.target in _VIEW_OPS and n.name not in used}
-        if not dead:
-            return nodes
-        nodes = [n for n in nodes if n.name not in dead]
+def template_node(edit: GraphEdit, d: SdpaMatch) -> fx.Node:
+    """fxcc's kernel on a direct SDPA call's q, k, v, before the call."""
+    args = (d.q, d.k, d.v, d.scale, d.causal, True, d.heads_outer)
+    return edit.add(d.call, resolve_target(TEMPLATE_OP), args, name=d.out.name)
 
 
 def _only_user(node: fx.Node) -> fx.Node | None:

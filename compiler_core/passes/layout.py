@@ -46,7 +46,8 @@ import torch
 from torch import fx
 from torch._prims_common import suggest_memory_format
 
-from fxcc.compiler_core.wire import Arg, GraphSpec, MemoryFormatArg, Node, NodeRef
+from fxcc.compiler_core.graph import keep_wire
+from fxcc.compiler_core.passes.edit import fresh_name
 
 log = logging.getLogger("fxcc.passes.layout")
 aten = torch.ops.aten
@@ -69,25 +70,25 @@ STRICT_VIEWS = frozenset({aten.view.default, aten._unsafe_view.default})
 MATMULS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default})
 
 
-def channels_last_convs(gm: fx.GraphModule, spec: GraphSpec, target: str) -> tuple[fx.GraphModule, GraphSpec]:
-    """`gm` and `spec` with convolutions on channels-last operands, where that pays (else unchanged).
+def channels_last_convs(gm: fx.GraphModule, target: str) -> bool:
+    """`gm` with convolutions on channels-last operands, where that pays; whether it was rewritten.
 
     Static shapes only: a layout picked for one size is not known to pay for another."""
-    if target not in TARGETS or spec.symbols:
-        return gm, spec
-    free = frozenset(spec.free_layout_outputs)
+    if target not in TARGETS or gm.meta.get("fxcc_syms") is not None:
+        return False
+    free = gm.meta.get("fxcc_free_outputs", frozenset())  # the spec's free_layout_outputs
+    before = len(gm.graph.nodes)
     try:
-        found = lay_out(gm, spec, free) if wants_channels_last(gm, free) else None
+        graph = lay_out(gm, free) if wants_channels_last(gm, free) else None
     except Exception as e:  # noqa: BLE001 - an unsure rewrite is no rewrite
         log.warning("channels-last pass skipped: %s: %s", type(e).__name__, e)
-        return gm, spec
-    if found is None:
-        return gm, spec
-    new_gm, new_spec = found
+        return False
+    if graph is None:
+        return False
+    gm.graph = graph  # the module's code made again when something calls it
     log.info("channels-last pass: %d conv(s), %d copy node(s) added",
-             sum(1 for n in new_gm.graph.nodes if _is_conv(n) or _is_conv_backward(n)),
-             len(new_spec.nodes) - len(spec.nodes))
-    return new_gm, new_spec
+             sum(1 for n in graph.nodes if _is_conv(n) or _is_conv_backward(n)), len(graph.nodes) - before)
+    return True
 
 
 # ---------------------------------------------------------------- when
@@ -192,24 +193,24 @@ def _mm_flops(node: fx.Node) -> int:
 # ---------------------------------------------------------------- how
 
 
-def lay_out(gm: fx.GraphModule, spec: GraphSpec,
-            free: frozenset[int] = frozenset()) -> tuple[fx.GraphModule, GraphSpec] | None:
-    """The rewritten graph and spec, or None where the outputs would need too many copies back.
+def lay_out(gm: fx.GraphModule, free: frozenset[int] = frozenset()) -> fx.Graph | None:
+    """The rewritten graph, or None where the outputs would need too many copies back.
 
     One walk in graph order, re-deriving each node's FakeTensor on the way: a conv operand not
     channels-last by then is read through a copy (one per tensor), a strict view's 4-D input not
     contiguous likewise; at the end, each output whose strides changed is copied back, but those
-    of `free` layout (returned as they come)."""
+    of `free` layout (returned as they come). The new graph shares the old one's FakeTensorMode,
+    and a node the walk left as it was keeps its wire form (graph.keep_wire)."""
     before = cudnn_vals(gm)
-    walk = Rewrite(gm, spec)
-    for node, wire in zip(_calls(gm), spec.nodes, strict=True):
-        walk.add(node, wire)
-    outputs: list[tuple[Any, Arg]] = []
+    walk = Rewrite(gm)
+    for node in _calls(gm):
+        walk.add(node)
+    outputs: list[Any] = []
     restored = 0
-    for i, (arg, wire) in enumerate(zip(_output_args(gm), spec.outputs, strict=True)):
+    for i, arg in enumerate(_output_args(gm)):
         old = before.get(arg) if isinstance(arg, fx.Node) else None
         if not isinstance(old, torch.Tensor) or i in free:
-            outputs.append((walk.env[arg] if isinstance(arg, fx.Node) else arg, wire))
+            outputs.append(walk.env[arg] if isinstance(arg, fx.Node) else arg)
             continue
         new = walk.env[arg]
         if not _same_strides(old, new.meta["val"]):  # strides of size-1 dims aside (a 1×1 weight's gradient)
@@ -221,7 +222,7 @@ def lay_out(gm: fx.GraphModule, spec: GraphSpec,
         if not _same_strides(old, new.meta["val"]):
             raise RuntimeError(f"output {arg.name} would come out with strides "
                                f"{tuple(new.meta['val'].stride())}, not {tuple(old.stride())}")
-        outputs.append((new, NodeRef(name=new.name)))
+        outputs.append(new)
     if restored > MAX_RESTORED_OUTPUTS:
         log.debug("channels-last pass skipped: %d outputs would need copying back", restored)
         return None
@@ -229,51 +230,47 @@ def lay_out(gm: fx.GraphModule, spec: GraphSpec,
 
 
 class Rewrite:
-    """The new graph and spec, built node by node: each original node (its operands swapped for
-    their copies where it needs them) after those copies. Nodes keep their names."""
+    """The new graph, built node by node: each original node (its operands swapped for their
+    copies where it needs them) after those copies. Nodes keep their names."""
 
-    def __init__(self, gm: fx.GraphModule, spec: GraphSpec) -> None:
-        self.spec = spec
+    def __init__(self, gm: fx.GraphModule) -> None:
         self.mode = _fake_mode(gm)
         self.graph = fx.Graph()
         self.env: dict[fx.Node, fx.Node] = {}
-        self.nodes: list[Node] = []
         self.made: dict[tuple[fx.Node, str], fx.Node] = {}
-        self.taken = {p.name for p in spec.placeholders} | {n.name for n in spec.nodes}
+        self.taken = {n.name for n in gm.graph.nodes}
         for node in gm.graph.nodes:
             if node.op == "placeholder":
                 new = self.graph.placeholder(node.name)
                 new.meta["val"] = node.meta["val"]
                 self.env[node] = new
 
-    def add(self, node: fx.Node, wire: Node) -> None:
+    def add(self, node: fx.Node) -> None:
         args = list(fx.node.map_arg(node.args, self.env.__getitem__))
-        wire_args = list(wire.args)
+        mapped = list(args)
         if _is_conv(node) or _is_conv_backward(node):
             for i in range(len(_operands(node))):
-                args[i], wire_args[i] = self.operand(args[i], wire_args[i], CHANNELS_LAST, "fxcl")
+                args[i] = self.operand(args[i], CHANNELS_LAST, "fxcl")
         elif node.target in STRICT_VIEWS and _is_4d_intermediate(node.args[0]):
-            args[0], wire_args[0] = self.operand(args[0], wire_args[0], CONTIGUOUS, "fxnchw")
+            args[0] = self.operand(args[0], CONTIGUOUS, "fxnchw")
         kwargs = fx.node.map_arg(node.kwargs, self.env.__getitem__)
-        self.env[node] = self.call(node.target, tuple(args), kwargs, wire.name)
-        self.nodes.append(wire if wire_args == list(wire.args) else wire.model_copy(update={"args": wire_args}))
+        new = self.env[node] = self.call(node.target, tuple(args), kwargs, node.name)
+        if all(a is b for a, b in zip(args, mapped)):
+            keep_wire(new, node)
 
-    def operand(self, arg: Any, wire: Arg, fmt: str, stem: str) -> tuple[Any, Arg]:
+    def operand(self, arg: Any, fmt: str, stem: str) -> Any:
         """`arg` (a node of the new graph) as a reader gets it: itself where it is laid out as
         `fmt`, else its copy."""
-        if not isinstance(arg, fx.Node) or not isinstance(wire, NodeRef) or _has_format(arg.meta["val"], fmt):
-            return arg, wire
-        copy = self.copy(arg, fmt, stem)
-        return copy, NodeRef(name=copy.name)
+        if not isinstance(arg, fx.Node) or _has_format(arg.meta["val"], fmt):
+            return arg
+        return self.copy(arg, fmt, stem)
 
     def copy(self, node: fx.Node, fmt: str, stem: str) -> fx.Node:
         """A clone of `node` (of the new graph) in memory format `fmt`: one per node and format."""
         key = (node, fmt)
         if key not in self.made:
-            name = self.fresh_name(f"{node.name}_{stem}")
+            name = fresh_name(self.taken, f"{node.name}_{stem}")
             self.made[key] = self.call(aten.clone.default, (node,), {"memory_format": _FORMATS[fmt]}, name)
-            self.nodes.append(Node(name=name, target="aten.clone.default", args=[NodeRef(name=node.name)],
-                                   kwargs={"memory_format": MemoryFormatArg(value=fmt)}))
         return self.made[key]
 
     def call(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> fx.Node:
@@ -284,22 +281,9 @@ class Rewrite:
         new.meta["val"] = _fake_run(self.mode, target, *vals)
         return new
 
-    def fresh_name(self, stem: str) -> str:
-        base = stem[:120]
-        name, i = base, 0
-        while name in self.taken:
-            i += 1
-            name = f"{base}{i}"
-        self.taken.add(name)
-        return name
-
-    def finish(self, outputs: list[tuple[Any, Arg]]) -> tuple[fx.GraphModule, GraphSpec]:
-        self.graph.output(tuple(node for node, _ in outputs))
-        gm = fx.GraphModule(torch.nn.Module(), self.graph)
-        gm.meta["fxcc_syms"] = None
-        spec = GraphSpec.model_validate({**self.spec.model_dump(), "nodes": [n.model_dump() for n in self.nodes],
-                                         "outputs": [w.model_dump() for _, w in outputs]})
-        return gm, spec
+    def finish(self, outputs: list[Any]) -> fx.Graph:
+        self.graph.output(tuple(outputs))
+        return self.graph
 
 
 def cudnn_vals(gm: fx.GraphModule) -> dict[fx.Node, Any]:

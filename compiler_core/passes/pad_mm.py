@@ -23,8 +23,7 @@ import logging
 import torch
 from torch import fx
 
-from fxcc.compiler_core.graph import rebuild_graph
-from fxcc.compiler_core.wire import FloatArg, GraphSpec, IntArg, ListArg, Node, NodeRef
+from fxcc.compiler_core.passes.edit import GraphEdit
 
 log = logging.getLogger("fxcc.passes.pad_mm")
 aten = torch.ops.aten
@@ -34,21 +33,29 @@ MIN_ELEMENTS = 1 << 22
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def pad_matmuls(gm: fx.GraphModule, spec: GraphSpec, target: str) -> tuple[fx.GraphModule, GraphSpec]:
-    """`gm` and `spec` with unaligned big matmuls padded (else unchanged)."""
-    if target != "cuda" or spec.symbols:
-        return gm, spec
+def pad_matmuls(gm: fx.GraphModule, target: str) -> bool:
+    """Unaligned big matmuls of `gm` padded in place; whether any was."""
+    if target != "cuda" or gm.meta.get("fxcc_syms") is not None:
+        return False
     try:
         pads = find_unaligned(gm)
-        if not pads:
-            return gm, spec
-        rewritten = rewrite(spec, pads)
-        new_gm = rebuild_graph(rewritten, like=(gm, spec))  # only the rewritten nodes propagate again
     except Exception as e:  # noqa: BLE001 - an unsure rewrite is no rewrite
         log.warning("matmul padding skipped: %s: %s", type(e).__name__, e)
-        return gm, spec
-    log.info("padded %d matmul(s) to aligned rows", len(pads))
-    return new_gm, rewritten
+        return False
+    if not pads:
+        return False
+    edit = GraphEdit(gm)
+    padded = 0
+    for node in [n for n in gm.graph.nodes if n.name in pads]:
+        try:
+            edit.replace(node, padded_node(edit, node, *pads[node.name]))
+            padded += 1
+        except Exception as e:  # noqa: BLE001 - this matmul's nodes are taken back
+            edit.rollback()
+            log.warning("matmul padding skipped %s: %s: %s", node.name, type(e).__name__, e)
+    edit.finish()  # only the nodes after a padded matmul derive their values again
+    log.info("padded %d matmul(s) to aligned rows", padded)
+    return padded > 0
 
 
 def find_unaligned(gm: fx.GraphModule) -> dict[str, tuple[int, int]]:
@@ -72,50 +79,34 @@ def find_unaligned(gm: fx.GraphModule) -> dict[str, tuple[int, int]]:
     return out
 
 
-def rewrite(spec: GraphSpec, pads: dict[str, tuple[int, int]]) -> GraphSpec:
-    nodes: list[Node] = []
-    producers = {w.name: w for w in spec.nodes}
-    for w in spec.nodes:
-        if w.name not in pads:
-            nodes.append(w)
-            continue
-        n, pad = pads[w.name]
-        args = list(w.args)
-        padded_at = [1] if w.target == "aten.mm.default" else [0, 2]  # addmm: bias and b
-        for i in padded_at:
-            name = f"{w.name}_fxpad{i}"
-            source = _transposed_source(args[i], producers) if i == padded_at[-1] else None
-            if source is not None:
-                # b = t(W) (a Linear's weight): pad W's rows, in W's own memory order, and
-                # transpose the padded copy, so the copy reads and writes contiguously and the
-                # matmul still gets a transposed operand (cuBLAS's "tn" kernels, as unpadded).
-                nodes.append(Node(name=f"{name}_rows", target="aten.constant_pad_nd.default",
-                                  args=[source, ListArg(items=[IntArg(value=0), IntArg(value=0),
-                                                               IntArg(value=0), IntArg(value=pad)]),
-                                        FloatArg(value=0.0)]))
-                nodes.append(Node(name=name, target="aten.t.default", args=[NodeRef(name=f"{name}_rows")]))
-            else:
-                nodes.append(Node(name=name, target="aten.constant_pad_nd.default",
-                                  args=[args[i], ListArg(items=[IntArg(value=0), IntArg(value=pad)]),
-                                        FloatArg(value=0.0)]))
-            args[i] = NodeRef(name=name)
-        wide = f"{w.name}_fxwide"
-        nodes.append(Node(name=wide, target=w.target, args=args, kwargs=w.kwargs))
-        nodes.append(Node(name=w.name, target="aten.slice.Tensor",
-                          args=[NodeRef(name=wide), IntArg(value=1), IntArg(value=0), IntArg(value=n)]))
-    return GraphSpec.model_validate({**spec.model_dump(), "nodes": [x.model_dump() for x in nodes]})
+def padded_node(edit: GraphEdit, mm: fx.Node, n: int, pad: int) -> fx.Node:
+    """Before `mm`: its padded operands, the wide matmul, and the slice of its first N columns (returned)."""
+    args = list(mm.args)
+    padded_at = [1] if mm.target is aten.mm.default else [0, 2]  # addmm: bias and b
+    for i in padded_at:
+        name = f"{mm.name}_fxpad{i}"
+        source = _transposed_source(args[i]) if i == padded_at[-1] else None
+        if source is not None:
+            # b = t(W) (a Linear's weight): pad W's rows, in W's own memory order, and
+            # transpose the padded copy, so the copy reads and writes contiguously and the
+            # matmul still gets a transposed operand (cuBLAS's "tn" kernels, as unpadded).
+            rows = edit.add(mm, aten.constant_pad_nd.default, (source, [0, 0, 0, pad], 0.0), name=f"{name}_rows")
+            args[i] = edit.add(mm, aten.t.default, (rows,), name=name)
+        else:
+            args[i] = edit.add(mm, aten.constant_pad_nd.default, (args[i], [0, pad], 0.0), name=name)
+    wide = edit.add(mm, mm.target, tuple(args), dict(mm.kwargs), name=f"{mm.name}_fxwide")
+    return edit.add(mm, aten.slice.Tensor, (wide, 1, 0, n), name=mm.name)
 
 
-def _transposed_source(arg: object, producers: dict[str, Node]) -> NodeRef | None:
+def _transposed_source(arg: object) -> fx.Node | None:
     """W where `arg` is `t(W)` or `permute(W, [1, 0])` of a 2-D W, else None."""
-    if not isinstance(arg, NodeRef) or arg.name not in producers:
+    if not isinstance(arg, fx.Node) or arg.op != "call_function" or not arg.args:
         return None
-    w = producers[arg.name]
-    if not w.args or not isinstance(w.args[0], NodeRef):
+    w = arg.args[0]
+    if not isinstance(w, fx.Node):
         return None
-    if w.target == "aten.t.default":
-        return w.args[0]
-    if w.target == "aten.permute.default" and len(w.args) > 1 and isinstance(w.args[1], ListArg) and \
-            [getattr(x, "value", None) for x in w.args[1].items] == [1, 0]:
-        return w.args[0]
+    if arg.target is aten.t.default:
+        return w
+    if arg.target is aten.permute.default and len(arg.args) > 1 and list(arg.args[1]) == [1, 0]:
+        return w
     return None

@@ -333,3 +333,45 @@ def test_symbolic_plan_writes_in_place_for_every_size(monkeypatch):
     for batch in (2, 5, 17, 64):
         args = _args_for(request, torch.randn(batch, 16))
         torch.testing.assert_close(runner(args), reference(args), rtol=0, atol=0)
+
+
+def test_attention_fused_under_its_guard_refuses_sizes_beyond_it(monkeypatch):
+    """With batch × heads symbolic, the attention pass fires only under a guard (batch × heads at
+    most MAX_HEADS), which the plan keeps: sizes within it run the fused plan and match eager; a
+    size beyond it fails the guard and runs eagerly (here, with no room for a variant), never
+    through the fused plan; the variant those sizes would get compiles unfused, under the opposite
+    guard."""
+    from fxcc.client import graphs
+    from fxcc.compiler_core.passes.attention import CPU_OP, MAX_HEADS
+
+    requests: list = []
+    arts: list = []
+    real = compile_request
+
+    def recording(request, tune_device=None):
+        requests.append(request)
+        arts.append(real(request))
+        return arts[-1]
+    monkeypatch.setattr("fxcc.compiler_core.pipeline.compile_and_build", recording)
+    monkeypatch.setattr(graphs, "MAX_VARIANTS", 1)  # the unfused variant runs too slowly in the interpreter
+
+    def attention(q, k, v):
+        return torch.softmax(q @ k.transpose(-2, -1) * 0.25, -1) @ v
+
+    compiled = torch.compile(attention, backend="fxcc", dynamic=True)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for shape in ((2, 3, 12, 8), (3, 5, 7, 8)):
+            q, k, v = (torch.randn(*shape, generator=g) for _ in range(3))
+            torch.testing.assert_close(compiled(q, k, v), attention(q, k, v), atol=1e-5, rtol=1e-5)
+        (fused,) = arts
+        assert fused.manifest.plan.symbols and CPU_OP in fused.manifest.stats.extern_ops
+        assert f"s0*s1 <= {MAX_HEADS}" in fused.manifest.plan.guards, fused.manifest.plan.guards
+        q, k, v = (torch.randn(2, MAX_HEADS // 2 + 1, 2, 8, generator=g) for _ in range(3))
+        with pytest.warns(RuntimeWarning, match="runs eagerly for some sizes"):
+            torch.testing.assert_close(compiled(q, k, v), attention(q, k, v), atol=1e-5, rtol=1e-5)
+    assert len(arts) == 1
+    hints = {"s0": 2, "s1": MAX_HEADS // 2 + 1, "s2": 2, "s3": 8}
+    variant = compile_request(requests[0].model_copy(update={"hints": hints, "variant": True}))
+    assert CPU_OP not in variant.manifest.stats.extern_ops
+    assert f"s0*s1 > {MAX_HEADS}" in variant.manifest.plan.guards, variant.manifest.plan.guards

@@ -17,8 +17,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from fxcc.client.capture import capture_graph
 from fxcc.client.runtime import load_plan
 from fxcc.compiler_core.artifact import Artifact
+from fxcc.compiler_core.graph import rebuild_graph, wire_graph
 from fxcc.compiler_core.pipeline import compile_request
-from fxcc.compiler_core.wire import CompileRequest
+from fxcc.compiler_core.wire import CompileRequest, GraphSpec
 
 
 def compile_fn(fn: Callable[..., Any], *inputs: torch.Tensor, decompose: bool = True) -> Artifact:
@@ -29,6 +30,17 @@ def compile_fn(fn: Callable[..., Any], *inputs: torch.Tensor, decompose: bool = 
     cap = capture_graph(gm, list(inputs))
     assert not cap.constants
     return compile_request(CompileRequest(graph=cap.spec))
+
+
+def run_pass(rewrite: Callable[..., bool], spec: GraphSpec, *args: Any,
+             hints: dict[str, int] | None = None) -> tuple[torch.fx.GraphModule, GraphSpec]:
+    """`rewrite` (a graph pass) on the rebuild of `spec`, in place: the graph and its wire form
+    (`spec` itself where the pass did not fire)."""
+    gm = rebuild_graph(spec, hints)
+    fired = rewrite(gm, *args)
+    new = wire_graph(gm, spec)
+    assert fired == (new is not spec)
+    return gm, new
 
 
 def run(artifact: Artifact, *inputs: torch.Tensor) -> tuple[Any, ...]:
@@ -65,8 +77,9 @@ def alloc_steps(art: Artifact) -> list[Any]:
 _BUILD_SM90 = """
 import json, sys
 from fxcc.compiler_core.build import build_artifact
+from fxcc.compiler_core.graph import rebuild_graph, wire_graph
 from fxcc.compiler_core.pipeline import compile_request
-from fxcc.compiler_core.wire import CompileRequest
+from fxcc.compiler_core.wire import CompileRequest, GraphSpec
 request = CompileRequest.model_validate_json(open(sys.argv[1]).read())
 built = build_artifact(compile_request(request), request, 90)
 print(json.dumps([[k.name, k.metadata.get("sm_90.error"), "sm_90" in k.binaries] for k in built.manifest.kernels]))

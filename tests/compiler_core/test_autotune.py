@@ -13,7 +13,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from fxcc.client.capture import capture_graph
 from fxcc.client.runtime import load_plan
-from fxcc.compiler_core import autotune
+from fxcc.compiler_core import autotune, pipeline
 from fxcc.compiler_core.artifact import ArtifactManifest, KernelStep, TuningRecord
 from fxcc.compiler_core.autotune import (
     Config,
@@ -223,9 +223,10 @@ def _fake_timer(calls: list[str]) -> autotune.Timer:
 @pytest.fixture(scope="module")
 def tuned_pair() -> tuple[Any, Any, CompileRequest, list[str]]:
     request = _request(_graph, *_inputs())
-    art = compile_request(request)
+    c = pipeline.run(pipeline.Compilation(request))
     calls: list[str] = []
-    return art, autotune_artifact(art, request, "cpu", timer=_fake_timer(calls)), request, calls
+    return c.artifact, autotune_artifact(c.artifact, request, "cpu", scheduled=c.scheduled,
+                                         timer=_fake_timer(calls)), request, calls
 
 
 def test_tuned_artifact_records_winners_and_timings(tuned_pair) -> None:  # type: ignore[no-untyped-def]
@@ -294,7 +295,8 @@ def test_a_wrong_candidate_never_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     def timer(config: Config, launch: Callable[[], None]) -> float:
         return 0.0 if config == bad else 1.0
 
-    tuned = autotune_artifact(compile_request(request), request, "cpu", timer=timer)
+    c = pipeline.run(pipeline.Compilation(request))
+    tuned = autotune_artifact(c.artifact, request, "cpu", scheduled=c.scheduled, timer=timer)
     (k,) = tuned.manifest.kernels
     assert k.tuning is not None and bad.label in k.tuning.rejected
     assert k.tuning.winner != bad.label and k.constexprs.get("RBLOCK") != 512
@@ -303,8 +305,9 @@ def test_a_wrong_candidate_never_wins(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_budget_spent_keeps_heuristics_and_untuned() -> None:
     request = _request(lambda t: t.sin(), torch.randn(100))
-    art = compile_request(request)
-    assert autotune_artifact(art, request, "cpu", timer=lambda c, f: 1.0, budget_s=-1.0) is art
+    c = pipeline.run(pipeline.Compilation(request))
+    art = c.artifact
+    assert autotune_artifact(art, request, "cpu", scheduled=c.scheduled, timer=lambda c, f: 1.0, budget_s=-1.0) is art
 
 
 def test_cpu_builds_stay_untuned() -> None:

@@ -14,6 +14,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from fxcc.client.backend import decomposition_table
 from fxcc.client.capture import capture_graph
 from fxcc.client.runtime import load_plan
+from fxcc.compiler_core import pipeline
 from fxcc.compiler_core.autotune import autotune_artifact
 from fxcc.compiler_core.autotune_attention import STAGE_SMEM_MAX, candidate_configs, retile_step
 from fxcc.compiler_core.codegen.attention import AttentionConfig, int_args, is_template_kernel
@@ -86,9 +87,10 @@ def _timer(calls: list[str]) -> Callable[[Any, Callable[[], None]], float]:
 @pytest.fixture(scope="module")
 def tuned() -> tuple[Any, Any, tuple[torch.Tensor, ...], list[str]]:
     request, inputs = _request(130)
-    art = compile_request(request)
+    c = pipeline.run(pipeline.Compilation(request))
     calls: list[str] = []
-    return art, autotune_artifact(art, request, "cpu", timer=_timer(calls)), inputs, calls
+    return c.artifact, autotune_artifact(c.artifact, request, "cpu", scheduled=c.scheduled,
+                                         timer=_timer(calls)), inputs, calls
 
 
 def test_the_template_is_tuned_over_its_own_candidates(tuned: Any) -> None:

@@ -1,4 +1,4 @@
-"""Rebuilding a rewritten graph keeps what the rewrite left alone; the build reads the compile's dtypes."""
+"""A pass rewrites the graph in place, keeping what it left alone; the build reads the compile's dtypes."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from fxcc.client.capture import capture_graph
 from fxcc.compiler_core import build
 from fxcc.compiler_core.errors import InvalidGraph
-from fxcc.compiler_core.graph import propagate_shapes, rebuild_graph
+from fxcc.compiler_core.graph import propagate_shapes, rebuild_graph, wire_graph
+from fxcc.compiler_core.passes.edit import repropagate
 from fxcc.compiler_core.passes.pad_mm import pad_matmuls
-from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileOptions, CompileRequest, IntArg, Target
 
 
@@ -29,38 +29,42 @@ def _meta(val):
     return tuple(val.shape), tuple(val.stride()), val.dtype
 
 
-def test_a_pass_rebuild_keeps_untouched_values_and_propagates_the_rest_again():
+def test_a_pass_rewrites_in_place_keeping_untouched_values_and_propagating_the_rest_again():
     x, w = torch.randn(1024, 64), torch.randn(4099, 64)
     spec = _spec(_net, x, w)
     gm = rebuild_graph(spec)
-    new_gm, new_spec = pad_matmuls(gm, spec, "cuda")
-    assert new_spec is not spec
-    fresh = {n.name: n.meta["val"] for n in rebuild_graph(new_spec).graph.nodes if n.op != "output"}
     old = {n.name: n.meta["val"] for n in gm.graph.nodes if n.op != "output"}
-    new = {n.name: n.meta["val"] for n in new_gm.graph.nodes if n.op != "output"}
+    mode = gm.meta["fxcc_fake_mode"]
+    assert pad_matmuls(gm, "cuda")
+    new_spec = wire_graph(gm, spec)
+    assert new_spec is not spec and gm.meta["fxcc_fake_mode"] is mode
+    fresh = {n.name: n.meta["val"] for n in rebuild_graph(new_spec).graph.nodes if n.op != "output"}
+    new = {n.name: n.meta["val"] for n in gm.graph.nodes if n.op != "output"}
     assert new.keys() == fresh.keys()
     for name, val in new.items():  # the same facts as a rebuild from scratch, node by node
         assert _meta(val) == _meta(fresh[name]), name
-    sin = next(n.name for n in new_spec.nodes if n.target == "aten.sin.default")
+    sin = next(n for n in new_spec.nodes if n.target == "aten.sin.default")
+    assert sin in spec.nodes and any(n is sin for n in spec.nodes)  # its wire node kept, not encoded again
     first = spec.placeholders[0].name
-    assert new[sin] is old[sin] and new[first] is old[first]  # kept, not propagated again
+    assert new[sin.name] is old[sin.name] and new[first] is old[first]  # kept, not propagated again
     mm = next(n.name for n in spec.nodes if n.target == "aten.mm.default")
     t = next(n.name for n in spec.nodes if n.target == "aten.t.default" and n.args[0].name == mm)
     assert new[mm] is not old[mm]  # now the slice of the padded matmul
     assert new[t] is not old[t] and _meta(new[t])[1] == (1, 4100) != _meta(old[t])[1]  # its reader follows
-    torch.testing.assert_close(new_gm(x, w)[0], _net(x, w)[0])
+    torch.testing.assert_close(gm(x, w)[0], _net(x, w)[0])
 
 
-def test_a_changed_argument_is_propagated_again():
+def test_a_changed_argument_is_encoded_and_its_readers_propagated_again():
     x = torch.randn(8, 6)
     spec = _spec(lambda a: torch.sum(a, [1]) + 1, x)
     gm = rebuild_graph(spec)
-    nodes = [n.model_copy(update={"args": [n.args[0], type(n.args[1])(items=[IntArg(value=0)])]})
-             if n.target == "aten.sum.dim_IntList" else n for n in spec.nodes]
-    changed = spec.model_copy(update={"nodes": nodes})
-    new = {n.name: tuple(n.meta["val"].shape) for n in rebuild_graph(changed, like=(gm, spec)).graph.nodes
-           if n.op != "output"}
-    assert sorted(new.values()) == sorted([(8, 6), (6,), (6,)])
+    total = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.sum.dim_IntList)
+    total.args = (total.args[0], [0])
+    repropagate(gm, {total})
+    assert sorted(tuple(n.meta["val"].shape) for n in gm.graph.nodes if n.op != "output") == [(6,), (6,), (8, 6)]
+    new_spec = wire_graph(gm, spec)
+    (changed,) = [n for n in new_spec.nodes if not any(n is m for m in spec.nodes)]
+    assert changed.name == total.name and changed.args[1].items == [IntArg(value=0)]
 
 
 def test_the_request_check_propagates_as_the_rebuild_does():
@@ -81,10 +85,11 @@ def test_the_build_stage_reads_the_compiles_dtypes_instead_of_rebuilding(monkeyp
     x, w = torch.randn(1024, 64), torch.randn(4099, 64)
     request = CompileRequest(graph=_spec(_net, x, w),
                              options=CompileOptions(target=Target(kind="cuda", arch=90)))
-    art = compile_request(request)
-    assert art.manifest.kernels and art.value_dtypes
+    front = pipeline.run(pipeline.Compilation(request), pipeline.FRONT)
+    art = front.artifact
+    assert art.manifest.kernels and front.value_dtypes()
     derived = build.kernel_signatures(art.manifest.plan, request)  # from a rebuild, passes included
-    assert derived and build.kernel_signatures(art.manifest.plan, request, art.value_dtypes) == derived
+    assert derived and build.kernel_signatures(art.manifest.plan, request, front.value_dtypes()) == derived
 
     def no_rebuild(request):
         raise AssertionError("the build rebuilt the graph")
@@ -109,7 +114,6 @@ def test_tuning_reads_the_compiles_kernels_and_tunes_a_stored_artifact_alike(mon
     art = c.artifact
     assert set(c.scheduled()) == {k.name for k in art.manifest.kernels}
     stored = Artifact(manifest_from_json(art.manifest_json()), dict(art.blobs))  # as a tune job gets it
-    assert stored.scheduled is None
 
     def timer(config, launch):
         return config.xblock + config.num_warps / 100  # small tiles win: not the heuristic's

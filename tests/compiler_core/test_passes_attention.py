@@ -11,10 +11,11 @@ import torch
 from fxcc.client.capture import capture_graph
 from fxcc.client.examples import TransformerBlock
 from fxcc.compiler_core.artifact import Artifact
-from fxcc.compiler_core.graph import rebuild_graph
-from fxcc.compiler_core.passes.attention import CPU_OP, CUDA_OP, find_attention, fuse_attention
+from fxcc.compiler_core.compile import shape_env_guards
+from fxcc.compiler_core.graph import rebuild_graph, wire_graph
+from fxcc.compiler_core.passes.attention import CPU_OP, CUDA_OP, MAX_HEADS, find_attention, fuse_attention
 from fxcc.compiler_core.wire import GraphSpec
-from tests.compiler_core.helpers import check, compile_fn, run
+from tests.compiler_core.helpers import check, compile_fn, run, run_pass
 from tests.compiler_core.test_compile import compiled_one_graph, fxcc_backend
 
 SDPA_OPS = {CPU_OP, CUDA_OP}
@@ -153,7 +154,7 @@ def _traced_spec(fn: Any, *inputs: torch.Tensor) -> GraphSpec:
 def test_cuda_target_uses_efficient_attention_where_it_applies(head_dim: int, dtype: torch.dtype, fires: bool) -> None:
     """On a CPU-only worker the CUDA graph is rewritten on FakeTensors; the SDPA's layout comes from its meta."""
     spec = _on_cuda(_traced_spec(attention, *(t.to(dtype) for t in qkv(2, 4, 32, head_dim))))
-    gm, new_spec = fuse_attention(rebuild_graph(spec), spec, "cuda")
+    gm, new_spec = run_pass(fuse_attention, spec, "cuda")
     targets = {n.target for n in new_spec.nodes}
     assert (CUDA_OP in targets) == fires and (("aten.bmm.default" in targets) != fires)
     (out,) = gm.graph.output_node().args[0]
@@ -164,7 +165,7 @@ def test_no_match_leaves_the_spec_untouched() -> None:
     spec = _traced_spec(lambda x: torch.softmax(x, -1) @ x, torch.randn(4, 4))
     gm = rebuild_graph(spec)
     assert find_attention(gm, "interpret") == []
-    assert fuse_attention(gm, spec, "interpret") == (gm, spec)
+    assert not fuse_attention(gm, "interpret")
 
 
 def test_a_shared_transposed_key_is_kept() -> None:
@@ -216,22 +217,29 @@ def _symbolic_capture(fn: Any, inputs: tuple[torch.Tensor, ...], dims: dict[int,
 
 
 def test_fires_on_a_symbolic_sequence_length() -> None:
-    """A graph with a symbolic sequence length is rewritten too: the new spec keeps its size
-    symbols, and matching asks nothing of the sizes (no guard, so every length runs fused)."""
+    """A graph with a symbolic sequence length is rewritten in place, in its own ShapeEnv: the
+    wire form keeps its size symbols, and matching asks nothing of the sizes (no guard, so every
+    length runs fused)."""
     q, k, v = qkv(6, 12, 8)
     cap = _symbolic_capture(attention, (q, k, v), {0: [1], 1: [1], 2: [1]})
     gm = rebuild_graph(cap.spec, cap.hints)
-    new_gm, new_spec = fuse_attention(gm, cap.spec, "interpret")
+    syms = gm.meta["fxcc_syms"]
+    assert fuse_attention(gm, "interpret")
+    new_spec = wire_graph(gm, cap.spec)
     targets = {n.target for n in new_spec.nodes}
     assert CPU_OP in targets and "aten.bmm.default" not in targets
     assert new_spec.symbols == cap.spec.symbols
-    assert not gm.meta["fxcc_syms"].shape_env.guards
-    assert new_gm.meta.get("fxcc_syms") is not None
+    assert gm.meta["fxcc_syms"] is syms and not syms.shape_env.guards
+    sdpa = next(n for n in gm.graph.nodes if n.name.endswith("_sdpa"))
+    assert sdpa.meta["val"][0].shape[2].node.shape_env is syms.shape_env  # the graph's one ShapeEnv
 
 
-def test_symbolic_heads_that_need_a_guard_are_left_alone() -> None:
-    """With batch × heads symbolic, the match holds only while it is at most MAX_HEADS (a guard
-    the rebuilt graph would not keep), so the graph stays as it is."""
+def test_symbolic_heads_fire_under_the_guard_their_match_needs() -> None:
+    """With batch × heads symbolic, the match holds only while it is at most MAX_HEADS: the pass
+    fires, and the graph's ShapeEnv keeps that guard for the plan."""
     cap = _symbolic_capture(attention, qkv(2, 3, 12, 8), None)
     gm = rebuild_graph(cap.spec, cap.hints)
-    assert fuse_attention(gm, cap.spec, "interpret") == (gm, cap.spec)
+    assert fuse_attention(gm, "interpret")
+    assert CPU_OP in {n.target for n in wire_graph(gm, cap.spec).nodes}
+    guards = shape_env_guards(gm.meta["fxcc_syms"])
+    assert any(str(MAX_HEADS) in g for g in guards), guards

@@ -16,7 +16,7 @@ from fxcc.client.examples import Bottleneck, ResNet50
 from fxcc.client.runtime import load_plan
 from fxcc.compiler_core.artifact import Artifact
 from fxcc.compiler_core.build import cuda_build_unavailable
-from fxcc.compiler_core.graph import rebuild_graph
+from fxcc.compiler_core.graph import rebuild_graph, wire_graph
 from fxcc.compiler_core.passes import run_passes
 from fxcc.compiler_core.passes.layout import (
     MAX_RESTORED_OUTPUTS,
@@ -27,7 +27,7 @@ from fxcc.compiler_core.passes.layout import (
 )
 from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileOptions, CompileRequest, GraphSpec, Target
-from tests.compiler_core.helpers import build_for_sm90
+from tests.compiler_core.helpers import build_for_sm90, run_pass
 
 aten = torch.ops.aten
 CUDA = CompileOptions(target=Target(kind="cuda", arch=90))
@@ -94,7 +94,7 @@ def test_conv_net_gets_channels_last_convs_and_keeps_its_results():
     x = torch.randn(2, 3, 32, 32)
     spec, inputs = cuda_spec(small_resnet(), x)
     gm = rebuild_graph(spec)
-    new_gm, new_spec = channels_last_convs(gm, spec, "cuda")
+    new_gm, new_spec = run_pass(channels_last_convs, spec, "cuda")
     convs = nodes(new_gm, aten.convolution.default)
     assert len(convs) == len(nodes(gm, aten.convolution.default)) == 8
     for conv in convs:
@@ -119,7 +119,7 @@ def test_a_block_input_read_twice_is_copied_once(stride):
     x = torch.randn(2, 16, 8, 8)
     spec, inputs = cuda_spec(block, x)
     gm = rebuild_graph(spec)
-    new_gm, _ = channels_last_convs(gm, spec, "cuda")
+    new_gm, _ = run_pass(channels_last_convs, spec, "cuda")
     image = next(n for n in new_gm.graph.nodes if n.op == "placeholder" and n.meta["val"].shape == x.shape)
     copies = [u for u in image.users if u.target is aten.clone.default]
     assert len(copies) == 1 and all(c.args[0] is copies[0] for c in nodes(new_gm, aten.convolution.default)
@@ -135,7 +135,7 @@ def test_a_4d_output_keeps_eagers_strides():
     x = torch.randn(2, 3, 16, 16)
     spec, inputs = cuda_spec(model, x)
     gm = rebuild_graph(spec)
-    new_gm, new_spec = channels_last_convs(gm, spec, "cuda")
+    new_gm, new_spec = run_pass(channels_last_convs, spec, "cuda")
     assert new_spec is not spec
     (out,) = next(iter(reversed(new_gm.graph.nodes))).args[0]
     assert out.target is aten.clone.default and is_cl(out.args[0])
@@ -158,9 +158,9 @@ def test_feature_maps_returned_are_copied_back_up_to_a_limit(maps):
         return tuple(feats)
     spec, inputs = cuda_spec(backbone, torch.randn(2, 8, 8, 8))
     gm = rebuild_graph(spec)
-    new_gm, new_spec = channels_last_convs(gm, spec, "cuda")
+    new_gm, new_spec = run_pass(channels_last_convs, spec, "cuda")
     if maps > MAX_RESTORED_OUTPUTS:
-        assert (new_gm, new_spec) == (gm, spec)
+        assert new_spec is spec
         return
     assert sum(n.name.endswith("_fxout") for n in new_spec.nodes) == maps
     assert all(is_cl(c) for c in nodes(new_gm, aten.convolution.default))
@@ -173,7 +173,7 @@ def test_a_flattening_view_reads_a_contiguous_copy():
     x = torch.randn(2, 3, 8, 8)
     spec, inputs = cuda_spec(model, x)
     gm = rebuild_graph(spec)
-    new_gm, new_spec = channels_last_convs(gm, spec, "cuda")
+    new_gm, new_spec = run_pass(channels_last_convs, spec, "cuda")
     assert new_spec is not spec
     (view,) = nodes(new_gm, aten.view.default)
     assert view.args[0].target is aten.clone.default and view.args[0].meta["val"].is_contiguous()
@@ -202,7 +202,7 @@ def test_left_alone(case):
     gm = rebuild_graph(spec)
     if case == "mutation":
         assert any(n.target is aten.relu_.default for n in gm.graph.nodes)
-    assert channels_last_convs(gm, spec, "interpret" if case == "interpret" else "cuda") == (gm, spec)
+    assert not channels_last_convs(gm, "interpret" if case == "interpret" else "cuda")
 
 
 def _training_specs() -> list[GraphSpec]:
@@ -220,7 +220,7 @@ def test_training_graphs_go_channels_last_across_forward_and_backward():
     forward reported), and its conv backwards read channels-last gradients, inputs and weights."""
     fw, bw = _training_specs()
     assert fw.free_layout_outputs and not bw.free_layout_outputs
-    fw_gm, fw_spec = channels_last_convs(rebuild_graph(fw), fw, "cuda")
+    fw_gm, fw_spec = run_pass(channels_last_convs, fw, "cuda")
     convs = nodes(fw_gm, aten.convolution.default)
     assert len(convs) == 4 and all(is_cl(c.args[0]) and is_cl(c.args[1]) and is_cl(c) for c in convs)
     # Only the block's own output (the user's, not saved) is copied back to eager's layout.
@@ -231,7 +231,7 @@ def test_training_graphs_go_channels_last_across_forward_and_backward():
     saved = [p for p in bw.placeholders if len(p.spec.sizes) == 4 and p.spec.sizes[1] > 1
              and p.spec.sizes[2] > 1]
     assert any(channels_last(p.spec.sizes, p.spec.strides) for p in saved)
-    bw_gm, _ = channels_last_convs(rebuild_graph(bw), bw, "cuda")
+    bw_gm, _ = run_pass(channels_last_convs, bw, "cuda")
     backs = nodes(bw_gm, aten.convolution_backward.default)
     assert len(backs) == 4
     for b in backs:
@@ -255,7 +255,7 @@ def test_cuda_convs_are_laid_out_as_cudnn_lays_them_out():
     before = cudnn_vals(gm)
     assert all(before[n].is_contiguous(memory_format=torch.channels_last) for n in gm.graph.nodes
                if n.op == "call_function")
-    new_gm, new_spec = channels_last_convs(gm, spec, "cuda")
+    new_gm, new_spec = run_pass(channels_last_convs, spec, "cuda")
     assert new_spec.nodes == spec.nodes and new_spec.outputs == spec.outputs
     (conv,) = nodes(new_gm, aten.convolution.default)
     (relu,) = nodes(new_gm, aten.relu.default)
@@ -269,7 +269,9 @@ def test_cuda_convs_are_laid_out_as_cudnn_lays_them_out():
 def test_the_builds_dtype_lookup_sees_the_pass():
     """fxcc.compiler_core.build looks dtypes up in run_passes' graph: the copies are in it."""
     spec, _ = cuda_spec(small_resnet(), torch.randn(2, 3, 32, 32))
-    gm, new_spec = run_passes(rebuild_graph(spec), spec, "cuda")
+    gm = rebuild_graph(spec)
+    assert run_passes(gm, "cuda")
+    new_spec = wire_graph(gm, spec)
     assert any(n.name.endswith("_fxcl") for n in gm.graph.nodes)
     assert [n.name for n in gm.graph.nodes if n.op == "call_function"] == [n.name for n in new_spec.nodes]
 
@@ -314,7 +316,7 @@ def conversion_kernels(art: Artifact) -> int:
 def compile_cuda(spec: GraphSpec, layout_pass: bool = True) -> Artifact:
     with pytest.MonkeyPatch.context() as mp:
         if not layout_pass:
-            mp.setattr("fxcc.compiler_core.passes.layout.channels_last_convs", lambda gm, spec, target: (gm, spec))
+            mp.setattr("fxcc.compiler_core.passes.layout.channels_last_convs", lambda gm, target: False)
         return compile_request(CompileRequest(graph=spec, options=CUDA))
 
 
@@ -341,7 +343,7 @@ def check_conv_plan(plans: dict[str, Any], convs: int, conversions: int) -> None
     share one kernel); no other copy anywhere."""
     art, baseline, spec = plans["art"], plans["baseline"], plans["spec"]
     layouts = plan_layouts(art, spec)
-    new_gm, _ = channels_last_convs(rebuild_graph(spec), spec, "cuda")
+    new_gm, _ = run_pass(channels_last_convs, spec, "cuda")
     sizes = {n.name: list(n.meta["val"].shape) for n in new_gm.graph.nodes
              if isinstance(n.meta.get("val"), torch.Tensor)}
     sizes |= {s.out: list(s.spec.sizes) for s in art.manifest.plan.steps if s.kind == "alloc"}
@@ -372,7 +374,7 @@ def test_transformed_graph_compiled_for_the_cpu_matches_eager(compiled):
     """The rewritten graph, compiled for the interpreter and run on CPU tensors: eager's values
     and strides, and no extern result needed re-laying."""
     spec, inputs = compiled["spec"], compiled["inputs"]
-    _, new_spec = channels_last_convs(rebuild_graph(spec), spec, "cuda")
+    _, new_spec = run_pass(channels_last_convs, spec, "cuda")
     art = compile_request(CompileRequest(graph=on_device(new_spec, "cpu")))
     runtime._relaid.clear()
     (got,) = load_plan(art)(inputs)
@@ -407,7 +409,7 @@ def test_depthwise_separable_convs_go_channels_last():
     x = torch.randn(2, 8, 16, 16)
     spec, inputs = cuda_spec(model, x)
     gm = rebuild_graph(spec)
-    new_gm, _ = channels_last_convs(gm, spec, "cuda")
+    new_gm, _ = run_pass(channels_last_convs, spec, "cuda")
     convs = nodes(new_gm, aten.convolution.default)
     assert len(convs) == 3 and convs[1].args[8] == 32
     for conv in convs:
@@ -424,4 +426,4 @@ def test_grouped_convs_with_wide_groups_stay_nchw():
     spec, _ = cuda_spec(model, torch.randn(2, 64, 8, 8))
     gm = rebuild_graph(spec)
     assert conv_class(nodes(gm, aten.convolution.default)[0]) == "grouped"
-    assert channels_last_convs(gm, spec, "cuda") == (gm, spec)
+    assert not channels_last_convs(gm, "cuda")

@@ -6,10 +6,10 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from fxcc.client.capture import capture_graph
-from fxcc.compiler_core.graph import rebuild_graph
 from fxcc.compiler_core.passes.pad_mm import MIN_ELEMENTS, pad_matmuls
 from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
+from tests.compiler_core.helpers import run_pass
 
 
 def _spec(fn, *inputs):
@@ -26,8 +26,7 @@ def test_unaligned_mm_is_padded_and_computes_the_same():
     a, w = torch.randn(1024, 64), torch.randn(4099, 64)  # N = 4099: rows not 16-byte aligned
     assert 1024 * 4099 >= MIN_ELEMENTS
     spec = _spec(lambda x, y: torch.mm(x, y.t()), a, w)
-    gm = rebuild_graph(spec)
-    new_gm, new_spec = pad_matmuls(gm, spec, "cuda")
+    new_gm, new_spec = run_pass(pad_matmuls, spec, "cuda")
     targets = [n.target for n in new_spec.nodes]
     assert "aten.constant_pad_nd.default" in targets and targets[-1] == "aten.slice.Tensor"
     wide = next(n for n in new_gm.graph.nodes if n.name.endswith("_fxwide"))
@@ -38,7 +37,7 @@ def test_unaligned_mm_is_padded_and_computes_the_same():
 def test_addmm_pads_its_bias_too():
     a, w, b = torch.randn(2048, 32), torch.randn(2051, 32), torch.randn(2051)
     spec = _spec(lambda x, y, z: torch.addmm(z, x, y.t()), a, w, b)
-    new_gm, new_spec = pad_matmuls(rebuild_graph(spec), spec, "cuda")
+    new_gm, new_spec = run_pass(pad_matmuls, spec, "cuda")
     assert sum(n.target == "aten.constant_pad_nd.default" for n in new_spec.nodes) == 2
     torch.testing.assert_close(_run(new_gm, [a, w, b]), torch.addmm(b, a, w.t()))
 
@@ -49,8 +48,7 @@ def test_left_alone_when_aligned_small_or_not_cuda():
              (torch.randn(1024, 64), torch.randn(4099, 64), "interpret")]
     for a, w, target in cases:
         spec = _spec(lambda x, y: torch.mm(x, y.t()), a, w)
-        gm = rebuild_graph(spec)
-        assert pad_matmuls(gm, spec, target) == (gm, spec)
+        assert run_pass(pad_matmuls, spec, target)[1] is spec
 
 
 def test_compiled_cuda_plan_uses_the_padded_matmul():
@@ -68,7 +66,7 @@ def test_a_transposed_weight_is_padded_in_its_own_memory_order():
     # transposed padded copy, so cuBLAS still sees a transposed operand, as without the pass.
     a, w = torch.randn(1024, 64), torch.randn(4099, 64)
     spec = _spec(lambda x, y: torch.mm(x, y.t()), a, w)
-    new_gm, _new_spec = pad_matmuls(rebuild_graph(spec), spec, "cuda")
+    new_gm, _new_spec = run_pass(pad_matmuls, spec, "cuda")
     pad = next(n for n in new_gm.graph.nodes if n.target == torch.ops.aten.constant_pad_nd.default)
     assert tuple(pad.meta["val"].shape) == (4100, 64) and pad.meta["val"].is_contiguous()
     wide = next(n for n in new_gm.graph.nodes if n.name.endswith("_fxwide"))
@@ -79,7 +77,7 @@ def test_a_transposed_weight_is_padded_in_its_own_memory_order():
 def test_an_untransposed_operand_is_padded_along_its_columns():
     a, b = torch.randn(1024, 64), torch.randn(64, 4099)
     spec = _spec(lambda x, y: torch.mm(x, y), a, b)
-    new_gm, _new_spec = pad_matmuls(rebuild_graph(spec), spec, "cuda")
+    new_gm, _new_spec = run_pass(pad_matmuls, spec, "cuda")
     pad = next(n for n in new_gm.graph.nodes if n.target == torch.ops.aten.constant_pad_nd.default)
     assert tuple(pad.meta["val"].shape) == (64, 4100)
     torch.testing.assert_close(_run(new_gm, [a, b]), a @ b)

@@ -32,7 +32,7 @@ def test_the_stages_run_in_order_heard_and_timed_and_the_artifact_keeps_the_comp
     art = c.artifact
     assert art.manifest.stage_log is not None and art.manifest.stats.compile_s > 0
     assert set(c.scheduled()) == {k.name for k in art.manifest.kernels}
-    assert c.value_dtypes() == art.value_dtypes and art.value_dtypes
+    assert c.value_dtypes() and set(c.value_dtypes()) >= {n.name for n in request.graph.nodes}
     x = torch.randn(8, 64)
     torch.testing.assert_close(run(art, x)[0], (x.sin() * 2).sum(-1))
 
