@@ -89,7 +89,8 @@ _state = _State()
 
 
 def load_timings() -> dict[str, float]:
-    """Seconds of the last package load: read (disk or service), verify, unpickle, artifacts, total."""
+    """Seconds of the last package load: read (disk or service), verify, unpickle, the artifacts'
+    fetch (on its side thread) and what the load waited for it, the plans, total (install included)."""
     with _state.lock:
         return dict(_state.load_s)
 

@@ -47,8 +47,9 @@ class RemoteService:
         self.trusted = trusted
         # Note: a plain-HTTP service is asked through the standard library (client/http_client.py:
         # httpx and httpcore's imports cost a warm start 0.4 s on a CPU host), with no TLS context
-        # and no redirects followed; an https one through httpx, its TLS checks as httpx makes them.
-        if url.startswith("http://"):
+        # and no redirects followed; an https one, or one that the environment's proxy settings
+        # route through a proxy (as httpx honours them), through httpx.
+        if url.startswith("http://") and not _proxied(url):
             self.http: Any = http_client.Client(url, headers, timeout_s)
         else:
             import httpx
@@ -357,6 +358,17 @@ def _warn_once(text: str) -> None:
     if text not in _warned:
         _warned.add(text)
         log.warning(text)
+
+
+def _proxied(url: str) -> bool:
+    """Whether HTTP_PROXY / ALL_PROXY (less NO_PROXY) send requests to `url` through a proxy."""
+    import urllib.parse
+    import urllib.request
+
+    proxies = urllib.request.getproxies()
+    if not (proxies.get("http") or proxies.get("all")):
+        return False
+    return not urllib.request.proxy_bypass(urllib.parse.urlsplit(url).hostname or "")
 
 
 def _transport_error(e: Exception) -> bool:

@@ -139,3 +139,16 @@ def test_no_httpx_on_the_plain_http_path(server: ThreadingHTTPServer) -> None:
             "print(sorted(m for m in ('httpx', 'httpcore', 'trio', 'anyio') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_proxied_service_is_asked_through_httpx(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTP_PROXY routes an http:// service through httpx (which honours it); NO_PROXY does not."""
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    proxied = RemoteService("http://fxcc.example:8000")
+    assert not isinstance(proxied.http, http_client.Client)
+    proxied.close()
+    monkeypatch.setenv("NO_PROXY", "fxcc.example")
+    direct = RemoteService("http://fxcc.example:8000")
+    assert isinstance(direct.http, http_client.Client)
