@@ -50,12 +50,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fxcc.client import prewarm
 from fxcc.client.pre_aot import Once
+
+if TYPE_CHECKING:
+    from fxcc.compiler_core.artifact import Artifact
 
 log = logging.getLogger("fxcc.dynamo_cache")
 
@@ -86,7 +89,8 @@ _state = _State()
 
 
 def load_timings() -> dict[str, float]:
-    """Seconds of the last package load: read (disk or service), verify, unpickle, artifacts, total."""
+    """Seconds of the last package load: read (disk or service), verify, unpickle, the artifacts'
+    fetch (on its side thread) and what the load waited for it, the plans, total (install included)."""
     with _state.lock:
         return dict(_state.load_s)
 
@@ -152,14 +156,23 @@ class FxccCompiled(_serializable_base()):  # type: ignore[misc]
     @classmethod
     def deserialize_compile_artifacts(cls, data: bytes) -> FxccCompiled:
         """The callable again, its artifact fetched and loaded; raises when it cannot be."""
+        return cls.loaded_from(data, None)
+
+    @classmethod
+    def loaded_from(cls, data: bytes, fetched: tuple[Artifact, str] | None,
+                    into: FxccCompiled | None = None) -> FxccCompiled:
+        """The callable of serialized `data` (`into`, when given, made so), its plan that of the
+        artifact `fetched` (verified by the caller; with where it came from) or, when None, of the
+        one fetched now; raises when it cannot be loaded."""
         from fxcc.client.settings import ClientSettings
 
         head, _, rest = data.partition(b"\n")
         state = json.loads(head)
         graph = LazyGraph(rest)
         settings = ClientSettings.from_env()
-        fn = load_plan_for(state, graph, settings)
-        compiled = cls(fn, state, graph, settings)
+        fn = load_plan_for(state, graph, settings, fetched)
+        compiled = cls(fn, state, graph, settings) if into is None else into
+        compiled.fn, compiled.state, compiled.graph, compiled.settings = fn, state, graph, settings
         wait = _prewarm(fn, state, settings)
         if wait is not None:
             def first_call(*args: Any, **kwargs: Any) -> Any:
@@ -217,9 +230,11 @@ def _prewarm(fn: Callable, state: dict[str, Any], settings: Any) -> Callable[[],
     return prewarm.start(plan, state.get("input_layouts"), torch.device("cuda", torch.cuda.current_device()))
 
 
-def load_plan_for(state: dict[str, Any], graph: Callable, settings: Any) -> Callable:
-    """The runnable plan of a serialized FxccCompiled: its artifact from the local cache or the
-    service (verified and signed as every artifact is), run as a pre-AOT hit runs it."""
+def load_plan_for(state: dict[str, Any], graph: Callable, settings: Any,
+                  fetched: tuple[Artifact, str] | None = None) -> Callable:
+    """The runnable plan of a serialized FxccCompiled: its artifact (`fetched` with where it came
+    from, or now from the local cache or the service: verified and signed as every artifact is),
+    run as a pre-AOT hit runs it."""
     from fxcc.client.graphs import GraphCompiler, _boxed
     from fxcc.client.pre_aot import as_aot_runtime
     from fxcc.compiler_core.wire import Target
@@ -236,7 +251,7 @@ def load_plan_for(state: dict[str, Any], graph: Callable, settings: Any) -> Call
         if target.arch != major * 10 + minor:
             raise ValueError(f"the package's graph was built for sm_{target.arch}")
     compiler = GraphCompiler(settings, inference=True)
-    art, source = compiler.cache.get(key), "local-hit"
+    art, source = fetched if fetched is not None else (compiler.cache.get(key), "local-hit")
     if art is None and settings.url:
         art, source = _remote(settings).get_artifact(key), "remote-hit"
         if art is not None:
@@ -255,26 +270,52 @@ def load_plan_for(state: dict[str, Any], graph: Callable, settings: Any) -> Call
 
 
 class BackendArtifact:
-    """One FxccCompiled inside a package, as torch's package install expects a backend entry."""
+    """One FxccCompiled inside a package, as torch's package install expects a backend entry.
+
+    Note: a package loaded by `_load` has its artifacts fetched on a side thread while torch
+    installs its guards (`PackageLoad`). Install takes each graph's callable (`after_deserialization`)
+    before it builds the guards: that callable is made first, without a plan (`pending`), and given
+    its plan once the fetch is done (`PackageLoad.finish`, before torch.compile returns)."""
 
     def __init__(self, data: bytes) -> None:
         self.data = data
         self.loaded: FxccCompiled | None = None
+        self.pending: FxccCompiled | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"data": self.data}
 
     def __setstate__(self, d: dict[str, Any]) -> None:
-        self.data, self.loaded = d["data"], None
+        self.data, self.loaded, self.pending = d["data"], None, None
 
-    def prepare(self) -> None:
-        """Fetch and load the artifact now, so that a failure is a miss before anything installs."""
-        self.loaded = FxccCompiled.deserialize_compile_artifacts(self.data)
+    def artifact_key(self) -> str | None:
+        """The key of the artifact this graph runs, as its state names it (None when malformed:
+        `prepare` says what is wrong)."""
+        try:
+            key = json.loads(self.data.partition(b"\n")[0]).get("artifact_key")
+        except (ValueError, AttributeError):
+            return None
+        return key if isinstance(key, str) and _HEX64.match(key) else None
+
+    def hold(self) -> None:
+        """Make the callable install takes now; its plan comes with `prepare`."""
+        head, _, rest = self.data.partition(b"\n")
+        self.pending = FxccCompiled(_not_loaded, json.loads(head), LazyGraph(rest))
+
+    def prepare(self, fetched: tuple[Artifact, str] | None = None) -> None:
+        """Load the artifact's plan (`fetched`, or fetched now), so that a failure is a miss."""
+        self.loaded = FxccCompiled.loaded_from(self.data, fetched, self.pending)
 
     def after_deserialization(self) -> FxccCompiled:
         if self.loaded is None:
+            if self.pending is not None:
+                return self.pending
             self.prepare()
         return self.loaded  # type: ignore[return-value]
+
+
+def _not_loaded(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError("fxcc: a package's graph ran before its plan was loaded")
 
 
 # ---------------------------------------------------------------- keys and signatures
@@ -406,7 +447,9 @@ def _local_path(settings: Any, key: str) -> Path:
     return Path(settings.cache_dir) / "dynamo" / f"{key}.pkg"
 
 
-def _load(fn: Any, options: dict[str, Any] | None) -> Any:
+def _load(fn: Any, options: dict[str, Any] | None) -> PackageLoad | None:
+    """The package of `fn` (local, else the service), verified and unpickled, its artifacts being
+    fetched; None on a miss (counted)."""
     from torch._dynamo import package as pk
     from torch._dynamo.eval_frame import innermost_fn
 
@@ -450,42 +493,103 @@ def _load(fn: Any, options: dict[str, Any] | None) -> Any:
     for backend in entry.backends.values():
         if not isinstance(backend, BackendArtifact):
             raise TypeError("the package holds another backend's graph")
-    prefetch(settings, list(entry.backends.values()))
-    for backend in entry.backends.values():
-        backend.prepare()
-    with _state.lock:  # a trace after a failing guard saves the package again, these graphs in it
-        _state.compiled.update({bid: backend.loaded for bid, backend in entry.backends.items()})
-    if data is not None and not _local_path(settings, key).exists():
-        _write_local(settings, key, data)
-    with _state.lock:
-        _state.saved[key] = hashlib.sha256(payload).hexdigest()
-    count("hits")
-    t_end = time.perf_counter()
-    with _state.lock:
-        _state.load_s = {"read_s": t_read - t0, "verify_s": t_verify - t_read, "unpickle_s": t_unpickle - t_verify,
-                         "artifacts_s": t_end - t_unpickle, "total_s": t_end - t0, "bytes": float(len(data))}
-    log.info("fxcc: Dynamo package %s loaded (%d graphs): the first call skips tracing", key[:12],
-             len(entry.backends))
-    return entry
+    load = PackageLoad(entry, settings, key, data, payload)
+    load.times.update(t0=t0, read=t_read, verify=t_verify, unpickle=t_unpickle)
+    load.start()
+    return load
 
 
-def prefetch(settings: Any, backends: list[BackendArtifact]) -> int:
-    """The artifacts of a package's graphs that the local cache lacks, from the service in one
-    request (RemoteService.prefetch: a bundle), so that each graph's load is then a local hit;
-    how many arrived. With one graph, or without a service, nothing: its own GET is as cheap."""
-    keys = []
-    for backend in backends:
+class PackageLoad:
+    """A verified package whose graphs' artifacts are being fetched (`start`: local cache, else the
+    service, on a side thread) while torch installs its frames; `finish` loads their plans.
+
+    Note: the fetch is what `load_plan_for` does on its own (the local cache, then the service with
+    the workers' signatures and the digests checked, the artifact put into the local cache), for
+    all the package's graphs at once (a bundle when there are several) and before the guards are
+    built rather than after; nothing of an artifact runs before `finish`, and an artifact that is
+    refused or missing makes `finish` raise: the package is uninstalled and traced, as before."""
+
+    def __init__(self, entry: Any, settings: Any, key: str, data: bytes, payload: bytes) -> None:
+        self.entry, self.settings, self.key, self.data, self.payload = entry, settings, key, data, payload
+        self.times: dict[str, float] = {}
+        self._done = threading.Event()
+        self._fetched: dict[str, tuple[Artifact, str]] = {}
+        self._error: BaseException | None = None
+
+    @property
+    def dynamo(self) -> Any:
+        return self.entry.dynamo
+
+    @property
+    def backends(self) -> dict[str, BackendArtifact]:
+        return self.entry.backends
+
+    def start(self) -> None:
+        for backend in self.backends.values():
+            backend.hold()
+        keys = [k for k in (b.artifact_key() for b in self.backends.values()) if k is not None]
+        threading.Thread(target=self._fetch, args=(keys,), name="fxcc-package-fetch", daemon=True).start()
+
+    def _fetch(self, keys: list[str]) -> None:
+        t0 = time.perf_counter()
         try:
-            key = json.loads(backend.data.partition(b"\n")[0]).get("artifact_key")
-        except (ValueError, AttributeError):
-            continue  # its prepare() says what is wrong with it
-        if isinstance(key, str) and _HEX64.match(key):
-            keys.append(key)
-    if not settings.url or len(set(keys)) < 2:
-        return 0
+            self._fetched = fetch_artifacts(self.settings, keys)
+        except BaseException as e:  # noqa: BLE001 - raised again by finish, on the loading thread
+            self._error = e
+        self.times["fetch"] = time.perf_counter() - t0
+        self._done.set()
+
+    def finish(self) -> None:
+        """Each graph's plan loaded from its fetched artifact; raises when one cannot be."""
+        t0 = time.perf_counter()
+        self._done.wait()
+        t_fetched = time.perf_counter()
+        if self._error is not None:
+            raise self._error
+        for backend in self.backends.values():
+            backend.prepare(self._fetched.get(backend.artifact_key() or ""))
+        with _state.lock:  # a trace after a failing guard saves the package again, these graphs in it
+            _state.compiled.update({bid: backend.loaded for bid, backend in self.backends.items()})
+        if not _local_path(self.settings, self.key).exists():
+            _write_local(self.settings, self.key, self.data)
+        with _state.lock:
+            _state.saved[self.key] = hashlib.sha256(self.payload).hexdigest()
+        count("hits")
+        t_end, t = time.perf_counter(), self.times
+        with _state.lock:
+            _state.load_s = {"read_s": t["read"] - t["t0"], "verify_s": t["verify"] - t["read"],
+                             "unpickle_s": t["unpickle"] - t["verify"], "fetch_s": t.get("fetch", 0.0),
+                             "fetch_wait_s": t_fetched - t0, "plans_s": t_end - t_fetched,
+                             "total_s": t_end - t["t0"], "bytes": float(len(self.data))}
+        log.info("fxcc: Dynamo package %s loaded (%d graphs): the first call skips tracing", self.key[:12],
+                 len(self.backends))
+
+
+def fetch_artifacts(settings: Any, keys: list[str]) -> dict[str, tuple[Artifact, str]]:
+    """The artifacts of `keys` with where each came from: the local cache's, then the rest from
+    the service (verified as RemoteService verifies every artifact; several in one request, a
+    bundle) and put into the local cache. A key found nowhere is absent; a refused artifact raises."""
     from fxcc.client.cache import LocalCache
 
-    return _remote(settings).prefetch(keys, LocalCache(settings.cache_dir))
+    cache = LocalCache(settings.cache_dir)
+    found: dict[str, tuple[Artifact, str]] = {}
+    for key in dict.fromkeys(keys):
+        art = cache.get(key)
+        if art is not None:
+            found[key] = (art, "local-hit")
+    wanted = [k for k in dict.fromkeys(keys) if k not in found]
+    if not wanted or not settings.url:
+        return found
+    remote = _remote(settings)
+    fetched = remote.fetch_many(wanted) if len(wanted) > 1 else {}
+    for key in wanted:
+        art = fetched.get(key)
+        if art is None:
+            art = remote.get_artifact(key)
+        if art is not None:
+            cache.put(art)
+            found[key] = (art, "remote-hit")
+    return found
 
 
 def _write_local(settings: Any, key: str, data: bytes) -> None:
@@ -552,5 +656,6 @@ def _save(package: Any) -> None:
         _executor().submit(_service_put, settings, key, data)
 
 
-__all__ = ["BackendArtifact", "FxccCompiled", "PackageKeys", "counters", "load_plan_for", "load_timings",
+__all__ = ["BackendArtifact", "FxccCompiled", "PackageKeys", "PackageLoad", "counters", "fetch_artifacts",
+           "load_plan_for", "load_timings",
            "package_key", "settings_key", "wrap"]

@@ -127,9 +127,18 @@ def _load_package_into(package: Any, fn: Any) -> None:
             # The saved guards were filtered when they were made: built once here, unfiltered.
             with dynamo_config.patch(caching_precompile=False):
                 package.install(result.backends)
-            return
         except RuntimeError:  # said once by the patched install
             package._initialized, package._codes = False, {}  # what a failed install left, dropped
+        else:
+            try:
+                result.finish()  # the plans of the artifacts fetched meanwhile
+                return
+            except Exception as e:  # noqa: BLE001 - a miss: uninstalled, Dynamo traces
+                count("errors")
+                log_once(f"load:{type(e).__name__}", "tracing as usual (%s)", _first_line(e))
+                with contextlib.suppress(Exception):  # the trace that follows installs anew
+                    package.uninstall()
+                package._initialized, package._codes = False, {}
     package.initialize(fn_key, None, ignore_inlined_sources=False)
 
 

@@ -7,15 +7,17 @@ import logging
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
+from fxcc.client import http_client
 from fxcc.compiler_core.artifact import Artifact, manifest_from_json
 from fxcc.compiler_core.bundle import BundleError, bundle_key, decode_bundle
 from fxcc.compiler_core.errors import ArtifactError, FxccError
 from fxcc.compiler_core.signing import PublicKey, SigningKeyError, TrustedKeys, read_public_keys
 from fxcc.compiler_core.wire import CompileRequest
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("fxcc.remote")
 
@@ -43,10 +45,16 @@ class RemoteService:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url
         self.trusted = trusted
-        # Note: a plain-HTTP service needs no TLS context (loading the CA bundle costs 30-60 ms a
-        # client); with follow_redirects off (httpx's default) nothing can lead to https from it.
-        self.http = httpx.Client(base_url=url, headers=headers, timeout=timeout_s,
-                                 verify=not url.startswith("http://"))
+        # Note: a plain-HTTP service is asked through the standard library (client/http_client.py:
+        # httpx and httpcore's imports cost a warm start 0.4 s on a CPU host), with no TLS context
+        # and no redirects followed; an https one, or one that the environment's proxy settings
+        # route through a proxy (as httpx honours them), through httpx.
+        if url.startswith("http://") and not _proxied(url):
+            self.http: Any = http_client.Client(url, headers, timeout_s)
+        else:
+            import httpx
+
+            self.http = httpx.Client(base_url=url, headers=headers, timeout=timeout_s)
 
     @classmethod
     def for_settings(cls, settings: Any, timeout_s: float | None = None) -> RemoteService:
@@ -57,10 +65,12 @@ class RemoteService:
     def close(self) -> None:
         self.http.close()
 
-    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response | http_client.Response:
         try:
             return self.http.request(method, path, **kw)
-        except httpx.HTTPError as e:
+        except Exception as e:
+            if not _transport_error(e):
+                raise
             raise ServiceError(f"service {self.url} unreachable: {type(e).__name__}: {e}") from None
 
     def get_artifact(self, key: str) -> Artifact | None:
@@ -113,7 +123,9 @@ class RemoteService:
                         raise ServiceError(f"service answered key {str(key)[:12]} it was not asked for")
                     if not item.get("missing"):
                         found[key] = self._verified(key, item)
-        except httpx.HTTPError as e:
+        except Exception as e:
+            if not _transport_error(e):
+                raise
             raise ServiceError(f"service {self.url} unreachable: {type(e).__name__}: {e}") from None
         raise ServiceError(f"service {self.url} cut a batch of {len(keys)} artifacts short")
 
@@ -186,18 +198,24 @@ class RemoteService:
         wanted = [k for k in dict.fromkeys(keys) if cache.get(k) is None]
         if not wanted:
             return 0
-        try:
-            try:
-                found = self.get_bundled(wanted)
-            except NoBundles:
-                found = self.get_artifacts(wanted)
-        except Exception as e:  # noqa: BLE001 - each graph still fetches its own artifact
-            _warn_once(f"fxcc: batch fetch of {len(wanted)} artifacts from {self.url} failed "
-                       f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); fetching one by one")
-            return 0
+        found = self.fetch_many(wanted)
         for art in found.values():
             cache.put(art)
         return len(found)
+
+    def fetch_many(self, keys: list[str]) -> dict[str, Artifact]:
+        """The artifacts of `keys` the service holds, verified, from one bundle (or, from a service
+        without bundles, one batch request); {} when that fails (said once). Never raises: whoever
+        asks fetches each missing one by itself."""
+        try:
+            try:
+                return self.get_bundled(keys)
+            except NoBundles:
+                return self.get_artifacts(keys)
+        except Exception as e:  # noqa: BLE001 - each graph still fetches its own artifact
+            _warn_once(f"fxcc: batch fetch of {len(keys)} artifacts from {self.url} failed "
+                       f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); fetching one by one")
+            return {}
 
     def get_pre_aot(self, key: str) -> dict[str, Any] | None:
         """This principal's pre-AOT entry for `key` (JSON, unchecked); None when there is none."""
@@ -342,7 +360,25 @@ def _warn_once(text: str) -> None:
         log.warning(text)
 
 
-def _retry_after(r: httpx.Response) -> float:
+def _proxied(url: str) -> bool:
+    """Whether HTTP_PROXY / ALL_PROXY (less NO_PROXY) send requests to `url` through a proxy."""
+    import urllib.parse
+    import urllib.request
+
+    proxies = urllib.request.getproxies()
+    if not (proxies.get("http") or proxies.get("all")):
+        return False
+    return not urllib.request.proxy_bypass(urllib.parse.urlsplit(url).hostname or "")
+
+
+def _transport_error(e: Exception) -> bool:
+    """Whether `e` is the HTTP client's own (the service unreachable, a broken answer): httpx's
+    when RemoteService was given an httpx client (an https service, a test's app client)."""
+    httpx = sys.modules.get("httpx")
+    return isinstance(e, http_client.TransportError) or (httpx is not None and isinstance(e, httpx.HTTPError))
+
+
+def _retry_after(r: httpx.Response | http_client.Response) -> float:
     """The seconds a 429/503 asks the client to wait (Retry-After, 1-30 s; 2 when it names none)."""
     try:
         return min(30.0, max(1.0, float(r.headers.get("Retry-After", "2"))))
@@ -365,7 +401,7 @@ def _json_loads(data: bytes) -> Any:
         raise ArtifactError(f"malformed manifest: {e}") from None
 
 
-def _check(r: httpx.Response) -> None:
+def _check(r: httpx.Response | http_client.Response) -> None:
     if r.status_code >= 400:
         try:
             detail = r.json()

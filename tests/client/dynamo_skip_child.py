@@ -3,6 +3,7 @@
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -47,6 +48,10 @@ def foreign(x):
 
 def tampered(x):
     return torch.sigmoid(x) * x
+
+
+def lost_artifact(x):
+    return torch.sigmoid(x) * 4
 
 
 def with_options(x):
@@ -122,7 +127,7 @@ phase, aot_path = sys.argv[1], Path(os.environ["FXCC_CACHE_DIR"]).parent / "aot_
 out: dict = {}
 if phase == "save":
     case(out, "net", torch.compile(net, backend="fxcc"), net, x)
-    for fn in (pointwise, other_fxcc, other_torch, foreign, tampered):
+    for fn in (pointwise, other_fxcc, other_torch, foreign, tampered, lost_artifact):
         case(out, fn.__name__, torch.compile(fn, backend="fxcc"), fn, x)
     case(out, "with_options", torch.compile(with_options, backend="fxcc", options={"cuda_graphs": False}),
          with_options, x)
@@ -201,4 +206,7 @@ elif phase == "trust":
                                           options={"cuda_graphs": False, "mode": "max-autotune"}), with_options, x)
     case(out, "same_options", torch.compile(with_options, backend="fxcc", options={"cuda_graphs": False}),
          with_options, x)
+    # the package verifies, its artifact is gone from the local cache (last: every artifact goes)
+    shutil.rmtree(settings.cache_dir / "artifacts" / "manifests")
+    case(out, "lost_artifact", torch.compile(lost_artifact, backend="fxcc"), lost_artifact, x)
 print(json.dumps(out))

@@ -44,9 +44,9 @@ def test_the_first_process_traces_and_saves_a_signed_package(saved):
     env, out = saved
     for case in out.values():
         assert (case["traced"], case["graphs"]) == (1, 1)
-    assert out["with_options"]["counters"] == {"misses": 7, "saved": 7}
+    assert out["with_options"]["counters"] == {"misses": 8, "saved": 8}
     packages = sorted((Path(env["FXCC_CACHE_DIR"]) / "dynamo").glob("*.pkg"))
-    assert len(packages) == 10
+    assert len(packages) == 11
     assert all(p.read_bytes().startswith(b"FXCCPKG1\n") for p in packages)
     key = Path(env["FXCC_PACKAGE_KEY_FILE"])
     assert key.stat().st_mode & 0o077 == 0 and Path(f"{key}.pub").is_file()
@@ -86,3 +86,7 @@ def test_other_versions_and_foreign_or_tampered_packages_are_misses(saved):
     assert (out["same_options"]["traced"], out["same_options"]["graphs"]) == (0, 0)
     assert out["same_options"]["counters"]["hits"] == 1
     assert (out["other_mode"]["traced"], out["other_mode"]["graphs"]) == (1, 1)
+    # a package whose artifact cannot be loaded is uninstalled and traced (its placeholder never runs)
+    assert (out["lost_artifact"]["traced"], out["lost_artifact"]["graphs"]) == (1, 1)
+    before, after = out["same_options"]["counters"], out["lost_artifact"]["counters"]
+    assert after.get("errors", 0) == before.get("errors", 0) + 1 and after["hits"] == before["hits"]

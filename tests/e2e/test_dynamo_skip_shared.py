@@ -2,7 +2,9 @@
 conftest.py: `fxcc serve` on Redis with a token, a signing worker); its Dynamo package goes to the
 service, signed by the principal's package key. A second client process, a new machine with an
 empty local cache and the same principal's key file, runs its first call from the service's
-package without tracing; a third, holding another key, refuses the package and traces."""
+package without tracing; a third, holding the principal's key but trusting another worker's key,
+loads the package, refuses its artifact and traces (the package is uninstalled: nothing of it
+runs); a fourth, holding another package key, refuses the package and traces."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import redis
+
+from fxcc.compiler_core.signing import write_key_pair
 
 pytestmark = pytest.mark.e2e
 
@@ -43,10 +47,10 @@ print(json.dumps({"traced": dynamo_utils.counters["frames"]["ok"], "aot_runs": b
 """
 
 
-def _client(env: dict[str, str], script: Path, cache: Path, key: Path) -> dict:
+def _client(env: dict[str, str], script: Path, cache: Path, key: Path, **extra: str) -> dict:
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
                          env=dict(env, FXCC_CACHE_DIR=str(cache), FXCC_PACKAGE_KEY_FILE=str(key),
-                                  FXCC_DYNAMO_CACHE="1"), check=False)
+                                  FXCC_DYNAMO_CACHE="1", **extra), check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -68,6 +72,13 @@ def test_a_new_machine_skips_dynamo_through_the_service(client_env, redis_url, r
     assert b["events"] == [["remote-hit", "skipped: Dynamo package"]]  # the artifact from the service
     assert b["counters"] == {"hits": 1}
     assert len(list((tmp_path / "machine-b" / "dynamo").glob("*.pkg"))) == 1  # kept for the next process
+
+    other_worker = tmp_path / "other-worker" / "signing.key"
+    write_key_pair(other_worker, other_worker.with_name("signing.pub"))
+    d = _client(client_env, script, tmp_path / "machine-d", key,
+                FXCC_TRUSTED_KEYS=str(other_worker.with_name("signing.pub")))
+    assert d["traced"] == 1 and d["counters"].get("errors") == 1 and "hits" not in d["counters"]
+    # (before c: what c traces is saved under its own key, and shared in the package's place)
 
     c = _client(client_env, script, tmp_path / "machine-c", tmp_path / "another" / "package.key")
     assert c["traced"] == 1 and c["counters"]["refused"] == 1 and "hits" not in c["counters"]

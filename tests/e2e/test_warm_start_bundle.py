@@ -42,11 +42,12 @@ def test_a_new_machine_fetches_a_model_in_one_request(client_env, tmp_path):
 
     b = shared._client(client_env, script, tmp_path / "machine-b", key)
     assert (b["traced"], b["aot_runs"]) == (0, 0)
-    assert b["events"] == [["local-hit", "skipped: Dynamo package"]] * 2  # both prefetched
+    assert b["events"] == [["remote-hit", "skipped: Dynamo package"]] * 2  # both from the one bundle
     asked, end = _requests(log, end)
     assert asked == ["GET /v1/packages", "GET /v1/bundles", "POST /v1/bundles"]  # assembled and stored
 
     c = shared._client(client_env, script, tmp_path / "machine-c", key)
-    assert c["events"] == [["local-hit", "skipped: Dynamo package"]] * 2
+    assert c["events"] == [["remote-hit", "skipped: Dynamo package"]] * 2
+    assert len(list((tmp_path / "machine-c" / "artifacts" / "manifests").glob("*.json"))) == 2  # kept locally
     asked, _ = _requests(log, end)
     assert asked == ["GET /v1/packages", "GET /v1/bundles"]  # the stored bundle

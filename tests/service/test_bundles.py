@@ -292,3 +292,39 @@ def test_process_cache_is_bounded_and_keeps_the_newest() -> None:
     off = BundleCache(0, 1000)
     off.put("a", b"a")
     assert off.get("a") is None
+
+
+def test_a_packages_artifacts_fetched_at_once_are_those_fetched_one_by_one(
+        client: TestClient, base_artifact: Artifact, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """dynamo_cache.fetch_artifacts (a loaded package's artifacts, on its side thread): the local
+    cache's, the rest in one bundle, each verified as get_artifact verifies it; a refused one raises."""
+    from types import SimpleNamespace
+
+    from fxcc.client import dynamo_cache
+
+    arts = [variant(base_artifact, n) for n in range(196, 200)]
+    keys = [put(client, a) for a in arts]
+    LocalCache(tmp_path / "cache").put(arts[0])
+    settings = SimpleNamespace(url="http://testserver", cache_dir=tmp_path / "cache")
+    service = remote(client, TRUSTED)
+    monkeypatch.setattr(dynamo_cache, "_remote", lambda s: service)
+    asked: list[str] = []
+    client.event_hooks["request"] = [lambda request: asked.append(f"{request.method} {request.url.path}")]
+    try:
+        found = dynamo_cache.fetch_artifacts(settings, [*keys, "9" * 64])
+    finally:
+        client.event_hooks["request"] = []
+    # one bundle of what the local cache lacks; the key it did not hold asked for once more by itself
+    assert asked == [f"GET /v1/bundles/{bundle_key([*keys[1:], '9' * 64])}", "POST /v1/bundles",
+                     f"GET /v1/artifacts/{'9' * 64}"]
+    assert sorted(found) == sorted(keys)  # the unknown key absent
+    assert {k: source for k, (_, source) in found.items()} == {keys[0]: "local-hit", **dict.fromkeys(keys[1:], "remote-hit")}
+    for key, (art, _) in found.items():
+        one = service.get_artifact(key)
+        assert art.manifest == one.manifest and art.blobs == one.blobs
+        assert LocalCache(tmp_path / "cache").get(key) is not None  # kept for the next process
+    untrusted = remote(client, TrustedKeys([PublicKey(generate()[1])]))
+    monkeypatch.setattr(dynamo_cache, "_remote", lambda s: untrusted)
+    for wanted in (keys[1:2], keys[1:]):  # one GET, or a bundle then each one's own GET
+        with pytest.raises(ArtifactError, match="not trusted"):
+            dynamo_cache.fetch_artifacts(SimpleNamespace(url="http://testserver", cache_dir=tmp_path / "other"), wanted)
