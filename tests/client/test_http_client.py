@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -70,9 +71,18 @@ def _url(srv: ThreadingHTTPServer) -> str:
     return f"http://127.0.0.1:{srv.server_address[1]}"
 
 
-def test_answers_headers_and_one_kept_connection(server: ThreadingHTTPServer) -> None:
-    client = http_client.Client(_url(server), {"Authorization": "Bearer t"}, timeout=5)
+@contextmanager
+def _client(server: ThreadingHTTPServer, headers: dict[str, str] | None = None) -> Iterator[http_client.Client]:
+    """A client of `server`, closed after the block."""
+    client = http_client.Client(_url(server), headers, timeout=5)
     try:
+        yield client
+    finally:
+        client.close()
+
+
+def test_answers_headers_and_one_kept_connection(server: ThreadingHTTPServer) -> None:
+    with _client(server, {"Authorization": "Bearer t"}) as client:
         r = client.request("GET", "/v1/pre-aot/abc", params={"wait": 3})
         assert r.status_code == 200 and r.json() == {"path": "/v1/pre-aot/abc?wait=3"}
         assert r.headers.get("x-seen-auth") == "Bearer t" and r.headers["Content-Type"] == "application/json"
@@ -82,32 +92,24 @@ def test_answers_headers_and_one_kept_connection(server: ThreadingHTTPServer) ->
         assert failed.status_code == 500 and failed.text == "boom"
         with pytest.raises(http_client.HTTPStatusError):
             failed.raise_for_status()
-    finally:
-        client.close()
     assert len(server.connections) == 1  # type: ignore[attr-defined]
 
 
 def test_a_connection_the_server_closed_is_replaced(server: ThreadingHTTPServer) -> None:
-    client = http_client.Client(_url(server), timeout=5)
-    try:
+    with _client(server) as client:
         assert client.request("GET", "/drop-after").json() == {"ok": True}
         assert client.request("GET", "/v1/pre-aot/x").json() == {"path": "/v1/pre-aot/x"}
-    finally:
-        client.close()
     assert len(server.connections) == 2  # type: ignore[attr-defined]
 
 
 def test_streamed_lines(server: ThreadingHTTPServer) -> None:
-    client = http_client.Client(_url(server), timeout=5)
-    try:
+    with _client(server) as client:
         with client.stream("POST", "/v1/artifacts/batch", json={"keys": ["a", "b"]}) as r:
             assert r.status_code == 200
             lines = [json.loads(line) for line in r.iter_lines() if line]
         assert lines == [{"key": "a", "missing": True}, {"key": "b", "missing": True},
                          {"done": True, "not_sent": []}]
         assert client.request("GET", "/v1/pre-aot/y").status_code == 200  # the connection is whole again
-    finally:
-        client.close()
     assert len(server.connections) == 1  # type: ignore[attr-defined]
 
 
