@@ -80,7 +80,9 @@ def process_group_backend() -> str:
 
 
 def train(model: nn.Module, width: int) -> list[float]:
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # One tensor at a time: under TP the unsharded head's parameters are plain tensors beside the
+    # sharded layers' DTensors, a mix that torch 2.11's foreach kernels refuse.
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=False)
     # TP: every rank sees the same batch; DDP and FSDP: each rank its own.
     gen = torch.Generator().manual_seed(1000 + (0 if os.environ["FXCC_PARALLEL"] == "tp" else RANK))
     losses = []
