@@ -218,7 +218,7 @@ class GraphedPlan:
         self.on_cut = on_cut  # told how, once the plan is cut (graph, then step by step)
         self.key = manifest.key
         self.plan = manifest.plan
-        self.budget = allocated_bytes(manifest)
+        self.budget = allocated_bytes(manifest)  # and, once the warm-up call ran, its extern results
         self.cut: int | None = None  # steps from here on run after each replay, step by step
         self.live: list[str] = []  # values the graph leaves for those steps
         self.graphs: dict[tuple[Any, ...], _Captured] = {}
@@ -269,7 +269,13 @@ class GraphedPlan:
         stream = capture_stream(self.device)
         stream.wait_stream(caller)
         with torch.cuda.stream(stream):
-            outputs = self.runner(args)
+            if hasattr(self.runner, "call_measured"):
+                # Extern results (mm, convolution, ...) are memory the plan allocates too: the
+                # budget its outputs are weighed against counts them from this call on.
+                outputs, extern_bytes = self.runner.call_measured(args)
+                self.budget += extern_bytes
+            else:
+                outputs = self.runner(args)
         caller.wait_stream(stream)
         for t in flat_tensors(outputs):
             t.record_stream(caller)  # made on the capture stream, used and freed on the caller's

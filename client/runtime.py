@@ -133,6 +133,8 @@ class PlanRunner:
         self._output_names = ([a.name for a in plan.outputs]
                               if all(isinstance(a, NodeRef) for a in plan.outputs) else None)
         self._first_tensor = 0  # where the device is read from (the first tensor input seen)
+        # (step index, result name) of each extern step: what `call_measured` weighs
+        self._extern_outs = [(i, step.out) for i, step in enumerate(plan.steps) if isinstance(step, ExternStep)]
 
     @staticmethod
     def _extern(step: ExternStep, groups: tuple[str, ...] = ()) -> Callable[[dict[str, Any]], None]:
@@ -300,6 +302,26 @@ class PlanRunner:
         """Run the plan's steps [start, stop) over `env` (a CUDA graph runs a prefix, then the rest)."""
         for run in self._steps[start:stop]:
             run(env)
+
+    def call_measured(self, args: list[Any]) -> tuple[tuple[Any, ...], int]:
+        """A call, and the bytes of the fresh storages its extern steps' results took (views of
+        an input or of an earlier value counted once, or not at all): the memory torch allocated
+        for the plan beside its own buffers (cuda_graphs.GraphedPlan weighs its outputs by both)."""
+        env = self.begin(args)
+        seen = {t.untyped_storage().data_ptr() for t in args if isinstance(t, torch.Tensor)}
+        fresh, at = 0, 0
+        for i, out in self._extern_outs:
+            self.run_steps(env, at, i + 1)
+            at = i + 1
+            value = env.get(out)
+            for t in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(t, torch.Tensor):
+                    storage = t.untyped_storage()
+                    if storage.data_ptr() not in seen:
+                        seen.add(storage.data_ptr())
+                        fresh += storage.nbytes()
+        self.run_steps(env, at)
+        return self.finish(env), fresh
 
     def finish(self, env: dict[str, Any]) -> tuple[Any, ...]:
         """The call's outputs, read from `env` once every step has run."""

@@ -241,3 +241,35 @@ def test_the_steps_after_a_cut_need_only_the_live_values_and_give_the_whole_plan
     torch.testing.assert_close(got, whole, rtol=0, atol=0)
     with torch.no_grad():
         torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_measured_call_weighs_the_fresh_storages_of_its_extern_results_once():
+    """What a graphed plan's warm-up call adds to the budget its outputs are weighed against: the
+    extern results' fresh storages (an MLP whose activations are all addmm results, written in
+    place by its pointwise kernels, allocates almost nothing of its own), views of an input or of
+    an earlier result not counted again."""
+    from fxcc.client.runtime import load_plan
+    from fxcc.compiler_core.artifact import Artifact, ArtifactManifest, CompileStats, FreeStep, Plan
+    from fxcc.compiler_core.compile import local_versions
+    from fxcc.compiler_core.wire import IntArg, ListArg, NodeRef, Target
+
+    def ints(*v):
+        return ListArg(items=[IntArg(value=i) for i in v])
+
+    x, w = torch.randn(64, 32), torch.randn(48, 32)
+    steps = [
+        ExternStep(op="aten.t.default", args=[NodeRef(name="w")], out="wt"),        # a view of an input
+        ExternStep(op="aten.mm.default", args=[NodeRef(name="x"), NodeRef(name="wt")], out="h"),  # 64x48
+        ExternStep(op="aten.view.default", args=[NodeRef(name="h"), ints(48, 64)], out="hv"),  # a view of h
+        ExternStep(op="aten.sum.dim_IntList", args=[NodeRef(name="hv"), ints(1)], out="s"),  # 48 floats
+        FreeStep(names=["wt", "h", "hv"]),
+    ]
+    plan = Plan(inputs=["x", "w"], steps=steps, outputs=[NodeRef(name="s")])
+    manifest = ArtifactManifest(key="0" * 64, versions=local_versions(), target=Target(), plan=plan, kernels=[],
+                                stats=CompileStats())
+    runner = load_plan(Artifact(manifest, {}))
+    (got,), fresh = runner.call_measured([x, w])
+    torch.testing.assert_close(got, (x @ w.t()).view(48, 64).sum(1))
+    assert fresh == (64 * 48 + 48) * 4
+    (again,) = runner([x, w])
+    torch.testing.assert_close(again, got, rtol=0, atol=0)
