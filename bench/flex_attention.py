@@ -56,8 +56,9 @@ def _max_err(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
 
 
-def _kernel_ms(call: Any, leaves: list[torch.Tensor], calls: int = 5, top: int = 6) -> dict[str, list[float]]:
-    """The `top` CUDA kernels of `call` by time: {name: [ms per call, launches per call]}."""
+def _kernel_ms(call: Any, leaves: list[torch.Tensor], calls: int = 5, top: int = 6) -> dict[str, Any]:
+    """`call`'s CUDA time per call, all kernels summed (`device_ms`: well under the row's time, the
+    call is host-bound), and its `top` kernels by time, {name: [ms per call, launches per call]}."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -73,7 +74,7 @@ def _kernel_ms(call: Any, leaves: list[torch.Tensor], calls: int = 5, top: int =
         if t > 0:
             rows.append((e.key[:90], round(t / 1000 / calls, 4), e.count / calls))
     rows.sort(key=lambda r: -r[1])
-    return {name: [ms, count] for name, ms, count in rows[:top]}
+    return {"device_ms": round(sum(r[1] for r in rows), 4), "top": {name: [ms, count] for name, ms, count in rows[:top]}}
 
 
 def run_case(shape: tuple[int, int, int, int], mask_name: str, rep: int,
@@ -105,7 +106,7 @@ def run_case(shape: tuple[int, int, int, int], mask_name: str, rep: int,
         results: dict[str, list[torch.Tensor]] = {}
         times: dict[str, float] = {}
         first_call_s: dict[str, float] = {}
-        kernels: dict[str, dict[str, list[float]]] = {}
+        kernels: dict[str, dict[str, Any]] = {}
         n_events = len(backend.events())
         for name, fn in impls.items():
             def call(fn: Any = fn, train: bool = train, leaves: list[torch.Tensor] = leaves) -> Any:
