@@ -15,7 +15,9 @@ kernel counts and extern ops per graph, and fxcc's and eager's max errors agains
 `--quick`: the first shape only, fewer repetitions (a few minutes). `--kernel-options JSON`: flex_attention's
 kernel_options for every impl (Inductor and fxcc both read the tile ones: BLOCK_M, BLOCK_N, BLOCK_M1, BLOCK_N1,
 BLOCK_M2, BLOCK_N2, num_warps, num_stages, each also as fwd_NAME / bwd_NAME), e.g.
-'{"bwd_BLOCK_M1": 32, "bwd_BLOCK_N2": 32}'.
+'{"bwd_BLOCK_M1": 32, "bwd_BLOCK_N2": 32}'. `--masks NAME,...` runs those masks only; `--profile` adds each impl's
+CUDA kernels (torch.profiler over 5 calls, ms per call and launches per call) to its rows, to place a
+gap on the kernel that makes it (the flex template, delta's reduction, or something else).
 """
 
 from __future__ import annotations
@@ -54,8 +56,29 @@ def _max_err(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
 
 
+def _kernel_ms(call: Any, leaves: list[torch.Tensor], calls: int = 5, top: int = 6) -> dict[str, Any]:
+    """`call`'s CUDA time per call, all kernels summed (`device_ms`: well under the row's time, the
+    call is host-bound), and its `top` kernels by time, {name: [ms per call, launches per call]}."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            for x in leaves:
+                x.grad = None
+            call()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t > 0:
+            rows.append((e.key[:90], round(t / 1000 / calls, 4), e.count / calls))
+    rows.sort(key=lambda r: -r[1])
+    return {"device_ms": round(sum(r[1] for r in rows), 4), "top": {name: [ms, count] for name, ms, count in rows[:top]}}
+
+
 def run_case(shape: tuple[int, int, int, int], mask_name: str, rep: int,
-             kernel_options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+             kernel_options: dict[str, Any] | None = None, profile: bool = False) -> list[dict[str, Any]]:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     from fxcc.client import backend
@@ -83,6 +106,7 @@ def run_case(shape: tuple[int, int, int, int], mask_name: str, rep: int,
         results: dict[str, list[torch.Tensor]] = {}
         times: dict[str, float] = {}
         first_call_s: dict[str, float] = {}
+        kernels: dict[str, dict[str, Any]] = {}
         n_events = len(backend.events())
         for name, fn in impls.items():
             def call(fn: Any = fn, train: bool = train, leaves: list[torch.Tensor] = leaves) -> Any:
@@ -105,6 +129,8 @@ def run_case(shape: tuple[int, int, int, int], mask_name: str, rep: int,
             for x in leaves:
                 x.grad = None
             times[name] = _median_ms(call, rep, leaves if train else None)
+            if profile:
+                kernels[name] = _kernel_ms(call, leaves)
         events = [e for e in backend.events()[n_events:] if e.source != "fallback"]
         rows.append({
             "shape": {"B": b, "H": h, "S": s, "D": d}, "mask": mask_name, "mode": mode, "dtype": "bfloat16",
@@ -121,6 +147,7 @@ def run_case(shape: tuple[int, int, int, int], mask_name: str, rep: int,
                              "extern_ops": e.stats.extern_ops if e.stats else None, "source": e.source}
                             for e in events],
             "first_call_s": first_call_s,
+            **({"kernels_ms": kernels} if profile else {}),
         })
         print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -132,6 +159,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="the first shape only, fewer repetitions")
     parser.add_argument("--kernel-options", type=json.loads, default=None,
                         help="flex_attention kernel_options (JSON) for fxcc and Inductor, e.g. tiles")
+    parser.add_argument("--masks", default=",".join(MASKS), help=f"masks to run, of {','.join(MASKS)}")
+    parser.add_argument("--profile", action="store_true", help="each impl's CUDA kernels (torch.profiler) in its rows")
     args = parser.parse_args()
     os.environ.setdefault("FXCC_FALLBACK", "error")
     if not torch.cuda.is_available():
@@ -142,9 +171,9 @@ def main() -> None:
     rep = 50 if args.quick else 200
     rows = []
     for shape in shapes:
-        for mask_name in MASKS:
+        for mask_name in args.masks.split(","):
             torch._dynamo.reset()
-            rows += run_case(shape, mask_name, rep, args.kernel_options)
+            rows += run_case(shape, mask_name, rep, args.kernel_options, args.profile)
     args.out.mkdir(parents=True, exist_ok=True)
     result = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,

@@ -207,13 +207,16 @@ def _block_loop(pad: str, mask: str, sparse_other: int, tile: str, sub: int, lo_
     Triton's pipeliner prefetches num_stages - 1 tiles ahead in every loop. Where each trip loaded
     its own block index, the pipeliner (Triton 3.6 and 3.9, sm_90) gave the second loop of a program
     (the full blocks: most of a causal mask's work) two buffers and a wait for every copy at each
-    trip, so its loads stalled the MMAs.
+    trip, so its loads stalled the MMAs. The first index is loaded unmasked, beside the list's
+    length rather than after it (every index row has at least one entry, as Inductor assumes): a
+    short walk (a sliding window's: two partial blocks, one full) then waits for one load, not two
+    in a row, before its first tile's copies start.
     """
     step = (f"{pad}    {lo_var} = nxt * {sparse_other}\n" if sub == 1 else
             f"{pad}    {lo_var} = tl.where((it + 1) % {sub} == 0, nxt * {sparse_other}, {lo_var} + {tile})\n")
     return (f"{pad}n_list = tl.load({mask.upper()}N + {mask}n_off + z * {mask}n_sz + {head} * {mask}n_sh + sblock)\n"
             f"{pad}idx_base = {mask.upper()}I + {mask}i_off + z * {mask}i_sz + {head} * {mask}i_sh + sblock * {mask}i_sq\n"
-            f"{pad}{lo_var} = tl.load(idx_base, mask=n_list > 0, other=0) * {sparse_other}\n"
+            f"{pad}{lo_var} = tl.load(idx_base) * {sparse_other}\n"
             f"{pad}for it in range(0, n_list * {sub}):\n"
             f"{body}"
             f"{pad}    nxt = tl.load(idx_base + it // {sub} + 1, mask=it // {sub} + 1 < n_list, other=0, "

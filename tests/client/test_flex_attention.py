@@ -282,3 +282,43 @@ def test_kernel_options_set_the_tiles_and_a_bad_one_runs_eagerly():
     got, want = _run(odd, _inputs(1, 2, 2, 128, 16), grad=False)
     torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-4)
     assert _events()[-1].stats.extern_ops == ["higher_order.flex_attention"]
+
+
+def window_of_two_blocks(b, h, q, kv):
+    return (q >= kv) & (q - kv <= 128)  # at blocks of 64: each row of blocks two partial, one full
+
+
+def test_each_program_walks_only_the_blocks_its_mask_row_lists(monkeypatch):
+    """The forward's programs visit the kv blocks their row of the block mask lists, the backward's
+    dk/dv programs the q blocks of their column (q_indices, full_q_indices) and its dq programs the
+    kv blocks of their row, each listed block once, in tiles, and no block the mask skips. Counted
+    as the interpreter's matmuls per launch (forward 2 per tile, dk/dv 4, dq 3) against what the
+    lists give: a walk over every block, or a list walked twice, counts more (results stay right,
+    since a walked block the mask skips is masked out, so only a count shows it)."""
+    from triton.runtime import interpreter
+
+    dots = []
+    create_dot = interpreter.InterpreterBuilder.create_dot
+
+    def counted(self, *args, **kwargs):
+        dots.append(1)
+        return create_dot(self, *args, **kwargs)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", counted)
+    mask = create_block_mask(window_of_two_blocks, 1, 2, 512, 512, device="cpu", BLOCK_SIZE=64)
+    assert mask.kv_num_blocks[0, 0, 2:].tolist() == [2] * 6 and mask.full_kv_num_blocks[0, 0, 1:].tolist() == [1] * 7
+    q, k, v = _inputs(1, 2, 2, 512, 16)
+    out = torch.compile(_attend(mask), backend="fxcc")(q, k, v)
+    forward_dots = len(dots)
+    torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    backward_dots = len(dots) - forward_dots
+    forward, backward = (next(k for k in _artifact(e).manifest.kernels if k.name.startswith(KERNEL_PREFIX))
+                         for e in _events())
+    fc, bc = forward.constexprs, backward.constexprs
+    kv_rows = (mask.kv_num_blocks + mask.full_kv_num_blocks).sum().item()  # listed (q block, kv block) pairs
+    q_cols = (mask.q_num_blocks + mask.full_q_num_blocks).sum().item()
+    assert kv_rows == q_cols == 2 * (8 + 7 + 6)
+    # each listed pair of 64 x 64 blocks, cut into the programs' rows and the walk's tiles
+    assert forward_dots == 2 * kv_rows * (64 // fc["BLOCK_M"]) * (64 // fc["BLOCK_N"])
+    assert backward_dots == (4 * q_cols * (64 // bc["BLOCK_N1"]) * (64 // bc["BLOCK_M1"])
+                             + 3 * kv_rows * (64 // bc["BLOCK_M2"]) * (64 // bc["BLOCK_N2"]))
