@@ -133,6 +133,51 @@ def median_us(fn: Callable[[], Any], calls: int) -> float:
     return round(1e6 * statistics.median(times), 1)
 
 
+def cuda_host_us(fn: Callable[[], Any], calls: int) -> dict[str, float]:
+    """On a GPU, the median wall and CPU µs of a call issued onto an idle queue (synchronized
+    before, not after: the call's host work, not its kernels). Wall well above CPU means the call
+    waited (a host synchronisation, a blocking copy)."""
+    fn()
+    wall, cpu = [], []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0, c0 = time.perf_counter(), time.thread_time()
+        fn()
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
+    torch.cuda.synchronize()
+    return {"wall_us": round(1e6 * statistics.median(wall), 1), "cpu_us": round(1e6 * statistics.median(cpu), 1)}
+
+
+# CUDA API calls that make the host wait for the device (or copy through it).
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+              "cuStreamSynchronize", "cuCtxSynchronize", "cuMemcpy")
+
+
+def cuda_api_calls(fn: Callable[[], Any], steps: int = 3) -> dict[str, Any]:
+    """torch.profiler over `steps` calls: per call, the CUDA runtime/driver API calls by name
+    (launches, synchronisations, copies) with their host µs, and the aten ops by own host µs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    api: dict[str, list[float]] = {}
+    ops: dict[str, float] = {}
+    for e in prof.key_averages():
+        name = e.key
+        if name.startswith(("cuda", "cu")) and not name.startswith("cutlass"):
+            api[name] = [round(e.count / steps, 1), round(e.cpu_time_total / steps, 1)]
+        elif name.startswith("aten::"):
+            ops[name] = round(e.self_cpu_time_total / steps, 1)
+    top = dict(sorted(ops.items(), key=lambda kv: -kv[1])[:15])
+    syncs = {k: v for k, v in api.items() if k.startswith(SYNC_CALLS)}
+    return {"api_calls_per_step": api, "syncs_per_step": syncs, "aten_self_us_per_step": top}
+
+
 def against(path: str, seen: list[dict[str, Any]], calls: int) -> list[dict[str, float]]:
     """Per plan, the median CPU µs of a call by this runtime and by the one at `path`, calls
     alternating between the two (a busy machine slows both alike)."""
@@ -177,8 +222,8 @@ def build_gpt2(a: argparse.Namespace) -> tuple[torch.nn.Module, tuple[Any, ...],
     config = GPT2Config(n_layer=a.layers, n_embd=a.width, n_head=4, vocab_size=512, n_positions=a.seq,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     torch.manual_seed(0)
-    model = LmLoss(GPT2LMHeadModel(config)).train()
-    ids = torch.randint(0, 512, (a.batch, a.seq))
+    model = LmLoss(GPT2LMHeadModel(config)).train().to(a.device)
+    ids = torch.randint(0, 512, (a.batch, a.seq)).to(a.device)
     return model, (ids,), f"transformers GPT-2, {a.layers} layers, width {a.width}, batch {a.batch}, seq {a.seq}"
 
 
@@ -187,7 +232,7 @@ def build_resnet18(a: argparse.Namespace) -> tuple[torch.nn.Module, tuple[Any, .
     _import_torchvision()
     from bench.model_zoo import _vision
 
-    built = _vision("torchvision", "resnet18", a.batch, "float32", train=True, size=a.size)("cpu", False)
+    built = _vision("torchvision", "resnet18", a.batch, "float32", train=True, size=a.size)(a.device, False)
     return built.module.train(), built.inputs, f"torchvision ResNet-18, batch {a.batch}, {a.size}x{a.size}"
 
 
@@ -313,12 +358,17 @@ def main() -> None:
                          "compute hides fxcc's host work around them")
     ap.add_argument("--eager", action="store_true",
                     help="also time the same step eagerly (aten's own dispatch, compute included)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="cuda: real kernels on the GPU, nothing stubbed; each call's wall and CPU µs on an "
+                         "idle queue, the step's CUDA API calls (syncs) by torch.profiler, a fused AdamW step")
+    ap.add_argument("--inductor", action="store_true", help="cuda: Inductor's step beside fxcc's")
     ap.add_argument("--profile", type=int, default=0, help="print cProfile's top N functions by own time")
     ap.add_argument("--baseline", default=None,
                     help="another client/runtime.py (git show main:client/runtime.py > /tmp/rt.py): its "
                          "runners of the same plans are called in turn with this one's, call for call")
     a = ap.parse_args()
     os.environ.setdefault("FXCC_CACHE_DIR", tempfile.mkdtemp(prefix="fxcc-runtime-host-"))
+    cuda = a.device == "cuda"
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)  # stubbed kernels leave garbage that extern ops compute over
     from fxcc.client.backend import fxcc_backend
@@ -326,37 +376,43 @@ def main() -> None:
 
     seen: list[dict[str, Any]] = []
     spy_on_plans(seen)
-    if a.channels_last:
+    if a.channels_last and not cuda:
         from fxcc.compiler_core.passes import layout
 
         layout.TARGETS, layout.DEVICES = layout.TARGETS | {"interpret"}, layout.DEVICES | {"cpu"}
     model, inputs, what = MODELS[a.model](a)
     compiled = torch.compile(model, backend=fxcc_backend)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True) if cuda else None
 
     def step(fn: Callable[..., Any] = compiled) -> None:
         model.zero_grad(set_to_none=True)
         fn(*inputs).backward()
+        if opt is not None:
+            opt.step()
 
     step()  # compiles the forward and the backward, runs them for real
-    result: dict[str, Any] = {"model": what, "torch": torch.__version__, "channels_last": a.channels_last,
-                              "plans": []}
+    result: dict[str, Any] = {"model": what, "device": a.device, "torch": torch.__version__,
+                              "channels_last": a.channels_last or cuda, "plans": []}
+    timed = (lambda fn: cuda_host_us(fn, a.calls)) if cuda else (lambda fn: median_us(fn, a.calls))
     calls: list[Callable[[], Any]] = []
     for entry in seen:
         runner = plan_runner(entry["runner"])
         if runner is None or entry["args"] is None:
             continue
-        stub_kernels(runner)
-        heavy = stub_heavy_externs(runner) if a.stub_externs else 0
+        if not cuda:
+            stub_kernels(runner)
+        heavy = stub_heavy_externs(runner) if a.stub_externs and not cuda else 0
         args = list(entry["args"]) + list(entry["constants"])
         steps = runner.manifest.plan.steps
         kinds = {k.__name__: sum(isinstance(s, k) for s in steps) for k in (KernelStep, ExternStep, AllocStep, FreeStep)}
-        us = median_us(lambda r=runner, x=args: r(list(x)), a.calls)
+        us = timed(lambda r=runner, x=args: r(list(x)))
+        us = us["cpu_us"] if isinstance(us, dict) else us
         boxed = entry["boxed"]
         result["plans"].append({"steps": len(steps), **kinds, "stubbed_externs": heavy, "call_us": us,
                                 "us_per_step": round(us / max(1, len(steps)), 2),
                                 "us_per_launch": round(us / max(1, kinds["KernelStep"] + kinds["ExternStep"]), 2),
                                 # what AOTAutograd calls: the plan behind fxcc's wrappers (client/graphs.py)
-                                "boxed_us": median_us(lambda b=boxed, x=entry["args"]: b(list(x)), a.calls),
+                                "boxed_us": timed(lambda b=boxed, x=entry["args"]: b(list(x))),
                                 "by_kind_us": per_kind_us(runner, args, a.calls),
                                 "extern_ops": extern_ops_us(runner, args, a.calls)})
         calls.append(lambda r=runner, x=args: r(list(x)))
@@ -367,7 +423,16 @@ def main() -> None:
     if a.baseline:
         result["against_baseline"] = against(a.baseline, seen, a.calls)
     # Dynamo's guards, AOTAutograd's runtime wrapper, the autograd engine, fxcc's wrappers, the plans
-    result["training_step_us"] = median_us(step, max(20, a.calls // 4))
+    result["training_step_us"] = median_us(step, max(20, a.calls // 4)) if not cuda else cuda_host_us(step, a.calls)
+    if cuda:
+        from fxcc.client import cuda_loader
+
+        result["cubin_jit_fallbacks"] = cuda_loader.stats.jit_fallbacks
+        result["fxcc_api"] = cuda_api_calls(step)
+    if cuda and a.inductor:
+        inductor = torch.compile(model)
+        result["inductor_step_us"] = cuda_host_us(lambda: step(inductor), a.calls)
+        result["inductor_api"] = cuda_api_calls(lambda: step(inductor))
     if a.eager:
         result["eager_step_us"] = median_us(lambda: step(model), max(20, a.calls // 4))
     print(json.dumps(result), flush=True)
