@@ -157,14 +157,9 @@ SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchr
 def cuda_api_calls(fn: Callable[[], Any], steps: int = 3) -> dict[str, Any]:
     """torch.profiler over `steps` calls: per call, the CUDA runtime/driver API calls by name
     (launches, synchronisations, copies) with their host µs, and the aten ops by own host µs."""
-    from torch.profiler import ProfilerActivity, profile
+    from bench.models import profiled
 
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
+    prof = profiled(fn, steps)
     api: dict[str, list[float]] = {}
     ops: dict[str, float] = {}
     for e in prof.key_averages():
