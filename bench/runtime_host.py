@@ -91,11 +91,13 @@ def stub_kernels(runner: Any) -> int:
 HEAVY_EXTERNS = ("convolution", "convolution_backward", "mm", "addmm", "bmm")
 
 
-def stub_heavy_externs(runner: Any) -> int:
+def stub_heavy_externs(runner: Any, runtime: Any = None) -> int:
     """Replace the runner's matmuls and convolutions (their CPU compute, not what a GPU's host
     spends on them) by steps that hand back the result of their first call; how many there were.
-    What is left of a call is fxcc's work around them and the other ops' dispatch."""
-    from fxcc.client import runtime
+    What is left of a call is fxcc's work around them and the other ops' dispatch. `runtime`: the
+    module whose PlanRunner made `runner` (client/runtime.py, or --baseline's)."""
+    if runtime is None:
+        from fxcc.client import runtime
     from fxcc.compiler_core.artifact import ExternStep
 
     direct = runtime._direct
@@ -173,7 +175,7 @@ def cuda_api_calls(fn: Callable[[], Any], steps: int = 3) -> dict[str, Any]:
     return {"api_calls_per_step": api, "syncs_per_step": syncs, "aten_self_us_per_step": top}
 
 
-def against(path: str, seen: list[dict[str, Any]], calls: int) -> list[dict[str, float]]:
+def against(path: str, seen: list[dict[str, Any]], calls: int, heavy: bool) -> list[dict[str, float]]:
     """Per plan, the median CPU µs of a call by this runtime and by the one at `path`, calls
     alternating between the two (a busy machine slows both alike)."""
     import importlib.util
@@ -193,6 +195,8 @@ def against(path: str, seen: list[dict[str, Any]], calls: int) -> list[dict[str,
         art = load_artifact(Path(os.environ["FXCC_CACHE_DIR"]) / "artifacts", runner.manifest.key)
         base = old.PlanRunner(art)
         stub_kernels(base)
+        if heavy:
+            stub_heavy_externs(base, old)
         args = list(entry["args"]) + list(entry["constants"])
         times: dict[str, list[float]] = {"this": [], "baseline": []}
         for r in (runner, base):
@@ -416,7 +420,7 @@ def main() -> None:
     result["relaid_extern_results"] = len(runtime._relaid)  # extern results copied into the plan's layout
     result["plans_call_us"] = round(sum(p["call_us"] for p in result["plans"]), 1)
     if a.baseline:
-        result["against_baseline"] = against(a.baseline, seen, a.calls)
+        result["against_baseline"] = against(a.baseline, seen, a.calls, a.stub_externs)
     # Dynamo's guards, AOTAutograd's runtime wrapper, the autograd engine, fxcc's wrappers, the plans
     result["training_step_us"] = median_us(step, max(20, a.calls // 4)) if not cuda else cuda_host_us(step, a.calls)
     if cuda:
