@@ -264,10 +264,11 @@ _TORCHVISION_SHIMS: list[Any] = []
 MODELS = {"gpt2": build_gpt2, "resnet18": build_resnet18}
 
 
-def per_kind_us(runner: Any, args: list[Any], calls: int) -> dict[str, float]:
+def per_kind_us(runner: Any, args: list[Any], calls: int, sync: Callable[[], Any] = lambda: None) -> dict[str, float]:
     """Median µs per call that the runner's steps of each kind take, each step between two reads
     of the clock (the clock's own cost, measured here, taken off each step), and
-    what is left of a call (begin, finish, the loop): `other`."""
+    what is left of a call (begin, finish, the loop): `other`. `sync` runs before each call (on a
+    GPU: an idle queue, so that no launch waits for room in it)."""
     from fxcc.compiler_core.artifact import AllocStep, ExternStep, FreeStep, KernelStep
 
     clock = time.perf_counter  # a vDSO read: thread_time's syscall costs more than a step
@@ -280,6 +281,7 @@ def per_kind_us(runner: Any, args: list[Any], calls: int) -> dict[str, float]:
     totals: dict[str, list[float]] = {k: [] for k in (*names.values(), "other")}
     for _ in range(calls + 1):
         spent = dict.fromkeys(names.values(), 0.0)
+        sync()
         start = clock()
         env = runner.begin(list(args))
         for kind, run in zip(kinds, runner._steps):
@@ -294,7 +296,7 @@ def per_kind_us(runner: Any, args: list[Any], calls: int) -> dict[str, float]:
     return {k: round(1e6 * statistics.median(v[1:]), 1) for k, v in totals.items()}
 
 
-def extern_ops_us(runner: Any, args: list[Any], calls: int) -> dict[str, Any]:
+def extern_ops_us(runner: Any, args: list[Any], calls: int, sync: Callable[[], Any] = lambda: None) -> dict[str, Any]:
     """The extern steps' aten calls alone (torch's dispatch and, on the CPU, their compute): each
     step rebuilt around a timed op, median CPU µs per call by op name. What the extern steps take
     beyond this is fxcc's own work around the op (reading arguments, re-layouts)."""
@@ -331,6 +333,7 @@ def extern_ops_us(runner: Any, args: list[Any], calls: int) -> dict[str, Any]:
         runner(list(args))
         samples: list[dict[str, float]] = []
         for _ in range(calls):
+            sync()
             spent.clear()
             runner(list(args))
             samples.append(dict(spent))
@@ -393,6 +396,7 @@ def main() -> None:
     result: dict[str, Any] = {"model": what, "device": a.device, "torch": torch.__version__,
                               "channels_last": a.channels_last or cuda, "plans": []}
     timed = (lambda fn: cuda_host_us(fn, a.calls)) if cuda else (lambda fn: median_us(fn, a.calls))
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     calls: list[Callable[[], Any]] = []
     for entry in seen:
         runner = plan_runner(entry["runner"])
@@ -404,16 +408,17 @@ def main() -> None:
         args = list(entry["args"]) + list(entry["constants"])
         steps = runner.manifest.plan.steps
         kinds = {k.__name__: sum(isinstance(s, k) for s in steps) for k in (KernelStep, ExternStep, AllocStep, FreeStep)}
-        us = timed(lambda r=runner, x=args: r(list(x)))
-        us = us["cpu_us"] if isinstance(us, dict) else us
+        t = timed(lambda r=runner, x=args: r(list(x)))
+        us, wall = (t["cpu_us"], t["wall_us"]) if isinstance(t, dict) else (t, None)
         boxed = entry["boxed"]
         result["plans"].append({"steps": len(steps), **kinds, "stubbed_externs": heavy, "call_us": us,
+                                "call_wall_us": wall,
                                 "us_per_step": round(us / max(1, len(steps)), 2),
                                 "us_per_launch": round(us / max(1, kinds["KernelStep"] + kinds["ExternStep"]), 2),
                                 # what AOTAutograd calls: the plan behind fxcc's wrappers (client/graphs.py)
                                 "boxed_us": timed(lambda b=boxed, x=entry["args"]: b(list(x))),
-                                "by_kind_us": per_kind_us(runner, args, a.calls),
-                                "extern_ops": extern_ops_us(runner, args, a.calls)})
+                                "by_kind_us": per_kind_us(runner, args, a.calls, sync),
+                                "extern_ops": extern_ops_us(runner, args, a.calls, sync)})
         calls.append(lambda r=runner, x=args: r(list(x)))
     from fxcc.client import runtime
 
