@@ -32,6 +32,7 @@ import os
 import pstats
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -432,6 +433,7 @@ def main() -> None:
         from fxcc.client import cuda_loader
 
         result["cubin_jit_fallbacks"] = cuda_loader.stats.jit_fallbacks
+        result["threads"] = sorted(t.name for t in threading.enumerate())  # a busy one takes the GIL from a step
         result["fxcc_api"] = cuda_api_calls(step)
     if cuda and a.inductor:
         inductor = torch.compile(model)
