@@ -91,11 +91,8 @@ def median_ms(fn: Callable[[], Any], device: str) -> float:
     return round(1000 * statistics.median(times), 4)
 
 
-def profile_step(fn: Callable[[], Any], device: str, steps: int = 3) -> tuple[float | None, float | None]:
-    """(device ms per step, kernel launches per step) from torch.profiler; (None, None) on the CPU."""
-    if device != "cuda":
-        return None, None
-    from torch.autograd import DeviceType
+def profiled(fn: Callable[[], Any], steps: int) -> Any:
+    """torch.profiler (CPU and CUDA) over `steps` calls of `fn`, after one call outside it."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -104,6 +101,16 @@ def profile_step(fn: Callable[[], Any], device: str, steps: int = 3) -> tuple[fl
         for _ in range(steps):
             fn()
         torch.cuda.synchronize()
+    return prof
+
+
+def profile_step(fn: Callable[[], Any], device: str, steps: int = 3) -> tuple[float | None, float | None]:
+    """(device ms per step, kernel launches per step) from torch.profiler; (None, None) on the CPU."""
+    if device != "cuda":
+        return None, None
+    from torch.autograd import DeviceType
+
+    prof = profiled(fn, steps)
     busy_us, kernels = 0.0, 0
     for e in prof.events():
         if e.device_type != DeviceType.CUDA:

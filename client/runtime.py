@@ -140,12 +140,15 @@ class PlanRunner:
     def _extern(step: ExternStep, groups: tuple[str, ...] = ()) -> Callable[[dict[str, Any]], None]:
         if step.opaque is not None or step.triton is not None:
             return _opaque_step(step, groups)
-        op = _direct(resolve_target(step.op, node=step.out))
+        target = resolve_target(step.op, node=step.out)
+        op = _direct(target)
         if not step.kwargs:
             op = VIEW_METHODS.get(step.op, op)
         out = step.out
         expect = _expected_strides(step)
         args = [_arg_reader(a) for a in step.args]
+        if op is not target:  # a C++ binding: it reads a constant list, never keeps or changes it
+            args = [(kind, tuple(x)) if kind is _CONST and isinstance(x, list) else (kind, x) for kind, x in args]
         kwargs = {k: _arg_reader(v) for k, v in step.kwargs.items()}
         if expect is None and not kwargs and all(kind is _REF for kind, _ in args):
             names = [x for _, x in args]
@@ -157,7 +160,8 @@ class PlanRunner:
         if not kwargs and all(kind is not _DYNAMIC for kind, _ in args):
             # Tensors and constants only (a convolution: input, weight, then its ints): the
             # constants sit in a template once; each call fills in the tensors. Constant lists
-            # are copied per call (an op never shares ours).
+            # are copied per call for a Python op (it never shares ours); a C++ binding's are
+            # tuples, shared.
             template = [None if kind is _REF else x for kind, x in args]
             refs = [(i, x) for i, (kind, x) in enumerate(args) if kind is _REF]
             lists = [i for i, (kind, x) in enumerate(args) if kind is _CONST and isinstance(x, list)]

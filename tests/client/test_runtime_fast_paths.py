@@ -18,7 +18,7 @@ from fxcc.compiler_core.artifact import (
     Plan,
 )
 from fxcc.compiler_core.compile import local_versions
-from fxcc.compiler_core.wire import NodeRef, Target, TensorSpec, resolve_target
+from fxcc.compiler_core.wire import ListArg, NodeRef, Target, TensorSpec, plain_arg, resolve_target
 
 
 def _run(plan: Plan, args: list[torch.Tensor]) -> tuple:
@@ -62,3 +62,35 @@ def test_static_allocations_and_one_name_frees():
     buf, z = _run(Plan(inputs=["x"], steps=steps, outputs=[NodeRef(name="buf"), NodeRef(name="z")]), [x])
     assert buf.shape == (3, 2) and buf.stride() == (1, 3) and buf.dtype == torch.float32
     assert torch.equal(z, torch.zeros(2, 3))
+
+
+def test_a_cxx_ops_constant_lists_serve_every_call_and_a_python_op_gets_fresh_ones(monkeypatch):
+    x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
+    args = [NodeRef(name="x"), NodeRef(name="w"), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1]
+    conv = ExternStep(op="aten.convolution.default", args=[a if isinstance(a, NodeRef) else _wire(a) for a in args],
+                      out="y", expect_strides=[256, 64, 8, 1])
+    plan = Plan(inputs=["x", "w"], steps=[conv], outputs=[NodeRef(name="y")])
+    want = torch.nn.functional.conv2d(x, w, padding=1)
+    for _ in range(2):  # the second call reads the same constants
+        (y,) = _run(plan, [x, w])
+        torch.testing.assert_close(y, want)
+    # a Python callable (no C++ binding behind it) gets a fresh list each call, which it may change
+    from fxcc.client import runtime
+
+    seen = []
+
+    def grow(t: torch.Tensor, dims: list) -> torch.Tensor:
+        seen.append(type(dims))
+        dims.append(0)
+        return t
+
+    step = ExternStep(op="aten.sum.dim_IntList", args=[NodeRef(name="x"), _wire([1, 2])], out="s")
+    monkeypatch.setattr(runtime, "resolve_target", lambda op, node=None: grow)
+    run = runtime.PlanRunner._extern(step)
+    for _ in range(2):
+        run({"x": x})
+    assert seen == [list, list]
+
+
+def _wire(a: object) -> object:
+    return ListArg(items=[plain_arg(x) for x in a]) if isinstance(a, list) else plain_arg(a)
