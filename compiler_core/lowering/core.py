@@ -409,17 +409,25 @@ def _write_inputs(g: GraphLowering, writes: list[fx.Node], env: dict[fx.Node, An
         value, val = env.get(src), src.meta.get("val") if isinstance(src, fx.Node) else None
         if isinstance(value, Lazy) and isinstance(val, torch.Tensor) and _nbytes(value.sizes, value.dtype):
             env[src] = g.realize(value, dense_strides_like(sizes_of(val), strides_of(val)))
-    small = [n for n in writes if _small_write(n)]
+    # One _foreach_copy_ per dtype: torch's multi-tensor launch takes lists of one dtype only, and
+    # a list that mixes them (batch norm's float statistics and its int64 num_batches_tracked)
+    # runs as one copy_ per tensor (a ResNet-18 step: 60 memcpys, 0.34 ms of host time).
+    by_dtype: dict[torch.dtype, list[fx.Node]] = {}
+    for n in writes:
+        if _small_write(n):
+            by_dtype.setdefault(n.args[0].meta["val"].dtype, []).append(n)
+    together = {n for group in by_dtype.values() if len(group) >= 2 for n in group}
     with _lowering(g, None):
         for node in writes:
-            if len(small) < 2 or node not in small:
+            if node not in together:
                 env[node] = _extern(g, node, g.wire[node], env)
-        if len(small) >= 2:
-            _write_together(g, small, env)
+        for group in by_dtype.values():
+            if len(group) >= 2:
+                _write_together(g, group, env)
 
 
-# Write-backs of at most this many elements each go out together, as one _foreach_copy_ (one
-# multi-tensor launch on CUDA): a ResNet-18 step's 60 batch-norm statistics, 2 launches, not 60.
+# Write-backs of at most this many elements each go out together, one _foreach_copy_ per dtype (one
+# multi-tensor launch on CUDA each): a ResNet-18 step's 60 batch-norm statistics, 2 launches, not 60.
 SMALL_WRITE_MAX = 1 << 16
 
 

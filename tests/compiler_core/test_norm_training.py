@@ -2,7 +2,7 @@
 batch norm (training, eval, without running statistics, and the entry points CUDA and newer torch
 trace: cudnn_, miopen_, native_, _batch_norm_with_update), instance norm, group norm; fp32 and bf16.
 Every graph is lowered whole: no extern call but the running statistics' write-backs (copy_, or
-one _foreach_copy_ of them all)."""
+one _foreach_copy_ per dtype)."""
 
 from __future__ import annotations
 
