@@ -302,6 +302,11 @@ class EmbeddedStore:
                     self._cond.notify_all()
                 self._attach(existing.id, principal)
                 return Submitted(job_id=existing.id)
+            # Note: looked for again under the lock, after the live job: a job done since the look
+            # above had stored its artifact before its mark_done took the lock.
+            found = self.fetch_artifact(key, blobs=False, count=False)
+            if found is not None:
+                return Submitted(manifest=found.manifest)
             size = len(request_json.encode())
             self._check_quotas(principal, size)
             self._check_cap(priority)

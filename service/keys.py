@@ -34,7 +34,7 @@ REQUEST = "request:{job_id}"
 # principal attached to it, and releases them when it ends or they detach
 QUOTA = "quota:{principal}"
 PRINCIPAL_JOBS = "jobs:of:{principal}"  # sorted set: the principal's job ids by creation time
-INFLIGHT = "inflight:{key}"  # single flight: compile key -> id of the job compiling it (SET NX)
+INFLIGHT = "inflight:{key}"  # single flight: compile key -> id of the job compiling it, or that compiled it (kept when done)
 STREAM_INTERACTIVE = "jobs:interactive"  # read before precompile: a user is waiting on these
 STREAM_PRECOMPILE = "jobs:precompile"
 TUNE_STREAM = "tune:sm_{arch}"  # tune jobs of one GPU arch; read only by GPU workers of that arch

@@ -24,13 +24,17 @@ end
 
 # Note: submit is one script so that "a live job for this key?" and "queue a new job" happen
 # atomically; two identical requests can never both create a job, on any number of API replicas.
+# A done job keeps the key's entry (FINISH): a request that looked for the artifact just before the
+# job stored it finds the done job here ('finished'), reads the artifact again and queues nothing;
+# it passes the done job's id (ARGV[14]) only when that artifact is gone (deleted, evicted).
 # A request that joins a live job attaches its principal to it (charged, but never refused: the
 # job costs the cluster nothing more); a new job is refused over the principal's quotas first,
 # then over the stream's cap.
 # KEYS: inflight, job, stream, interactive stream, recent-jobs zset, request, principal's quota hash,
 #       principal's jobs zset.
 # ARGV: job id, job key prefix, inflight ttl ms, job ttl s, priority, stream max len, recent max,
-#       created_at, principal, request bytes, quota jobs, quota bytes, request JSON, then the job's fields.
+#       created_at, principal, request bytes, quota jobs, quota bytes, request JSON, a done job to pass
+#       over ('' for none), then the job's fields.
 SUBMIT = f"""
 local p = ARGV[9]
 local function trimmed(zset)
@@ -68,13 +72,14 @@ if existing then
     attach(job, existing)
     return {{'joined', existing}}
   end
+  if s == 'done' and existing ~= ARGV[14] then return {{'finished', existing}} end
 end
 local held = redis.call('HMGET', KEYS[7], 'jobs', 'bytes')
 local jobs, bytes = tonumber(held[1] or '0'), tonumber(held[2] or '0')
 if jobs + 1 > tonumber(ARGV[11]) then return {{'quota_jobs', tostring(jobs)}} end
 if bytes + tonumber(ARGV[10]) > tonumber(ARGV[12]) then return {{'quota_bytes', tostring(bytes)}} end
 if redis.call('XLEN', KEYS[3]) >= tonumber(ARGV[6]) then return {{'full', ''}} end
-redis.call('HSET', KEYS[2], unpack(ARGV, 14))
+redis.call('HSET', KEYS[2], unpack(ARGV, 15))
 redis.call('SET', KEYS[6], ARGV[13], 'EX', ARGV[4])
 local entry = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'job_id', ARGV[1])
 redis.call('HSET', KEYS[2], 'stream', KEYS[3], 'entry_id', entry)
@@ -136,8 +141,9 @@ redis.call('HSET', KEYS[1], 'stage', ARGV[1], 't:' .. ARGV[1], ARGV[2])
 return 1
 """
 
-# Finishing also drops the single-flight entry, but only if it still points at this job. A compile
-# job's entry is the inflight key of its artifact key; a tune job names its own in field 'inflight'.
+# Failing also drops the single-flight entry, but only if it still points at this job; a done job
+# keeps it until its TTL (SUBMIT's note says why; tune and build submits pass over a done job). A
+# compile job's entry is the inflight key of its artifact key; a tune job names its own in field 'inflight'.
 # A finished job (an admin aborted it meanwhile) stays as it is: no finished stage is ever left.
 # The request body goes, and the principals' quotas are released.
 # KEYS: job, request. ARGV: job id, job ttl s, inflight key prefix, final stage, now, quota key prefix,
@@ -150,7 +156,7 @@ redis.call('HSET', KEYS[1], 'stage', ARGV[4], 't:' .. ARGV[4], ARGV[5], 'finishe
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('DEL', KEYS[2])
 local inflight = redis.call('HGET', KEYS[1], 'inflight') or (ARGV[3] .. redis.call('HGET', KEYS[1], 'key'))
-if redis.call('GET', inflight) == ARGV[1] then redis.call('DEL', inflight) end
+if ARGV[4] ~= 'done' and redis.call('GET', inflight) == ARGV[1] then redis.call('DEL', inflight) end
 return 1
 """
 

@@ -114,9 +114,17 @@ class RedisStore(RedisCache):
                 s.recent_jobs_max, repr(created), principal, size, s.quota_queued_jobs, s.quota_queued_bytes,
                 request_json]
         self._ensure_groups(self.k.streams())
-        outcome, got = self._submit(keys=keys, args=args + [x for kv in fields.items() for x in kv])
+        flat = [x for kv in fields.items() for x in kv]
+        passed_over = ""  # a done job whose artifact is gone
+        outcome, got = self._submit(keys=keys, args=args + [passed_over] + flat)
+        if outcome == b"finished":  # its job stored the artifact after our look-up above
+            found = self.fetch_artifact(key, blobs=False, count=False)
+            if found is not None:
+                return Submitted(manifest=found.manifest)
+            passed_over = got.decode()
+            outcome, got = self._submit(keys=keys, args=args + [passed_over] + flat)
         if outcome in (b"quota_jobs", b"quota_bytes") and self.recount_quota(principal):
-            outcome, got = self._submit(keys=keys, args=args + [x for kv in fields.items() for x in kv])
+            outcome, got = self._submit(keys=keys, args=args + [passed_over] + flat)
         if outcome == b"full":
             raise QueueFull(f"the {priority} queue holds {s.stream_max_len} jobs (FXCC_STREAM_MAX_LEN); "
                             "retry later")

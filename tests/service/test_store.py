@@ -66,6 +66,34 @@ def test_single_flight(store: Store, make_unary: Callable[..., CompileRequest]) 
     assert cached.manifest is not None and cached.manifest.key == key and cached.job_id is None
 
 
+def test_a_job_done_while_a_submit_looks_for_its_artifact_is_not_queued_again(
+        store: Store, make_unary: Callable[..., CompileRequest], monkeypatch: pytest.MonkeyPatch) -> None:
+    # A rank's submit finds no artifact; the worker then stores it and ends the job, before the
+    # submit asks for a job in flight (a torchrun test saw one graph compiled twice so).
+    req = make_unary()
+    key = compile_key(req)
+    first = store.submit(key, req.model_dump_json(), "interactive")
+    assert first.job_id is not None and store.mark_started(first.job_id, "w1") is not None
+    looked_up = store.fetch_artifact
+
+    def look_up_then_the_worker_finishes(k: str, **kw: bool):
+        found = looked_up(k, **kw)
+        monkeypatch.setattr(store, "fetch_artifact", looked_up)
+        store.put_artifact(compile_request(req))
+        store.mark_done(first.job_id, {})
+        return found
+
+    monkeypatch.setattr(store, "fetch_artifact", look_up_then_the_worker_finishes)
+    second = store.submit(key, req.model_dump_json(), "interactive")
+    assert not second.created and second.job_id in (None, first.job_id)
+    assert [j.id for j in store.list_jobs(None, 10) if j.key == key] == [first.job_id]
+
+    # Its artifact gone, the done job no longer answers for the key: a new job compiles it.
+    assert store.delete_artifact(key)
+    third = store.submit(key, req.model_dump_json(), "interactive")
+    assert third.created and third.job_id != first.job_id
+
+
 def test_job_lifecycle_records(store: Store, make_unary: Callable[..., CompileRequest]) -> None:
     req = make_unary()
     job_id = store.submit(compile_key(req), req.model_dump_json(), "precompile").job_id
