@@ -7,7 +7,14 @@ measures, with torch.no_grad():
 - client: torch.compile(model, backend="fxcc") to the backend's request (Dynamo, AOTAutograd,
   fxcc's capture, the request model, its key, its JSON body), with an empty FXCC_CACHE_DIR unless
   one is set; the service is replaced by a stub that keeps the request, so the graph falls back
-  to eager (its run is timed apart, `client.eager_run`, and taken out of `client.dynamo`);
+  to eager (its run is timed apart, `client.eager_run`, and taken out of `client.dynamo`); with
+  `--compile` the graph is compiled in-process instead (no FXCC_URL: the embedded default;
+  `client.compile`, inside `client.backend_total`), so that its Dynamo package is saved as on a
+  user's cold first call (the checker and worker parts then get no request);
+- inside `client.dynamo`: `client.guards` (the frames' guards: built, and serialized for the
+  package), `client.package_save` (each package pickled, signed, written) and `counts` (torch's
+  guard builds, packages saved). FXCC_DYNAMO_CACHE=0 against 1 (the default) is what recording the
+  package costs a cold first call (issue 25: `--layers 12 --parts client`, compare `cpu_seconds`);
 - checker: what the API's request checker does with the body (service/checker.check_body:
   parse, op allow-list, key, shape propagation);
 - worker: what a compile process does with it for an sm_90 target (parse, then the pipeline's
@@ -91,8 +98,10 @@ def profiled(folder: Path | None, name: str, top: int) -> Iterator[None]:
         (folder / f"{name}.txt").write_text(out.getvalue())
 
 
-def client_part(layers: int, batch: int, seq: int, timer: Timer) -> list[bytes]:
-    """torch.compile → each graph's request body; the service replaced by a stub."""
+def client_part(layers: int, batch: int, seq: int, timer: Timer, compile_graphs: bool = False,
+                counts: dict[str, int] | None = None) -> list[bytes]:
+    """torch.compile → each graph's request body; the service replaced by a stub (or, with
+    `compile_graphs`, the graphs compiled in-process and no body kept)."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -124,11 +133,15 @@ def client_part(layers: int, batch: int, seq: int, timer: Timer) -> list[bytes]:
             return original_call(self, gm, example_inputs)
 
     backend.GraphCompiler.__call__ = call  # type: ignore[method-assign]
-    backend.GraphCompiler.fetch = fetch  # type: ignore[method-assign]
+    if compile_graphs:
+        timer.wrap(backend.GraphCompiler, "fetch", "client.compile")
+    else:
+        backend.GraphCompiler.fetch = fetch  # type: ignore[method-assign]
     import importlib
 
     importlib.import_module("torch._dynamo")
     importlib.import_module("torch._dynamo.repro.after_dynamo")
+    _time_guards(backend, timer, {} if counts is None else counts)
     # Note: timed inside fxcc's backend, which Dynamo gets by its name as a user's call does (a
     # wrapped backend would get no Dynamo package, whose saving a cold call pays).
     timer.wrap(backend, "_pre_aot", "client.backend_total")
@@ -148,6 +161,28 @@ def client_part(layers: int, batch: int, seq: int, timer: Timer) -> list[bytes]:
     backend.GraphCompiler.fetch = original_fetch  # type: ignore[method-assign]
     timer.restore()
     return bodies
+
+
+def _time_guards(backend: Any, timer: Timer, counts: dict[str, int]) -> None:
+    """Time the frames' guards (as Dynamo's convert_frame builds them: fxcc's hook when the package
+    cache is on) and the packages' saving; count torch's guard builds and the packages saved."""
+    from torch._dynamo import convert_frame, guards
+
+    getattr(backend, "fxcc_backend")  # noqa: B009 - registers fxcc, turns the package cache on (or not)
+    timer.wrap(convert_frame, "CheckFunctionManager", "client.guards")
+    counted = guards.CheckFunctionManager.build_guards
+
+    def build_guards(*args: Any, **kwargs: Any) -> Any:
+        counts["guard_builds"] = counts.get("guard_builds", 0) + 1
+        return counted(*args, **kwargs)
+
+    guards.CheckFunctionManager.build_guards = build_guards  # type: ignore[method-assign]
+    timer.undo.append(lambda: setattr(guards.CheckFunctionManager, "build_guards", counted))
+    if os.environ.get("FXCC_DYNAMO_CACHE", "1") != "0":
+        from fxcc.client import dynamo_cache, dynamo_precompile
+
+        timer.wrap(dynamo_precompile, "_save", "client.package_save")
+        timer.undo.append(lambda: counts.update(packages_saved=dynamo_cache.counters().get("saved", 0)))
 
 
 def checker_part(bodies: list[bytes], timer: Timer) -> None:
@@ -218,16 +253,20 @@ def main() -> None:
     p.add_argument("--json", type=Path, help="write the result here too")
     p.add_argument("--parts", default="client,checker,worker")
     p.add_argument("--repeat", type=int, default=2, help="runs of the checker and worker parts (best kept)")
+    p.add_argument("--compile", action="store_true",
+                   help="compile the graphs in-process (the package saved as on a cold call), no stub")
     a = p.parse_args()
     parts = a.parts.split(",")
     # A cold client: an empty local cache (the pre-AOT entries and Dynamo packages it saves
     # included), FXCC_PRE_AOT_CACHE and FXCC_DYNAMO_CACHE as the environment says (on by default).
     os.environ.setdefault("FXCC_CACHE_DIR", tempfile.mkdtemp(prefix="fxcc-cold-profile-"))
     timer = Timer()
+    counts: dict[str, int] = {}
     with profiled(a.profile, "client", a.top):
-        bodies = client_part(a.layers, a.batch, a.seq, timer)
+        bodies = client_part(a.layers, a.batch, a.seq, timer, a.compile, counts)
     result: dict[str, Any] = {"layers": a.layers, "batch": a.batch, "seq": a.seq,
-                              "body_bytes": sum(len(b) for b in bodies)}
+                              "dynamo_cache": os.environ.get("FXCC_DYNAMO_CACHE", "1") != "0",
+                              "compile": a.compile, "body_bytes": sum(len(b) for b in bodies), "counts": counts}
     # The service's parts run --repeat times (a warm checker or compile process has paid its imports
     # and first-use set-up before its first job): each stage's best time is kept.
     best: dict[str, float] = {}

@@ -5,7 +5,8 @@ loading and saving it); this module is where torch's Dynamo is hooked to use it,
 hook, each with the torch issue it works around (README, "Skipping Dynamo on a warm start"):
 - `_patch_optimize`: a package for fxcc's torch.compile calls, loaded when the function is wrapped;
 - `_patch_convert`, `_patch_guards`: caching precompile on only while such a frame compiles; its
-  guards built whole for this process and filtered, with identities carried, for the package;
+  guards built once, whole, for this process, and serialized less the identity guards (carried in
+  fxcc's form) for the package;
 - `_patch_pickler`, `_patch_globals`: what a decorated `forward`'s frame needs restored;
 - `_patch_install`, `_patch_guard_loading`, `_patch_tensor_unpickling`: install safe to fail and
   to trace after, identity guards back on loaded frames, guards built once with one FakeTensorMode;
@@ -299,7 +300,7 @@ def _patch_optimize(ef: Any, pk: Any) -> None:
 def _patch_convert(cf: Any) -> None:
     """Torch's caching precompile on while a frame of an fxcc package compiles (its guards made
     serializable, the package recorded after the frame), under Dynamo's compile lock so that no
-    other thread's frame compiles meanwhile; and the frame's guards built twice (`_patch_guards`)."""
+    other thread's frame compiles meanwhile; the frame's guards built once (`_patch_guards`)."""
     import torch._dynamo.config as dynamo_config
 
     cls = cf.ConvertFrameAssert
@@ -354,55 +355,118 @@ def _nameable(package: Any, code: Any) -> bool:
 
 def _patch_guards(cf: Any) -> None:
     """In the process that traces, an fxcc frame keeps every guard; only its package leaves out
-    the identity guards.
+    the identity guards; the frame's guards are built once, as without a package.
 
-    Note: with caching precompile on, torch builds a frame's guards without the identity ones and
-    both installs and serializes that set. For a frame of an fxcc package the set is built twice:
-    filtered for the package, and whole (caching precompile off, nothing serialized) for this
-    process, whose frame then notices a reassigned global function as tracing does."""
+    Note: with caching precompile on, torch builds a frame's guards twice for a package (whole, to
+    filter them; filtered, to install and serialize), and this process needs them whole (its frame
+    then notices a reassigned global function as tracing does), which was a third build: at 12
+    layers of GPT-2, 1700 guards, most of what recording a package added to a cold first call.
+    Now the guards are built once, whole, with caching precompile off for the build and saving on
+    (`_PackagedGuards`), and what is serialized is that builder's guards less the identity ones:
+    the same filter over the same builder's values that torch's first build gave it. Where this
+    torch lacks the pieces, or that build fails, the guards are built as before (`_guards_twice`)."""
     import torch._dynamo.config as dynamo_config
+    from torch._dynamo import guards as torch_guards
 
     original = cf.CheckFunctionManager
     if getattr(original, "_fxcc", False):
         return
-
-    import inspect
-
-    from fxcc.client import dynamo_identity
-
     signature = inspect.signature(original)
+    packaged = _packaged_guards_class(original, torch_guards)
 
     def check_function_manager(*args: Any, **kwargs: Any) -> Any:
         if not (kwargs.get("save_guards") and getattr(_state.compiling, "active", False)
                 and dynamo_config.caching_precompile):
             return original(*args, **kwargs)
         bound = signature.bind(*args, **kwargs).arguments
-        user_filter = bound.get("guard_filter_fn")
-        identities: list[Any] = []
+        if packaged is None:
+            return _guards_twice(original, bound)
         try:
-            saved = original(**{**bound, "guard_filter_fn": lambda entries: dynamo_identity.observe(
-                entries, user_filter, identities)})
-        except Exception as e:  # noqa: BLE001 - torch lets more than PackageError out (an op it cannot pickle)
-            saved = None
-            log_once(f"guards:{type(e).__name__}", "a frame's guards cannot be saved (%s); it stays out of "
-                     "the package", _first_line(e))
-            try:
-                bound["output_graph"].bypass_package(f"fxcc: guards not serializable: {_first_line(e)}")
-            except Exception:  # noqa: BLE001, S110 - nothing to keep out
-                pass
-        with dynamo_config.patch(caching_precompile=False):
-            whole = original(**{**bound, "save_guards": False})
-        # a frame kept out of the package still hands torch a guards state, which it then ignores;
-        # so does one whose guards torch could not serialize itself (it bypassed the package, left
-        # the state None and would then assert on it: a CLASS_MATCH guard, in transformers' T5)
-        state = None if saved is None else saved.guards_state
-        whole.guards_state = b"" if state is None else dynamo_identity.attach(state, identities)
-        return whole
+            with dynamo_config.patch(caching_precompile=False):
+                manager = packaged(**bound)
+        except Exception as e:  # noqa: BLE001 - what the one build met, the builds apart may not
+            log_once(f"guards-once:{type(e).__name__}", "a frame's guards are built apart (%s)", _first_line(e))
+            return _guards_twice(original, bound)
+        manager.guards_state = _with_identities(manager.guards_state, getattr(manager, "_fxcc_identities", []))
+        return manager
 
     check_function_manager._fxcc = True  # type: ignore[attr-defined]
     cf.CheckFunctionManager = check_function_manager
     _patch_pickler()
     _patch_globals()
+
+
+def _with_identities(state: bytes | None, identities: list[Any]) -> bytes:
+    """What torch keeps as a packaged frame's guards state: its own, the identity guards fxcc
+    carries before it.
+
+    Note: a frame kept out of the package still hands torch a guards state, which it then ignores;
+    so does one whose guards torch could not serialize itself (it bypassed the package, left the
+    state None and would then assert on it: a CLASS_MATCH guard, in transformers' T5)."""
+    from fxcc.client import dynamo_identity
+
+    return b"" if state is None else dynamo_identity.attach(state, identities)  # type: ignore[return-value]
+
+
+def _packaged_guards_class(base: type, torch_guards: Any) -> type | None:
+    """torch's CheckFunctionManager that builds a frame's guards whole and serializes them less the
+    identity guards (recorded for fxcc's package); None when this torch lacks what it overrides
+    (`serialize_guards(builder, sorted_guards, output_graph)`, `make_guard_filter_entry`: torch
+    2.11–2.13 have both)."""
+    from fxcc.client import dynamo_identity
+
+    entry_of = getattr(torch_guards, "make_guard_filter_entry", None)
+    serialize = getattr(base, "serialize_guards", None)
+    if not isinstance(base, type) or entry_of is None or serialize is None:
+        return None
+    if list(inspect.signature(serialize).parameters) != ["self", "builder", "sorted_guards", "output_graph"]:
+        return None
+
+    class _PackagedGuards(base):  # type: ignore[misc, valid-type]
+        """Note: torch's __init__ builds the guards it was given (whole: caching precompile is off)
+        and installs them; then, saving, hands this the builder and the guards to serialize."""
+
+        def serialize_guards(self, builder: Any, sorted_guards: list[Any], output_graph: Any) -> bytes | None:
+            self._fxcc_identities = []
+            try:
+                entries = [entry_of(guard, builder) for guard in sorted_guards]
+                dynamo_identity.observe(entries, None, self._fxcc_identities)
+                kept = [g for g, entry in zip(sorted_guards, entries) if not dynamo_identity.is_identity(entry)]
+                return super().serialize_guards(builder, kept, output_graph)
+            except Exception as e:  # noqa: BLE001 - torch lets more than PackageError out (an op it cannot pickle)
+                log_once(f"guards:{type(e).__name__}", "a frame's guards cannot be saved (%s); it stays out of "
+                         "the package", _first_line(e))
+                with contextlib.suppress(Exception):  # nothing to keep out
+                    output_graph.bypass_package(f"fxcc: guards not serializable: {_first_line(e)}")
+                return None
+
+    _PackagedGuards.__name__ = _PackagedGuards.__qualname__ = base.__name__
+    _PackagedGuards.__module__ = base.__module__
+    return _PackagedGuards
+
+
+def _guards_twice(original: Any, bound: dict[str, Any]) -> Any:
+    """A packaged frame's guards built by torch's caching precompile (filtered, serialized), then
+    whole for this process (caching precompile off, nothing serialized)."""
+    import torch._dynamo.config as dynamo_config
+
+    from fxcc.client import dynamo_identity
+
+    user_filter = bound.get("guard_filter_fn")
+    identities: list[Any] = []
+    try:
+        saved = original(**{**bound, "guard_filter_fn": lambda entries: dynamo_identity.observe(
+            entries, user_filter, identities)})
+    except Exception as e:  # noqa: BLE001 - torch lets more than PackageError out (an op it cannot pickle)
+        saved = None
+        log_once(f"guards:{type(e).__name__}", "a frame's guards cannot be saved (%s); it stays out of "
+                 "the package", _first_line(e))
+        with contextlib.suppress(Exception):  # nothing to keep out
+            bound["output_graph"].bypass_package(f"fxcc: guards not serializable: {_first_line(e)}")
+    with dynamo_config.patch(caching_precompile=False):
+        whole = original(**{**bound, "save_guards": False})
+    whole.guards_state = _with_identities(None if saved is None else saved.guards_state, identities)
+    return whole
 
 
 # What torch itself restores of the globals a frame's bytecode reads: its compiled graphs, resume
