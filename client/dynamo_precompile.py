@@ -166,6 +166,17 @@ def _patch_install(pk: Any) -> None:
     if getattr(original, "_fxcc", False):
         return
 
+    def move_counter(package: Any) -> None:
+        top = -1
+        for entry in package._codes.values():
+            module = sys.modules.get(entry.python_module)
+            for name in list(getattr(module, "__dict__", {})):
+                m = re.match(r"^__\w*?_(\d+)$", name)
+                if m:
+                    top = max(top, int(m.group(1)))
+        current = next(bt._unique_id_counter)
+        bt._unique_id_counter = itertools.count(max(current, top + 1))
+
     def install(self: Any, backends: Any) -> None:
         try:
             original(self, backends)
@@ -176,16 +187,12 @@ def _patch_install(pk: Any) -> None:
                 self.uninstall()
             except Exception:  # noqa: BLE001, S110 - the trace that follows does not need it
                 pass
+            # what uninstall leaves: the builtins dict torch's install puts into the module's globals
+            # itself (`__builtins_dict___0`), which the trace that follows would pick again
+            with contextlib.suppress(Exception):
+                move_counter(self)
             raise RuntimeError(f"fxcc: package install failed: {e}") from e
-        top = -1
-        for entry in self._codes.values():
-            module = sys.modules.get(entry.python_module)
-            for name in getattr(module, "__dict__", {}):
-                m = re.match(r"^__\w*?_(\d+)$", name)
-                if m:
-                    top = max(top, int(m.group(1)))
-        current = next(bt._unique_id_counter)
-        bt._unique_id_counter = itertools.count(max(current, top + 1))
+        move_counter(self)
 
     install._fxcc = True  # type: ignore[attr-defined]
     pk.CompilePackage.install = install
