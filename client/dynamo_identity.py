@@ -39,6 +39,12 @@ def is_identity(entry: Any) -> bool:
     return entry.guard_type in IDENTITY_GUARDS or "ID_MATCH" in derived or "DICT_VERSION" in derived
 
 
+def is_identity_guard(guard: Any) -> bool:
+    """Whether torch's caching precompile drops this guard (`is_identity` of its filter entry)."""
+    derived = tuple(guard.guard_types) if guard.guard_types else ()
+    return guard.create_fn_name() in IDENTITY_GUARDS or "ID_MATCH" in derived or "DICT_VERSION" in derived
+
+
 def _code_digest(code: types.CodeType) -> str:
     h = hashlib.sha256(code.co_code)
     h.update(repr((code.co_names, code.co_varnames, code.co_freevars)).encode())

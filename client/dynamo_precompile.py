@@ -436,9 +436,11 @@ def _packaged_guards_class(base: type, torch_guards: Any) -> type | None:
         def serialize_guards(self, builder: Any, sorted_guards: list[Any], output_graph: Any) -> bytes | None:
             self._fxcc_identities = []
             try:
-                entries = [entry_of(guard, builder) for guard in sorted_guards]
-                dynamo_identity.observe(entries, None, self._fxcc_identities)
-                kept = [g for g, entry in zip(sorted_guards, entries) if not dynamo_identity.is_identity(entry)]
+                dropped = [dynamo_identity.is_identity_guard(guard) for guard in sorted_guards]
+                # only the dropped guards' values are described (a filter entry reads its guard's value)
+                dynamo_identity.observe([entry_of(g, builder) for g, d in zip(sorted_guards, dropped) if d], None,
+                                        self._fxcc_identities)
+                kept = [g for g, d in zip(sorted_guards, dropped) if not d]
                 return super().serialize_guards(builder, kept, output_graph)
             except Exception as e:  # noqa: BLE001 - torch lets more than PackageError out (an op it cannot pickle)
                 log_once(f"guards:{type(e).__name__}", "a frame's guards cannot be saved (%s); it stays out of "
