@@ -22,7 +22,7 @@ import torch
 from torch._dynamo import convert_frame, guards, utils as dynamo_utils
 from torch._dynamo import package as pk
 
-phase = sys.argv[1]
+phase, device = sys.argv[1], sys.argv[2]
 from fxcc.client import dynamo_precompile
 if phase == "former":  # torch's caching precompile builds the package's guards, then fxcc the whole ones
     dynamo_precompile._packaged_guards_class = lambda *args: None
@@ -85,8 +85,8 @@ def summary(state):
             "locals": sorted(output_graph.local_scope)}
 
 torch.manual_seed(0)
-net = Net().eval()
-x, x6 = torch.randn(4, 16), torch.randn(6, 16)
+net = Net().eval().to(device)
+x, x6 = torch.randn(4, 16, device=device), torch.randn(6, 16, device=device)
 out = {}
 if phase == "failing_install":  # torch cannot rebuild the package's guards: its install fails
     def failing(*args, **kwargs):
@@ -121,19 +121,27 @@ print(json.dumps(out))
 """
 
 
-def _child(phase: str, root: Path) -> dict:
+def _child(phase: str, root: Path, device: str = "cpu") -> dict:
+    """The child's output for `phase` (record, former, load, failing_install) on `device` (a CPU's
+    kernels in Triton's interpreter)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FXCC_")}
     env.update(FXCC_CACHE_DIR=str(root / ("former" if phase == "former" else "record") / "cache"),
-               FXCC_PACKAGE_KEY_FILE=str(root / "package.key"), FXCC_DYNAMO_CACHE="1", TRITON_INTERPRET="1",
+               FXCC_PACKAGE_KEY_FILE=str(root / "package.key"), FXCC_DYNAMO_CACHE="1",
                PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(REPO)])))
-    p = subprocess.run([sys.executable, "-c", CHILD, phase], env=env, cwd=REPO, capture_output=True, text=True,
-                       timeout=600, check=False)
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    p = subprocess.run([sys.executable, "-c", CHILD, phase, device], env=env, cwd=REPO, capture_output=True,
+                       text=True, timeout=600, check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def test_a_packaged_frame_builds_its_guards_once_and_saves_what_caching_precompile_saves(tmp_path):
-    now, former = _child("record", tmp_path), _child("former", tmp_path)
+    check_built_once(tmp_path, "cpu")
+
+
+def check_built_once(tmp_path: Path, device: str) -> None:
+    now, former = _child("record", tmp_path, device), _child("former", tmp_path, device)
     assert now["first"] == former["first"] == {"traced": 1, "graphs": 1}
     assert now["counters"] == former["counters"] == {"misses": 1, "saved": 1}
     assert now["builds"] == [1]  # torch's caching precompile built them twice, and fxcc once more
@@ -151,8 +159,12 @@ def test_a_packaged_frame_builds_its_guards_once_and_saves_what_caching_precompi
 
 
 def test_a_package_whose_guards_were_built_once_runs_and_guards_in_a_new_process(tmp_path):
-    _child("record", tmp_path)
-    out = _child("load", tmp_path)
+    check_loaded(tmp_path, "cpu")
+
+
+def check_loaded(tmp_path: Path, device: str) -> None:
+    _child("record", tmp_path, device)
+    out = _child("load", tmp_path, device)
     assert out["hit"] == out["second_entry"] == {"traced": 0, "graphs": 0}
     for case in ("shape", "rebound", "attribute"):
         assert out[case]["traced"] == 1 and out[case]["graphs"] >= 1, case
