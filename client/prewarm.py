@@ -44,7 +44,7 @@ LIBRARY_OPS = frozenset({
 MAX_CALLS = 256
 MAX_BYTES = 1 << 30  # of one call's tensor arguments
 
-_threads: list[threading.Thread] = []
+_threads: list[Any] = []  # threads (or waiters) a CUDA graph capture waits for
 _lock = threading.Lock()
 stats = {"started": 0, "calls": 0, "failed": 0}
 
@@ -154,6 +154,24 @@ def run_calls(calls: list[tuple[Any, list[Any]]], device: torch.device) -> int:
     return ran
 
 
+def warm(plan: Plan, layouts: list[list[Any] | None] | None, device: torch.device) -> int:
+    """Make the plan's library calls now, on this thread (its current device and stream, which the
+    caller set); how many ran. Never raises: what fails is counted and said once at debug level."""
+    if not layouts:
+        return 0
+    try:
+        calls = library_calls(plan, layouts)
+        n = run_calls(calls, device) if calls else 0
+    except Exception as e:  # noqa: BLE001 - the first call makes them itself
+        with _lock:
+            stats["failed"] += 1
+        log.debug("fxcc: prewarm stopped (%s: %s)", type(e).__name__, e)
+        return 0
+    with _lock:
+        stats["calls"] += n
+    return n
+
+
 def start(plan: Plan, layouts: list[list[Any] | None] | None, device: torch.device) -> Callable[[], None] | None:
     """Start the plan's library calls on a daemon thread; the function that waits for it, or None
     when there is nothing to do (no layouts, no library call)."""
@@ -186,8 +204,8 @@ def start(plan: Plan, layouts: list[list[Any] | None] | None, device: torch.devi
             log.debug("fxcc: prewarm stopped (%s: %s)", type(e).__name__, e)
 
     thread = threading.Thread(target=work, name="fxcc-prewarm", daemon=True)
+    track(thread)
     with _lock:
-        _threads.append(thread)
         stats["started"] += 1
     thread.start()
 
@@ -198,6 +216,19 @@ def start(plan: Plan, layouts: list[list[Any] | None] | None, device: torch.devi
                 _threads.remove(thread)
 
     return wait
+
+
+def track(work: Any) -> None:
+    """Count `work` (anything with `join()`: a thread of fxcc's that allocates and launches on a GPU,
+    or what waits for such a thread's GPU work) among what a CUDA graph capture waits for (`wait_all`)."""
+    with _lock:
+        _threads.append(work)
+
+
+def untrack(work: Any) -> None:
+    with _lock:
+        if work in _threads:
+            _threads.remove(work)
 
 
 def wait_all() -> None:
