@@ -85,3 +85,15 @@ def test_the_local_cache_is_written_after_the_first_call(saved):
     assert out["joined"] and out["after"] == {"artifacts": 1, "packages": 1}  # written once the call returned
     again = _child("side", env, FXCC_CACHE_DIR=str(root / "machine-b"))
     assert again["traced"] == 0 and again["counters"] == {"hits": 1} and again["sources"] == ["local-hit"]
+
+
+def test_module_of_a_frames_code_is_the_module_whose_globals_it_is_installed_into():
+    import types
+
+    from fxcc.client import dynamo_identity
+    from tests.client import dynamo_skip_decorators as decorators
+
+    code = decorators.as_tuple.__code__
+    assert dynamo_identity.module_of(code, vars(decorators)) is decorators
+    assert dynamo_identity.module_of(code, vars(types)) is decorators  # another module's scope: found by file
+    assert dynamo_identity.module_of(code) is decorators
