@@ -550,9 +550,10 @@ def _load(fn: Any, options: dict[str, Any] | None) -> PackageLoad | None:
 class PackageLoad:
     """A verified package whose graphs are made ready on a side thread (`start`) while torch builds
     and installs its guards on the caller's: the artifacts fetched (local cache, else the service),
-    each graph's plan built, then on a GPU each kernel's cubin loaded into the device's context and
-    the plans' first library calls made (client/prewarm.py); `finish` gives the installed callables
-    their plans, and the first call of each waits for the rest of the thread's work.
+    each graph's plan built, then on a GPU each kernel's cubin loaded into the device's context,
+    while a helper thread makes the plans' first library calls (client/prewarm.py) from the moment
+    the artifacts are there; `finish` gives the installed callables their plans, and the first call
+    of each waits for the rest of the work.
 
     Note: the fetch is what `load_plan_for` does on its own (the local cache, then the service with
     the workers' signatures and the digests checked), for all the package's graphs at once (a bundle
@@ -563,8 +564,10 @@ class PackageLoad:
     the local cache (the artifacts fetched from the service, the package itself) is written by the
     thread once every graph's first call returned (or at exit), never on the way to the first result.
 
-    Note (timings, `timings()`): `fetch_s`, `plans_s`, `warm_s` and `ready_s` (from the start of the
-    load to the end of the warm-up) are the side thread's; `plans_wait_s` what torch.compile still
+    Note (timings, `timings()`): `fetch_s`, `plans_s`, `preload_s` (the cubins), `warm_s` (from the
+    plans to the end of the warm-up) and `ready_s` (from the start of the load to the end of the
+    warm-up) are the side thread's, `library_calls_s` its helper's (the library calls start once the
+    artifacts are fetched, beside the plans' build); `plans_wait_s` what torch.compile still
     waited for the plans after installing the guards, `ready_wait_s` what the first call waited for
     the warm-up; `cubins` the modules preloaded, `library_calls` the calls made."""
 
@@ -623,11 +626,11 @@ class PackageLoad:
     def _work(self, keys: list[str], device: torch.device | None, stream: Any) -> None:
         try:
             if device is None:
-                self._prepare(keys)
+                self._prepare(keys, None)
             else:
                 with torch.cuda.device(device), torch.cuda.stream(stream):
-                    self._prepare(keys)
-                    self._warm(device)
+                    calls = self._prepare(keys, (device, stream))
+                    self._warm(device, calls)
         except BaseException as e:  # noqa: BLE001 - a side thread's error is the loading thread's
             if not self._planned.is_set():
                 self._error = e
@@ -642,13 +645,19 @@ class PackageLoad:
         except Exception as e:  # noqa: BLE001 - only the next process's optimisation
             log_once(f"store:{type(e).__name__}", "could not keep a package's artifacts locally (%s)", _first_line(e))
 
-    def _prepare(self, keys: list[str]) -> None:
-        """Fetch the artifacts and build every graph's plan; an error is kept for `finish`."""
+    def _prepare(self, keys: list[str], cuda: tuple[torch.device, Any] | None) -> threading.Thread | None:
+        """Fetch the artifacts and build every graph's plan; an error is kept for `finish`. On a GPU
+        (`cuda`: the caller's device and stream), the plans' library calls start as soon as the
+        artifacts are there, on a thread of their own (returned): they wait mostly in cuDNN and cuBLAS,
+        without the GIL, while the plans are built and the guards too."""
         t0 = time.perf_counter()
+        calls = None
         try:
             self._fetched = fetch_artifacts(self.settings, keys, store=False)
             t1 = time.perf_counter()
             self.times["fetch_s"] = t1 - t0
+            if cuda is not None and self.settings.prewarm:
+                calls = self._start_library_calls(*cuda)
             for bid, backend in self.backends.items():
                 self._plans[bid] = backend.plan(self.settings, self._fetched.get(backend.artifact_key() or ""))
             self.times["plans_s"] = time.perf_counter() - t1
@@ -656,25 +665,47 @@ class PackageLoad:
             self._error = e
         finally:
             self._planned.set()
+        return calls
 
-    def _warm(self, device: torch.device) -> None:
-        """Each artifact's cubins loaded on `device`, each plan's first library calls made."""
-        if self._error is not None or not self.settings.prewarm:
-            return
+    def _start_library_calls(self, device: torch.device, stream: Any) -> threading.Thread | None:
+        """The thread that makes each fetched plan's first library calls (client/prewarm.py).
+
+        Note: the calls read only the plan's steps (aten ops, allow-listed, on uninitialized tensors
+        of bounded sizes), never the artifact's kernels, so they need not wait for the plans' load."""
+        work = []
+        for backend in self.backends.values():
+            fetched = self._fetched.get(backend.artifact_key() or "")
+            if fetched is not None and backend.pending is not None and fetched[0].manifest.target.kind == "cuda":
+                work.append((fetched[0].manifest.plan, backend.pending.state.get("input_layouts")))
+        if not work:
+            return None
+
+        def run() -> None:
+            t0 = time.perf_counter()
+            with torch.cuda.device(device), torch.cuda.stream(stream):
+                for plan, layouts in work:
+                    self.counts["library_calls"] += prewarm.warm(plan, layouts, device)
+            self.times["library_calls_s"] = time.perf_counter() - t0
+
+        thread = threading.Thread(target=run, name="fxcc-package-prewarm", daemon=True)
+        thread.start()
+        return thread
+
+    def _warm(self, device: torch.device, calls: threading.Thread | None) -> None:
+        """Each artifact's cubins loaded on `device`; then the library calls waited for."""
         t0 = time.perf_counter()
-        from fxcc.client.runtime import plan_cubins
+        if self._error is None and self.settings.prewarm:
+            from fxcc.client import cuda_loader
+            from fxcc.client.runtime import plan_cubins
 
-        for art, _ in self._fetched.values():
-            try:
-                from fxcc.client import cuda_loader
-
-                self.counts["cubins"] += cuda_loader.preload(plan_cubins(art), device.index)
-            except Exception as e:  # noqa: BLE001 - the first launch loads it (and says why not)
-                log.debug("fxcc: Dynamo package cache: no cubin preload (%s)", _first_line(e))
-        for bid, backend in self.backends.items():
-            plan = getattr(self._plans.get(bid), "fxcc_plan", None)
-            if plan is not None and backend.pending is not None:
-                self.counts["library_calls"] += prewarm.warm(plan, backend.pending.state.get("input_layouts"), device)
+            for art, _ in self._fetched.values():
+                try:
+                    self.counts["cubins"] += cuda_loader.preload(plan_cubins(art), device.index)
+                except Exception as e:  # noqa: BLE001 - the first launch loads it (and says why not)
+                    log.debug("fxcc: Dynamo package cache: no cubin preload (%s)", _first_line(e))
+        self.times["preload_s"] = time.perf_counter() - t0
+        if calls is not None:
+            calls.join()
         self.times["warm_s"] = time.perf_counter() - t0
 
     def join(self, timeout: float | None = None) -> None:
@@ -741,7 +772,7 @@ class PackageLoad:
         out = {"read_s": self.times.get("read", t0) - t0,
                "verify_s": self.times.get("verify", t0) - self.times.get("read", t0),
                "unpickle_s": self.times.get("unpickle", t0) - self.times.get("verify", t0)}
-        for name in ("fetch_s", "plans_s", "warm_s", "plans_wait_s", "ready_wait_s"):
+        for name in ("fetch_s", "plans_s", "preload_s", "library_calls_s", "warm_s", "plans_wait_s", "ready_wait_s"):
             out[name] = self.times.get(name, 0.0)
         out["ready_s"] = self.times["ready"] - t0 if "ready" in self.times else 0.0
         out["total_s"] = self.times["end"] - t0 if "end" in self.times else 0.0
