@@ -66,6 +66,7 @@ SCHEMA = 1
 MAGIC = b"FXCCPKG1\n"
 MAX_PACKAGE_BYTES = 64 * 1024 * 1024  # the service's bound too (service/routes/packages.py)
 SERVICE_TIMEOUT_S = 2.0  # a slow service costs only this optimisation
+PREWARM_THREADS = 4  # threads that make a loaded package's library calls (client/prewarm.py's `warm`)
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -684,7 +685,7 @@ class PackageLoad:
             t0 = time.perf_counter()
             with torch.cuda.device(device), torch.cuda.stream(stream):
                 for plan, layouts in work:
-                    self.counts["library_calls"] += prewarm.warm(plan, layouts, device)
+                    self.counts["library_calls"] += prewarm.warm(plan, layouts, device, PREWARM_THREADS)
             self.times["library_calls_s"] = time.perf_counter() - t0
 
         thread = threading.Thread(target=run, name="fxcc-package-prewarm", daemon=True)
