@@ -160,6 +160,9 @@ class GraphLowering:
     guards: list[str] = field(default_factory=list)  # relations the plan's code assumes
     input_strides: list[Any] = field(default_factory=list)  # per input, for a symbolic plan
     lazy_values: list[Lazy] = field(default_factory=list)
+    # Out names of the extern calls that write mutated inputs back (_write_inputs): the scheduler
+    # may have the kernels computing their values store them into the inputs instead.
+    write_backs: set[str] = field(default_factory=set)
     _realized: set[int] = field(default_factory=set)
     env: dict[fx.Node, Any] = field(default_factory=dict)
     wire: dict[fx.Node, Any] = field(default_factory=dict)
@@ -399,7 +402,8 @@ def _aliased_by(node: fx.Node, outputs: set[fx.Node]) -> bool:
 
 
 def _write_inputs(g: GraphLowering, writes: list[fx.Node], env: dict[fx.Node, Any]) -> None:
-    """The write-backs, as extern copy_ calls after everything else the plan computes.
+    """The write-backs, as extern copy_ calls after everything else the plan computes (the scheduler
+    has kernels store what they can straight into the inputs: scheduler.store_into_inputs).
 
     Note: every value written back is computed first, before any copy_ runs: one of them may read
     an input that another write-back overwrites (the graph's values are those before any write).
@@ -421,6 +425,7 @@ def _write_inputs(g: GraphLowering, writes: list[fx.Node], env: dict[fx.Node, An
         for node in writes:
             if node not in together:
                 env[node] = _extern(g, node, g.wire[node], env)
+                g.write_backs.add(g.wire[node].name)
         for group in by_dtype.values():
             if len(group) >= 2:
                 _write_together(g, group, env)
@@ -447,8 +452,9 @@ def _write_together(g: GraphLowering, writes: list[fx.Node], env: dict[fx.Node, 
         if isinstance(value, Lazy):
             value = env[src] = g.realize(value, dense_strides_like(sizes_of(src.meta["val"]), strides_of(src.meta["val"])))
         srcs.append(g.extern_ref(value, src))
-    g.program.append(ExternCall(g.new_name("writeback"), "aten._foreach_copy_.default",
-                                [ListArg(items=dsts), ListArg(items=srcs)]))
+    name = g.new_name("writeback")
+    g.write_backs.add(name)
+    g.program.append(ExternCall(name, "aten._foreach_copy_.default", [ListArg(items=dsts), ListArg(items=srcs)]))
     g.extern_ops.append("aten._foreach_copy_.default")
     for node in writes:
         env[node] = env[node.args[0]]
