@@ -93,3 +93,32 @@ def test_norm_forward_and_backward_match_eager_with_no_extern(case: str, dtype: 
         assert s.kernels >= 1
     if case in UPDATES_IN_PLACE:
         assert not stats[0].extern_ops, stats[0].extern_ops
+
+
+@pytest.mark.usefixtures("fresh_compiles")
+def test_batch_norm_with_a_symbolic_batch_is_lowered_and_updates_its_statistics(monkeypatch):
+    """Batch norm in training over batches of 2, 3 and 5: the second size compiles a symbolic
+    graph, whose counts (n, n - 1 for the unbiased variance) are size expressions. It lowers whole
+    (the running statistics stored by their kernels, no extern call), and outputs and running
+    statistics match eager's at every size. (No backward here: AOTAutograd's batch-norm backward
+    computes 1 / n as a SymFloat, which cannot travel yet.)"""
+    import copy
+
+    from torch import nn
+
+    from fxcc.client import backend
+
+    monkeypatch.setenv("FXCC_FALLBACK", "error")
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.BatchNorm2d(4), nn.ReLU(), nn.BatchNorm2d(4))
+    fx = copy.deepcopy(eager)
+    compiled = torch.compile(fx, backend="fxcc")
+    with torch.no_grad():
+        for batch in (2, 3, 5):
+            x = torch.randn(batch, 4, 3, 5) * 2 + 1
+            torch.testing.assert_close(compiled(x), eager(x), **TOL[torch.float32])
+    for got, want in zip(fx.buffers(), eager.buffers()):
+        torch.testing.assert_close(got, want, **TOL[torch.float32])
+    events = [e for e in backend.events() if e.stats is not None]
+    assert len(events) == 2, [e.source for e in backend.events()]  # static, then symbolic
+    assert all(not e.stats.extern_ops and e.stats.kernels >= 1 for e in events), [e.stats for e in events]
