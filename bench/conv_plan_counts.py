@@ -2,8 +2,10 @@
 
 `TRITON_INTERPRET=1 python -m bench.conv_plan_counts [--channels-last]`: ResNet-18's structure
 (torchvision's: 7×7 stem, max pool, four stages of two basic blocks, 64 to 512 channels) at a CPU
-size (batch 2, 64×64), one training step through fxcc, and per graph: Triton kernels, extern calls
-that launch work (views and tuple items aside) by op, and nodes. `--channels-last` lets the layout
+size (batch 2, 64×64), one training step through fxcc, and per graph: plan steps (by kind), Triton
+kernels, extern calls that launch work (views and tuple items aside) by op, views and tuple items,
+and nodes; for the step, how many parameter gradients AccumulateGrad copies into their parameter's
+layout (each one more launch on the host). `--channels-last` lets the layout
 pass run for the CPU interpreter as it runs for CUDA targets, so the plans are those a GPU worker
 makes. Counts, not timings: a plan's steps do not depend on the device it runs on.
 """
@@ -75,18 +77,31 @@ def main() -> None:
     torch.manual_seed(0)
     model = ResNet18()
     x, y = torch.randn(2, 3, args.size, args.size), torch.randint(0, 1000, (2,))
+    # A gradient laid out unlike its parameter is copied by AccumulateGrad (one more launch each).
+    relaid = []
+    for p in model.parameters():
+        p.register_hook(lambda g, p=p: relaid.append(_strides_differ(g, p)))
     F.cross_entropy(torch.compile(model, backend="fxcc")(x), y).backward()
     cache = LocalCache(ClientSettings.from_env().cache_dir)
     total = {"kernels": 0, "externs": 0}
     for name, e in zip(("forward", "backward"), backend.events()):
         art = cache.get(e.key)
         ops = Counter(s.op for s in art.manifest.plan.steps if s.kind == "extern" and s.op not in NO_LAUNCH)
-        kernels = sum(1 for s in art.manifest.plan.steps if s.kind == "kernel")
+        steps = art.manifest.plan.steps
+        kernels = sum(1 for s in steps if s.kind == "kernel")
+        views = sum(1 for s in steps if s.kind == "extern" and s.op in NO_LAUNCH)
         total["kernels"] += kernels
         total["externs"] += sum(ops.values())
-        print(json.dumps({"graph": name, "nodes": e.stats.nodes, "kernels": kernels,
-                          "externs": sum(ops.values()), "extern_ops": dict(ops)}))
-    print(json.dumps({"step": total, "launches": total["kernels"] + total["externs"]}))
+        print(json.dumps({"graph": name, "nodes": e.stats.nodes, "steps": len(steps),
+                          "steps_by_kind": dict(Counter(s.kind for s in steps)), "kernels": kernels,
+                          "externs": sum(ops.values()), "views_and_items": views, "extern_ops": dict(ops)}))
+    print(json.dumps({"step": total, "launches": total["kernels"] + total["externs"],
+                      "accumulate_grad_copies": sum(relaid)}))
+
+
+def _strides_differ(grad: torch.Tensor, param: torch.Tensor) -> bool:
+    """Whether AccumulateGrad re-lays `grad` out as `param` (strides of size-1 dims aside)."""
+    return any(n != 1 and a != b for n, a, b in zip(param.shape, grad.stride(), param.stride()))
 
 
 if __name__ == "__main__":

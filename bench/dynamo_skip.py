@@ -2,6 +2,7 @@
 
     python -m bench.dynamo_skip --out $OUT                      # the H200: ResNet-50 and GPT-2
     TRITON_INTERPRET=1 python -m bench.dynamo_skip --out /tmp/ds --tiny   # CPU check, small models
+    python -m bench.dynamo_skip --out /tmp/ds --device cpu --profile --fxcc-only   # CPU profile, deeper models
 
 Per workload (torchvision ResNet-50, batch 32 at 224²; transformers GPT-2 small, batch 8 × 512
 tokens, use_cache off; `--tiny`: fxcc's own Bottleneck and TransformerBlock at CPU sizes), every
@@ -23,6 +24,11 @@ the model's construction made due (`settle_gc_s`); `gc_s` and `gc_full_collectio
 collector's time and full collections inside the timed window (what the compiler's own allocations cost).
 `outputs_match`: the warm fxcc result against eager in full fp32 (TF32 off) in that process, within
 twice eager-with-TF32's own error (or 1e-4 of the output's scale); `max_abs_err` against eager with TF32.
+`--device cpu`: every run on the CPU with Triton's interpreter (TRITON_INTERPRET=1 set for the runs);
+without `--tiny` the models are torchvision's and transformers' where installed, else deep stacks of
+fxcc's own blocks at CPU sizes (16 Bottlenecks, 12 TransformerBlocks: many modules, so many guards,
+as the real models have). `--profile`: each warm fxcc run's cProfile, as text
+(logs/<workload>-<run>-profile.txt) and raw (logs/<workload>-<run>.prof, for pstats or snakeviz).
 Writes OUT/h200-first-call.json (`--tag` renames it: OUT/<tag>-first-call.json) and logs to OUT/logs.
 """
 
@@ -53,6 +59,8 @@ def build(workload: str, tiny: bool, device: str) -> tuple[Any, tuple[Any, ...]]
         if workload == "resnet50":
             return Bottleneck(32, 8, 2).eval(), (torch.randn(2, 32, 8, 8),)
         return TransformerBlock(64, 4).eval(), (torch.randn(2, 16, 64),)
+    if device == "cpu":
+        return _cpu_model(workload)
     if workload == "resnet50":
         import torchvision
 
@@ -61,6 +69,33 @@ def build(workload: str, tiny: bool, device: str) -> tuple[Any, tuple[Any, ...]]
 
     model = GPT2LMHeadModel(GPT2Config(use_cache=False)).to(device).eval()
     return model, (torch.randint(0, 50257, (8, 512), device=device),)
+
+
+def _cpu_model(workload: str) -> tuple[Any, tuple[Any, ...]]:
+    """The workload at sizes Triton's interpreter runs in seconds: the real model where its package is
+    installed (tiny inputs), else a deep stack of fxcc's own blocks (as many modules and guards)."""
+    import importlib.util
+
+    import torch
+    from torch import nn
+
+    if workload == "resnet50":
+        if importlib.util.find_spec("torchvision") is not None:
+            import torchvision
+
+            return torchvision.models.resnet50().eval(), (torch.randn(1, 3, 32, 32),)
+        from fxcc.client.examples import Bottleneck
+
+        return nn.Sequential(*[Bottleneck(32, 8) for _ in range(16)]).eval(), \
+            (torch.randn(1, 32, 8, 8),)
+    if importlib.util.find_spec("transformers") is not None:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config(use_cache=False, n_embd=64, n_head=4, n_positions=64, vocab_size=512)
+        return GPT2LMHeadModel(config).eval(), (torch.randint(0, 512, (1, 16)),)
+    from fxcc.client.examples import TransformerBlock
+
+    return nn.Sequential(*[TransformerBlock(64, 4) for _ in range(12)]).eval(), (torch.randn(1, 16, 64),)
 
 
 def _tensor(out: Any) -> Any:
@@ -76,7 +111,7 @@ def run_one(workload: str, compiler: str, tiny: bool, device: str) -> dict[str, 
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     model, inputs = build(workload, tiny, device)
-    sync = torch.cuda.synchronize if device.startswith("cuda") and not tiny else (lambda: None)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     sync()
     t0 = time.perf_counter()
     importlib.import_module("torch._dynamo")
@@ -164,10 +199,12 @@ class _GcTimer:
 
 
 def _write_profile(profiler: Any, path: Path) -> None:
-    """The profile's top functions by cumulative and by own time, and fxcc's own, as text."""
+    """The profile's top functions by cumulative and by own time, and fxcc's own, as text at `path`;
+    the raw profile beside it (`<workload>-<run>.prof`, for pstats or snakeviz)."""
     import io
     import pstats
 
+    profiler.dump_stats(str(path.with_name(path.name.removesuffix("-profile.txt") + ".prof")))
     buf = io.StringIO()
     stats = pstats.Stats(profiler, stream=buf)
     stats.sort_stats("cumulative").print_stats(80)
@@ -199,7 +236,7 @@ def bench_workload(workload: str, tiny: bool, device: str, root: Path, log: Path
     t = root / workload
     base = {k: v for k, v in os.environ.items() if not k.startswith(("FXCC_", "TORCHINDUCTOR_", "TRITON_CACHE"))}
     base.update(PYTHONUNBUFFERED="1", FXCC_PACKAGE_KEY_FILE=str(t / "principal" / "package.key"))
-    if tiny:
+    if tiny or device == "cpu":
         base["TRITON_INTERPRET"] = "1"
     args = ["--workload", workload, "--device", device, *(["--tiny"] if tiny else [])]
     port = free_port()
@@ -252,16 +289,17 @@ def main() -> None:
     r.add_argument("--device", default="cuda")
     p.add_argument("--out", type=Path, help="where h200-first-call.json and logs/ go")
     p.add_argument("--tiny", action="store_true", help="small models on the CPU (set TRITON_INTERPRET=1)")
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", default="cuda", help="cuda, or cpu (Triton's interpreter; small models)")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--tag", default="h200")
     p.add_argument("--timeout-s", type=float, default=300.0)
     p.add_argument("--fxcc-only", action="store_true", help="only fxcc's cold and warm runs (no Dynamo-alone, no Inductor)")
     p.add_argument("--profile", action="store_true",
-                   help="cProfile the warm fxcc run (logs/<workload>-warm-profile.txt) and log what Dynamo traces")
+                   help="cProfile the warm fxcc runs (logs/<workload>-<run>-profile.txt, raw: logs/<workload>-<run>.prof) "
+                        "and log what Dynamo traces")
     a = p.parse_args()
     if a.cmd == "run":
-        print(json.dumps(run_one(a.workload, a.compiler, a.tiny, "cpu" if a.tiny else a.device)))
+        print(json.dumps(run_one(a.workload, a.compiler, a.tiny, "cpu" if a.tiny else a.device), default=str))
         return
     if a.out is None:
         p.error("--out is required")

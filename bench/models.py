@@ -58,7 +58,7 @@ NOTES = {
                "gradients and AdamW's state included in every mode",
     "inductor": "inference: inductor_ms is the faster of inductor_default_ms and inductor_reduce_overhead_ms "
                 "(inductor_mode says which) and inductor_peak_mb that mode's; training: Inductor's default "
-                "(fxcc does not replay training graphs as CUDA graphs)",
+                "(fxcc replays static training plans as CUDA graphs unless FXCC_CUDA_GRAPHS_TRAINING=0)",
     "rel_err": "inference: ||out - eager|| / ||eager|| over the model's output, the worst of the first and "
                "the third call (a CUDA-graph replay); matches_eager: fxcc's <= OUTPUT_TOL[dtype] "
                f"{OUTPUT_TOL} and no graph fell back to eager",
@@ -188,6 +188,9 @@ def _fxcc_facts(row: dict[str, Any]) -> None:
     row["fxcc_extern_ops"] = sorted({o for e in evs if e.stats for o in e.stats.extern_ops})[:40]
     row["fxcc_runs_as"] = sorted({e.runs_as for e in evs if getattr(e, "runs_as", None)})[:6]
     row["fxcc_graph_captures"] = cuda_graphs.stats.captures
+    row["fxcc_graph_replays"] = cuda_graphs.stats.replays
+    row["fxcc_graph_step_by_step"] = cuda_graphs.stats.step_by_step
+    row["fxcc_graph_disabled"] = sorted(set(cuda_graphs.stats.disabled))[:4]
     row["fxcc_graph_pool_mb"] = round(cuda_graphs.stats.pool_bytes / MB, 1)
 
 
@@ -256,10 +259,10 @@ def run_training(row: dict[str, Any], built: Built, device: str, modes: tuple[st
         if mode != "eager" and "eager_losses" in row:
             ref = row["eager_losses"]
             row[f"{mode}_loss_rel_diff"] = float(f"{max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(losses, ref)):.3g}")
-        if mode == "fxcc":
-            _fxcc_facts(row)
         row[f"{mode}_ms"] = median_ms(step, device)
         row[f"{mode}_device_ms"], row[f"{mode}_kernels"] = profile_step(step, device)
+        if mode == "fxcc":
+            _fxcc_facts(row)  # after the timed steps: their replays and step-by-step calls counted
         del fn, step, opt
     row["tolerance"] = LOSS_TOL
     row["matches_eager"] = _matches(row, "fxcc_loss_rel_diff", LOSS_TOL)

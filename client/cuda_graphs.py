@@ -93,25 +93,45 @@ CAPTURE_SAFE = frozenset({
 })
 
 
+# Backward and loss ops that a training graph's plan calls, as safe as the above (training_graphs.py).
+TRAINING_SAFE = CAPTURE_SAFE | frozenset({
+    "convolution_backward", "max_pool2d_with_indices_backward", "avg_pool2d_backward",
+    "_adaptive_avg_pool2d_backward", "native_batch_norm_backward", "native_layer_norm_backward",
+    "_softmax_backward_data", "_log_softmax_backward_data", "threshold_backward",
+    "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_cudnn_attention_backward", "nll_loss_forward", "nll_loss_backward",
+    "nll_loss2d_forward", "nll_loss2d_backward", "embedding_dense_backward", "index_put", "index_put_",
+    "scatter", "scatter_add", "index_add", "new_zeros", "zeros", "zeros_like", "full", "full_like",
+    "empty", "empty_like", "empty_strided", "fill_", "zero_", "sum", "mean",
+    "_native_batch_norm_legit_functional", "_native_batch_norm_legit", "detach", "empty_permuted",
+    # Random numbers of the default CUDA generator: a capture registers it and each replay moves
+    # its Philox offset on, so every replay draws new numbers (torch.cuda.graph's RNG support).
+    "bernoulli", "bernoulli_", "native_dropout", "native_dropout_backward", "rand", "randn", "rand_like",
+    "randn_like", "uniform_", "normal_",
+})
+
+
 def _op_name(op: str) -> str:
     """'aten.addmm.default' → 'addmm'; 'getitem' → 'getitem'."""
     parts = op.split(".")
     return parts[1] if len(parts) >= 2 and parts[0] in ("aten", "prims") else parts[-1]
 
 
-def why_not_graphed(manifest: ArtifactManifest, inference: bool) -> str | None:
-    """Why this plan is run step by step rather than replayed as a CUDA graph (None: it may be)."""
+def why_not_graphed(manifest: ArtifactManifest, inference: bool, training: bool = False) -> str | None:
+    """Why this plan is run step by step rather than replayed as a CUDA graph (None: it may be).
+    `training`: a training graph's plan may be (client/training_graphs.py)."""
     plan = manifest.plan
     if manifest.target.kind != "cuda":
         return f"target is {manifest.target.kind}"
-    if not inference:
+    if not inference and not training:
         return "not an inference graph"
     if plan.symbols:
         return "sizes are symbolic"
     n = launches(plan)
     if n < MIN_LAUNCHES:
         return f"{n} launches"
-    unsafe = sorted({_op_name(s.op) for s in plan.steps if isinstance(s, ExternStep)} - CAPTURE_SAFE)
+    safe = CAPTURE_SAFE if inference else TRAINING_SAFE
+    unsafe = sorted({_op_name(s.op) for s in plan.steps if isinstance(s, ExternStep)} - safe)
     if unsafe:
         return f"extern ops not known to be capture-safe: {', '.join(unsafe[:5])}"
     return None
@@ -278,7 +298,8 @@ class GraphedPlan:
                 outputs = self.runner(args)
         caller.wait_stream(stream)
         for t in flat_tensors(outputs):
-            t.record_stream(caller)  # made on the capture stream, used and freed on the caller's
+            if t.is_cuda:
+                t.record_stream(caller)  # made on the capture stream, used and freed on the caller's
         return outputs
 
     def _check_outputs(self, outputs: Any, args: list[Any]) -> str | None:

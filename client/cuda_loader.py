@@ -17,7 +17,7 @@ import ctypes
 import logging
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,7 @@ class LoaderStats:
     """What this process's loader has done (read by benchmarks and tests, never by timing code)."""
 
     modules_loaded: int = 0
+    preloaded: int = 0  # of modules_loaded, by `preload` (before their first launch)
     launchers: int = 0
     jit_fallbacks: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -154,6 +155,25 @@ def cubin_kernel(digest: str, cubin: bytes, meta: LaunchMeta) -> CubinKernel:
         if kernel is None:
             kernel = _kernels[(digest, meta)] = CubinKernel(cubin, meta)
         return kernel
+
+
+def preload(kernels: Iterable[CubinKernel], device: int) -> int:
+    """Load each kernel's module into `device`'s primary context now, not at its first launch; how
+    many this call loaded (a module already loaded there is not loaded again). Raises ArtifactError
+    when the driver refuses one.
+
+    Note: cuModuleLoadData of a cubin costs the driver tens of microseconds to milliseconds, and a
+    plan loaded from a Dynamo package pays it for each of its kernels (ResNet-50: 68) inside its first
+    call; a package's side thread (client/dynamo_cache.py) preloads them while torch builds guards."""
+    loaded = 0
+    for kernel in kernels:
+        if device in kernel._functions:
+            continue
+        kernel.handle(device)
+        loaded += 1
+    with stats.lock:
+        stats.preloaded += loaded
+    return loaded
 
 
 def is_loaded(digest: str, device: int) -> bool:

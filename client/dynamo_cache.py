@@ -66,6 +66,7 @@ SCHEMA = 1
 MAGIC = b"FXCCPKG1\n"
 MAX_PACKAGE_BYTES = 64 * 1024 * 1024  # the service's bound too (service/routes/packages.py)
 SERVICE_TIMEOUT_S = 2.0  # a slow service costs only this optimisation
+PREWARM_THREADS = 4  # threads that make a loaded package's library calls (client/prewarm.py's `warm`)
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -80,7 +81,8 @@ class _State:
         self.compiled: dict[str, FxccCompiled] = {}  # Dynamo's backend id -> fxcc's callable
         self.saved: dict[str, str] = {}  # package key -> digest of what was last written
         self.enabled = False
-        self.load_s: dict[str, float] = {}  # where the last package load's time went (bench/)
+        self.last_load: PackageLoad | None = None  # where the last package load's time went (bench/)
+        self.loads: list[PackageLoad] = []  # loads whose side thread may still run (deferred writes)
         self.remotes: dict[tuple, Any] = {}  # (url, token, ...) -> RemoteService
         self.compiling = threading.local()  # .active: a frame of an fxcc package compiles on this thread
 
@@ -89,10 +91,28 @@ _state = _State()
 
 
 def load_timings() -> dict[str, float]:
-    """Seconds of the last package load: read (disk or service), verify, unpickle, the artifacts'
-    fetch (on its side thread) and what the load waited for it, the plans, total (install included)."""
+    """Seconds of the last package load (`PackageLoad.timings`): read (disk or service), verify,
+    unpickle; on its side thread the artifacts' fetch, the plans, the warm-up (cubins preloaded,
+    library calls) and when it was ready; what torch.compile waited for the plans and the first call
+    for the rest; total (install included); how many cubins were preloaded."""
     with _state.lock:
-        return dict(_state.load_s)
+        load = _state.last_load
+    return load.timings() if load is not None else {}
+
+
+def join_loads(timeout_s: float | None = None, flush: bool = False) -> bool:
+    """Wait for every package load's side thread to end (its deferred local-cache writes done);
+    `flush`: do not wait for the graphs' first calls first (as at exit). Whether all ended."""
+    with _state.lock:
+        loads = list(_state.loads)
+    for load in loads:
+        if flush:
+            load.flush()
+        if load.thread is not None:
+            load.thread.join(timeout_s)
+    with _state.lock:
+        _state.loads[:] = [x for x in _state.loads if x.thread is not None and x.thread.is_alive()]
+        return not _state.loads
 
 
 def count(name: str) -> None:
@@ -272,10 +292,11 @@ def load_plan_for(state: dict[str, Any], graph: Callable, settings: Any,
 class BackendArtifact:
     """One FxccCompiled inside a package, as torch's package install expects a backend entry.
 
-    Note: a package loaded by `_load` has its artifacts fetched on a side thread while torch
-    installs its guards (`PackageLoad`). Install takes each graph's callable (`after_deserialization`)
-    before it builds the guards: that callable is made first, without a plan (`pending`), and given
-    its plan once the fetch is done (`PackageLoad.finish`, before torch.compile returns)."""
+    Note: a package loaded by `_load` has its artifacts fetched and its plans built on a side
+    thread while torch installs its guards (`PackageLoad`). Install takes each graph's callable
+    (`after_deserialization`) before it builds the guards: that callable is made first, without a
+    plan (`pending`), and given its plan (`adopt`) once the side thread built it (`PackageLoad.finish`,
+    before torch.compile returns)."""
 
     def __init__(self, data: bytes) -> None:
         self.data = data
@@ -290,7 +311,7 @@ class BackendArtifact:
 
     def artifact_key(self) -> str | None:
         """The key of the artifact this graph runs, as its state names it (None when malformed:
-        `prepare` says what is wrong)."""
+        `plan` says what is wrong)."""
         try:
             key = json.loads(self.data.partition(b"\n")[0]).get("artifact_key")
         except (ValueError, AttributeError):
@@ -298,13 +319,41 @@ class BackendArtifact:
         return key if isinstance(key, str) and _HEX64.match(key) else None
 
     def hold(self) -> None:
-        """Make the callable install takes now; its plan comes with `prepare`."""
+        """Make the callable install takes now; its plan comes with `adopt` (or `prepare`)."""
         head, _, rest = self.data.partition(b"\n")
         self.pending = FxccCompiled(_not_loaded, json.loads(head), LazyGraph(rest))
 
     def prepare(self, fetched: tuple[Artifact, str] | None = None) -> None:
         """Load the artifact's plan (`fetched`, or fetched now), so that a failure is a miss."""
         self.loaded = FxccCompiled.loaded_from(self.data, fetched, self.pending)
+
+    def plan(self, settings: Any, fetched: tuple[Artifact, str] | None) -> Callable:
+        """This graph's runnable plan, of the artifact `fetched` (or fetched now); raises when it
+        cannot be loaded. Made on the package's side thread: touches nothing install reads."""
+        if self.pending is None:
+            self.hold()
+        assert self.pending is not None
+        return load_plan_for(self.pending.state, self.pending.graph, settings, fetched)
+
+    def adopt(self, fn: Callable, settings: Any, load: PackageLoad, backend_id: str) -> FxccCompiled:
+        """The installed callable runs `fn` from now on; its first call waits for the side thread's
+        warm-up first (`PackageLoad.wait_ready`) and tells `load` when it returned."""
+        if self.pending is None:
+            self.hold()
+        compiled = self.pending
+        assert compiled is not None
+
+        def first_call(*args: Any, **kwargs: Any) -> Any:
+            load.wait_ready()  # the side thread's GPU work is done: nothing else uses the GPU now
+            compiled.fn = fn
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                load.first_call_returned(backend_id)
+
+        compiled.settings, compiled.fn = settings, first_call
+        self.loaded = compiled
+        return compiled
 
     def after_deserialization(self) -> FxccCompiled:
         if self.loaded is None:
@@ -500,21 +549,44 @@ def _load(fn: Any, options: dict[str, Any] | None) -> PackageLoad | None:
 
 
 class PackageLoad:
-    """A verified package whose graphs' artifacts are being fetched (`start`: local cache, else the
-    service, on a side thread) while torch installs its frames; `finish` loads their plans.
+    """A verified package whose graphs are made ready on a side thread (`start`) while torch builds
+    and installs its guards on the caller's: the artifacts fetched (local cache, else the service),
+    each graph's plan built, then on a GPU each kernel's cubin loaded into the device's context,
+    while a helper thread makes the plans' first library calls (client/prewarm.py) from the moment
+    the artifacts are there; `finish` gives the installed callables their plans, and the first call
+    of each waits for the rest of the work.
 
     Note: the fetch is what `load_plan_for` does on its own (the local cache, then the service with
-    the workers' signatures and the digests checked, the artifact put into the local cache), for
-    all the package's graphs at once (a bundle when there are several) and before the guards are
-    built rather than after; nothing of an artifact runs before `finish`, and an artifact that is
-    refused or missing makes `finish` raise: the package is uninstalled and traced, as before."""
+    the workers' signatures and the digests checked), for all the package's graphs at once (a bundle
+    when there are several); nothing of an artifact runs before `finish`, and an artifact that is
+    refused or missing, or a plan that fails to build, makes `finish` raise: the package is
+    uninstalled and traced, as before. Whatever fails in the warm-up only costs the first call the
+    work. The thread runs on the caller's current CUDA device and stream. What the load writes to
+    the local cache (the artifacts fetched from the service, the package itself) is written by the
+    thread once every graph's first call returned (or at exit), never on the way to the first result.
+
+    Note (timings, `timings()`): `fetch_s`, `plans_s`, `preload_s` (the cubins), `warm_s` (from the
+    plans to the end of the warm-up) and `ready_s` (from the start of the load to the end of the
+    warm-up) are the side thread's, `library_calls_s` its helper's (the library calls start once the
+    artifacts are fetched, beside the plans' build); `plans_wait_s` what torch.compile still
+    waited for the plans after installing the guards, `ready_wait_s` what the first call waited for
+    the warm-up; `cubins` the modules preloaded, `library_calls` the calls made."""
 
     def __init__(self, entry: Any, settings: Any, key: str, data: bytes, payload: bytes) -> None:
         self.entry, self.settings, self.key, self.data, self.payload = entry, settings, key, data, payload
         self.times: dict[str, float] = {}
-        self._done = threading.Event()
+        self.counts = {"cubins": 0, "library_calls": 0}
+        self.thread: threading.Thread | None = None
+        self.called = threading.Event()  # every graph's first call returned, or the process exits
+        self._planned = threading.Event()  # the plans built, or the error why not
+        self._ready = threading.Event()  # the warm-up done too
+        self._finished = threading.Event()  # finish ran (or the install failed): `_kept` says which
+        self._kept = False
+        self._waiting: set[str] = set()  # graphs whose first call has not returned
         self._fetched: dict[str, tuple[Artifact, str]] = {}
+        self._plans: dict[str, Callable] = {}
         self._error: BaseException | None = None
+        self._lock = threading.Lock()
 
     @property
     def dynamo(self) -> Any:
@@ -527,48 +599,214 @@ class PackageLoad:
     def start(self) -> None:
         for backend in self.backends.values():
             backend.hold()
+        self._waiting = set(self.backends)
         keys = [k for k in (b.artifact_key() for b in self.backends.values()) if k is not None]
-        threading.Thread(target=self._fetch, args=(keys,), name="fxcc-package-fetch", daemon=True).start()
+        device, stream = self._caller_device()
+        self.thread = threading.Thread(target=self._work, args=(keys, device, stream), name="fxcc-package-load",
+                                       daemon=True)
+        if device is not None:
+            prewarm.track(self)  # a CUDA graph capture waits for the warm-up's launches
+        with _state.lock:
+            _state.loads.append(self)
+        _exit_flush.register()
+        self.thread.start()
 
-    def _fetch(self, keys: list[str]) -> None:
-        t0 = time.perf_counter()
+    def _caller_device(self) -> tuple[torch.device | None, Any]:
+        """The caller's current CUDA device and stream, where the package's graphs run on CUDA."""
+        if not any(b.pending is not None and b.pending.state.get("target", {}).get("kind") == "cuda"
+                   for b in self.backends.values()):
+            return None, None
         try:
-            self._fetched = fetch_artifacts(self.settings, keys)
+            if not torch.cuda.is_available():
+                return None, None  # the plans say why they cannot load
+            device = torch.device("cuda", torch.cuda.current_device())
+            return device, torch.cuda.current_stream(device)
+        except Exception:  # noqa: BLE001 - the plans say why they cannot load
+            return None, None
+
+    def _work(self, keys: list[str], device: torch.device | None, stream: Any) -> None:
+        try:
+            if device is None:
+                self._prepare(keys, None)
+            else:
+                with torch.cuda.device(device), torch.cuda.stream(stream):
+                    calls = self._prepare(keys, (device, stream))
+                    self._warm(device, calls)
+        except BaseException as e:  # noqa: BLE001 - a side thread's error is the loading thread's
+            if not self._planned.is_set():
+                self._error = e
+            log.debug("fxcc: Dynamo package cache: side thread: %s", _first_line(e))
+        finally:
+            self.times["ready"] = time.perf_counter()
+            self._planned.set()
+            self._ready.set()
+            prewarm.untrack(self)
+        try:
+            self._store()
+        except Exception as e:  # noqa: BLE001 - only the next process's optimisation
+            log_once(f"store:{type(e).__name__}", "could not keep a package's artifacts locally (%s)", _first_line(e))
+
+    def _prepare(self, keys: list[str], cuda: tuple[torch.device, Any] | None) -> threading.Thread | None:
+        """Fetch the artifacts and build every graph's plan; an error is kept for `finish`. On a GPU
+        (`cuda`: the caller's device and stream), the plans' library calls start as soon as the
+        artifacts are there, on a thread of their own (returned): they wait mostly in cuDNN and cuBLAS,
+        without the GIL, while the plans are built and the guards too."""
+        t0 = time.perf_counter()
+        calls = None
+        try:
+            self._fetched = fetch_artifacts(self.settings, keys, store=False)
+            t1 = time.perf_counter()
+            self.times["fetch_s"] = t1 - t0
+            if cuda is not None and self.settings.prewarm:
+                calls = self._start_library_calls(*cuda)
+            for bid, backend in self.backends.items():
+                self._plans[bid] = backend.plan(self.settings, self._fetched.get(backend.artifact_key() or ""))
+            self.times["plans_s"] = time.perf_counter() - t1
         except BaseException as e:  # noqa: BLE001 - raised again by finish, on the loading thread
             self._error = e
-        self.times["fetch"] = time.perf_counter() - t0
-        self._done.set()
+        finally:
+            self._planned.set()
+        return calls
+
+    def _start_library_calls(self, device: torch.device, stream: Any) -> threading.Thread | None:
+        """The thread that makes each fetched plan's first library calls (client/prewarm.py).
+
+        Note: the calls read only the plan's steps (aten ops, allow-listed, on uninitialized tensors
+        of bounded sizes), never the artifact's kernels, so they need not wait for the plans' load."""
+        work = []
+        for backend in self.backends.values():
+            fetched = self._fetched.get(backend.artifact_key() or "")
+            if fetched is not None and backend.pending is not None and fetched[0].manifest.target.kind == "cuda":
+                work.append((fetched[0].manifest.plan, backend.pending.state.get("input_layouts")))
+        if not work:
+            return None
+
+        def run() -> None:
+            t0 = time.perf_counter()
+            with torch.cuda.device(device), torch.cuda.stream(stream):
+                for plan, layouts in work:
+                    self.counts["library_calls"] += prewarm.warm(plan, layouts, device, PREWARM_THREADS)
+            self.times["library_calls_s"] = time.perf_counter() - t0
+
+        thread = threading.Thread(target=run, name="fxcc-package-prewarm", daemon=True)
+        thread.start()
+        return thread
+
+    def _warm(self, device: torch.device, calls: threading.Thread | None) -> None:
+        """Each artifact's cubins loaded on `device`; then the library calls waited for."""
+        t0 = time.perf_counter()
+        if self._error is None and self.settings.prewarm:
+            from fxcc.client import cuda_loader
+            from fxcc.client.runtime import plan_cubins
+
+            for art, _ in self._fetched.values():
+                try:
+                    self.counts["cubins"] += cuda_loader.preload(plan_cubins(art), device.index)
+                except Exception as e:  # noqa: BLE001 - the first launch loads it (and says why not)
+                    log.debug("fxcc: Dynamo package cache: no cubin preload (%s)", _first_line(e))
+        self.times["preload_s"] = time.perf_counter() - t0
+        if calls is not None:
+            calls.join()
+        self.times["warm_s"] = time.perf_counter() - t0
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the warm-up (what a CUDA graph capture waits for: client/prewarm.py)."""
+        self._ready.wait(timeout)
+
+    def wait_ready(self) -> None:
+        """What a graph's first call waits for: the side thread's warm-up (timed, `ready_wait_s`)."""
+        if self._ready.is_set():
+            return
+        t0 = time.perf_counter()
+        self._ready.wait()
+        with self._lock:
+            self.times["ready_wait_s"] = self.times.get("ready_wait_s", 0.0) + time.perf_counter() - t0
+
+    def first_call_returned(self, backend_id: str) -> None:
+        with self._lock:
+            self._waiting.discard(backend_id)
+            if not self._waiting:
+                self.called.set()
+
+    def flush(self) -> None:
+        """Let the thread write what it keeps now, first calls or not (at exit)."""
+        self._finished.set()
+        self.called.set()
+
+    def cancel(self) -> None:
+        """The package did not install: the thread keeps none of it but the verified artifacts."""
+        self._finished.set()
 
     def finish(self) -> None:
-        """Each graph's plan loaded from its fetched artifact; raises when one cannot be."""
+        """Each graph's installed callable given its plan; raises when one cannot be loaded."""
         t0 = time.perf_counter()
-        self._done.wait()
-        t_fetched = time.perf_counter()
+        self._planned.wait()
+        t_planned = time.perf_counter()
         if self._error is not None:
+            self._finished.set()
             raise self._error
-        for backend in self.backends.values():
-            backend.prepare(self._fetched.get(backend.artifact_key() or ""))
+        loaded = {bid: backend.adopt(self._plans[bid], self.settings, self, bid)
+                  for bid, backend in self.backends.items()}
         with _state.lock:  # a trace after a failing guard saves the package again, these graphs in it
-            _state.compiled.update({bid: backend.loaded for bid, backend in self.backends.items()})
-        if not _local_path(self.settings, self.key).exists():
-            _write_local(self.settings, self.key, self.data)
-        with _state.lock:
+            _state.compiled.update(loaded)
             _state.saved[self.key] = hashlib.sha256(self.payload).hexdigest()
+            _state.last_load = self
         count("hits")
-        t_end, t = time.perf_counter(), self.times
-        with _state.lock:
-            _state.load_s = {"read_s": t["read"] - t["t0"], "verify_s": t["verify"] - t["read"],
-                             "unpickle_s": t["unpickle"] - t["verify"], "fetch_s": t.get("fetch", 0.0),
-                             "fetch_wait_s": t_fetched - t0, "plans_s": t_end - t_fetched,
-                             "total_s": t_end - t["t0"], "bytes": float(len(self.data))}
+        self._kept = True
+        self._finished.set()
+        self.times.update(plans_wait_s=t_planned - t0, end=time.perf_counter())
         log.info("fxcc: Dynamo package %s loaded (%d graphs): the first call skips tracing", self.key[:12],
                  len(self.backends))
 
+    def _store(self) -> None:
+        """After every first call (or at exit): the artifacts fetched from the service, and the
+        package when it was kept and is not there yet, into the local cache for the next process."""
+        self._finished.wait()
+        if self._kept:
+            self.called.wait()
+        store_fetched(self.settings, self._fetched)
+        if self._kept and not _local_path(self.settings, self.key).exists():
+            _write_local(self.settings, self.key, self.data)
 
-def fetch_artifacts(settings: Any, keys: list[str]) -> dict[str, tuple[Artifact, str]]:
+    def timings(self) -> dict[str, float]:
+        t0 = self.times.get("t0", 0.0)
+        out = {"read_s": self.times.get("read", t0) - t0,
+               "verify_s": self.times.get("verify", t0) - self.times.get("read", t0),
+               "unpickle_s": self.times.get("unpickle", t0) - self.times.get("verify", t0)}
+        for name in ("fetch_s", "plans_s", "preload_s", "library_calls_s", "warm_s", "plans_wait_s", "ready_wait_s"):
+            out[name] = self.times.get(name, 0.0)
+        out["ready_s"] = self.times["ready"] - t0 if "ready" in self.times else 0.0
+        out["total_s"] = self.times["end"] - t0 if "end" in self.times else 0.0
+        out.update(cubins=float(self.counts["cubins"]), library_calls=float(self.counts["library_calls"]),
+                   bytes=float(len(self.data)))
+        return out
+
+
+class _ExitFlush:
+    """At exit, a package load's deferred writes are not lost: its side thread is let go on and
+    waited for (bounded)."""
+
+    TIMEOUT_S = 10.0
+
+    def __init__(self) -> None:
+        self.registered = False
+
+    def register(self) -> None:
+        if not self.registered:
+            import atexit
+
+            self.registered = True
+            atexit.register(join_loads, self.TIMEOUT_S, True)
+
+
+_exit_flush = _ExitFlush()
+
+
+def fetch_artifacts(settings: Any, keys: list[str], store: bool = True) -> dict[str, tuple[Artifact, str]]:
     """The artifacts of `keys` with where each came from: the local cache's, then the rest from
     the service (verified as RemoteService verifies every artifact; several in one request, a
-    bundle) and put into the local cache. A key found nowhere is absent; a refused artifact raises."""
+    bundle), put into the local cache (`store`; else later, by `store_fetched`). A key found nowhere
+    is absent; a refused artifact raises."""
     from fxcc.client.cache import LocalCache
 
     cache = LocalCache(settings.cache_dir)
@@ -587,9 +825,21 @@ def fetch_artifacts(settings: Any, keys: list[str]) -> dict[str, tuple[Artifact,
         if art is None:
             art = remote.get_artifact(key)
         if art is not None:
-            cache.put(art)
             found[key] = (art, "remote-hit")
+    if store:
+        store_fetched(settings, found)
     return found
+
+
+def store_fetched(settings: Any, fetched: dict[str, tuple[Artifact, str]]) -> int:
+    """Put what `fetch_artifacts(store=False)` fetched from the service into the local cache; how many."""
+    from fxcc.client.cache import LocalCache
+
+    cache = LocalCache(settings.cache_dir)
+    remote = [art for art, source in fetched.values() if source == "remote-hit"]
+    for art in remote:
+        cache.put(art)
+    return len(remote)
 
 
 def _write_local(settings: Any, key: str, data: bytes) -> None:
@@ -657,5 +907,4 @@ def _save(package: Any) -> None:
 
 
 __all__ = ["BackendArtifact", "FxccCompiled", "PackageKeys", "PackageLoad", "counters", "fetch_artifacts",
-           "load_plan_for", "load_timings",
-           "package_key", "settings_key", "wrap"]
+           "join_loads", "load_plan_for", "load_timings", "package_key", "settings_key", "store_fetched", "wrap"]

@@ -129,10 +129,14 @@ def _load_package_into(package: Any, fn: Any) -> None:
             with dynamo_config.patch(caching_precompile=False):
                 package.install(result.backends)
         except RuntimeError:  # said once by the patched install
+            result.cancel()
             package._initialized, package._codes = False, {}  # what a failed install left, dropped
+        except BaseException:
+            result.cancel()
+            raise
         else:
             try:
-                result.finish()  # the plans of the artifacts fetched meanwhile
+                result.finish()  # the plans the side thread built meanwhile
                 return
             except Exception as e:  # noqa: BLE001 - a miss: uninstalled, Dynamo traces
                 count("errors")

@@ -226,27 +226,37 @@ class GraphCompiler:
         """The plan of `art`, ready to run. `capture` is None for a pre-AOT cache hit (a plan with
         no constants and no size symbols, whose graph has `graph_nodes` nodes)."""
         runner: Callable = load_plan(art, () if capture is None else capture.bindings.groups)
-        if not self.inference and capture is not None:
-            runner = layout_guard(runner, capture.spec)
         key = art.manifest.key
+        training = not self.inference and capture is not None and self.settings.cuda_graphs_training
         if request is not None and request.graph.symbols:
             runner, runs_as = Variants(runner, lambda args: self._variant(request, capture, args)), \
                 "step by step: sizes are symbolic"
         elif not self.settings.cuda_graphs:
             runs_as = "step by step: cuda_graphs is off"
+        elif not self.inference and capture is None:
+            runs_as = "step by step: not an inference graph"
         else:
-            from fxcc.client.cuda_graphs import GraphedPlan, why_not_graphed
+            from fxcc.client.cuda_graphs import why_not_graphed
 
-            why = why_not_graphed(art.manifest, self.inference)
+            why = why_not_graphed(art.manifest, self.inference, training)
             runs_as = "cuda graph, once its inputs' addresses repeat" if why is None else f"step by step: {why}"
         nodes = graph_nodes if capture is None else len(capture.spec.nodes)
         event = CompileEvent(key=key, source=source, seconds=time.perf_counter() - t0,
                              stats=art.manifest.stats, graph_nodes=nodes, runs_as=runs_as, pre_aot=pre_aot,
                              aot_wrapper=False if capture is None else None if self.inference else True)
-        if runs_as.startswith("cuda graph"):
+        if runs_as.startswith("cuda graph") and self.inference:
+            from fxcc.client.cuda_graphs import GraphedPlan
+
             runner = GraphedPlan(runner, art.manifest,
                                  on_disable=lambda why: setattr(event, "runs_as", f"step by step: {why}"),
                                  on_cut=lambda how: setattr(event, "runs_as", how))
+        elif runs_as.startswith("cuda graph"):
+            from fxcc.client.training_graphs import TrainingGraphedPlan, written_inputs
+
+            runner = TrainingGraphedPlan(runner, art.manifest, written_inputs(capture.spec),
+                                         on_disable=lambda why: setattr(event, "runs_as", f"step by step: {why}"))
+        if not self.inference and capture is not None:
+            runner = layout_guard(runner, capture.spec)  # its copies reach a graph as inputs that move
         _record(event)
         log.info("fxcc: graph %s from %s (%d kernels; %s)%s", key[:12], source, art.manifest.stats.kernels,
                  runs_as, "; AOTAutograd skipped (pre-AOT cache)" if capture is None else "")

@@ -44,7 +44,7 @@ LIBRARY_OPS = frozenset({
 MAX_CALLS = 256
 MAX_BYTES = 1 << 30  # of one call's tensor arguments
 
-_threads: list[threading.Thread] = []
+_threads: list[Any] = []  # threads (or waiters) a CUDA graph capture waits for
 _lock = threading.Lock()
 stats = {"started": 0, "calls": 0, "failed": 0}
 
@@ -154,6 +154,54 @@ def run_calls(calls: list[tuple[Any, list[Any]]], device: torch.device) -> int:
     return ran
 
 
+def warm(plan: Plan, layouts: list[list[Any] | None] | None, device: torch.device, threads: int = 1) -> int:
+    """Make the plan's library calls now, on this thread and `threads - 1` more (each on the device
+    and stream current here, which the caller set); how many ran. Never raises: what fails is
+    counted and said once at debug level.
+
+    Note: a call's first-time cost is the library's own host work (cuDNN's engine heuristics and
+    execution plan for each convolution's parameters: about 15 ms each on the H200's host), made
+    without the GIL and with a cuDNN handle per thread, so distinct calls made on several threads
+    overlap (ResNet-50: 24 distinct calls)."""
+    if not layouts:
+        return 0
+    try:
+        calls = library_calls(plan, layouts)
+    except Exception as e:  # noqa: BLE001 - the first call makes them itself
+        return _failed(e)
+    groups = [calls[i::threads] for i in range(max(1, min(threads, len(calls))))]
+    counts = [0] * len(groups)
+    stream = torch.cuda.current_stream(device) if device.type == "cuda" and len(groups) > 1 else None
+
+    def run(i: int) -> None:
+        try:
+            if stream is not None:
+                with torch.cuda.device(device), torch.cuda.stream(stream):
+                    counts[i] = run_calls(groups[i], device)
+            else:
+                counts[i] = run_calls(groups[i], device)
+        except Exception as e:  # noqa: BLE001 - the first call makes them itself
+            _failed(e)
+
+    helpers = [threading.Thread(target=run, args=(i,), name=f"fxcc-prewarm-{i}", daemon=True)
+               for i in range(1, len(groups))]
+    for t in helpers:
+        t.start()
+    run(0)
+    for t in helpers:
+        t.join()
+    with _lock:
+        stats["calls"] += sum(counts)
+    return sum(counts)
+
+
+def _failed(e: BaseException) -> int:
+    with _lock:
+        stats["failed"] += 1
+    log.debug("fxcc: prewarm stopped (%s: %s)", type(e).__name__, e)
+    return 0
+
+
 def start(plan: Plan, layouts: list[list[Any] | None] | None, device: torch.device) -> Callable[[], None] | None:
     """Start the plan's library calls on a daemon thread; the function that waits for it, or None
     when there is nothing to do (no layouts, no library call)."""
@@ -186,8 +234,8 @@ def start(plan: Plan, layouts: list[list[Any] | None] | None, device: torch.devi
             log.debug("fxcc: prewarm stopped (%s: %s)", type(e).__name__, e)
 
     thread = threading.Thread(target=work, name="fxcc-prewarm", daemon=True)
+    track(thread)
     with _lock:
-        _threads.append(thread)
         stats["started"] += 1
     thread.start()
 
@@ -198,6 +246,19 @@ def start(plan: Plan, layouts: list[list[Any] | None] | None, device: torch.devi
                 _threads.remove(thread)
 
     return wait
+
+
+def track(work: Any) -> None:
+    """Count `work` (anything with `join()`: a thread of fxcc's that allocates and launches on a GPU,
+    or what waits for such a thread's GPU work) among what a CUDA graph capture waits for (`wait_all`)."""
+    with _lock:
+        _threads.append(work)
+
+
+def untrack(work: Any) -> None:
+    with _lock:
+        if work in _threads:
+            _threads.remove(work)
 
 
 def wait_all() -> None:

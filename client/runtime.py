@@ -593,6 +593,29 @@ def cuda_arch_key() -> str | None:
     return f"sm_{major}{minor}"
 
 
+def plan_cubins(artifact: Artifact) -> list[Any]:
+    """The process-wide CubinKernels (client/cuda_loader.py) of a verified artifact's kernels for
+    this GPU's arch, the very ones its plans launch; none without a usable GPU or cubins."""
+    arch = cuda_arch_key() if artifact.manifest.target.kind == "cuda" else None
+    if arch is None:
+        return []
+    try:
+        from fxcc.client.cuda_loader import LaunchMeta, cubin_kernel
+    except ImportError:
+        return []
+    kernels = []
+    for info in artifact.manifest.kernels:
+        ref = info.binaries.get(arch)
+        if ref is None or ref.digest not in artifact.blobs:
+            continue
+        try:
+            meta = LaunchMeta.from_metadata(info.metadata, arch)
+        except ArtifactError:
+            continue  # the plan runs it from source
+        kernels.append(cubin_kernel(ref.digest, artifact.blobs[ref.digest], meta))
+    return kernels
+
+
 def _cubin_step(step: KernelStep, info: KernelInfo, artifact: Artifact, arch: str,
                 cubins: dict[str, Any]) -> Callable[[dict[str, Any]], None] | None:
     """A step that launches the kernel's cubin for `arch`; None when there is none to use.

@@ -31,6 +31,9 @@ class ClientSettings:
     compile_timeout_s: how long to wait for a remote compile before falling back.
     cuda_graphs: replay static inference plans of many small steps as CUDA graphs
         (FXCC_CUDA_GRAPHS=1, default; 0 always runs plans step by step; client/cuda_graphs.py).
+    cuda_graphs_training: with cuda_graphs, replay static training plans (forwards that save
+        tensors for a backward, and those backwards) as CUDA graphs too, their outputs handed out
+        from the graph's pool (FXCC_CUDA_GRAPHS_TRAINING=1, default; client/training_graphs.py).
     pre_aot_cache: serve a plain inference graph that this machine compiled before without
         running AOTAutograd again (FXCC_PRE_AOT_CACHE=1, default; 0 always runs it;
         client/pre_aot.py). Entries live under cache_dir/pre_aot.
@@ -59,6 +62,7 @@ class ClientSettings:
     blocking: bool = True
     precompile: bool = False
     cuda_graphs: bool = True
+    cuda_graphs_training: bool = True
     pre_aot_cache: bool = True
     dynamo_cache: bool = True
     prewarm: bool = True
@@ -88,7 +92,7 @@ class ClientSettings:
             values["mode"] = env["FXCC_MODE"]
         if env.get("FXCC_FALLBACK"):
             values["fallback"] = env["FXCC_FALLBACK"]
-        for name in ("blocking", "precompile", "cuda_graphs", "pre_aot_cache", "dynamo_cache", "prewarm",
+        for name in ("blocking", "precompile", "cuda_graphs", "cuda_graphs_training", "pre_aot_cache", "dynamo_cache", "prewarm",
                      "allow_unsigned"):
             raw = env.get(f"FXCC_{name.upper()}")
             if raw:

@@ -116,13 +116,19 @@ def kernel_infos(rendered: Sequence[RenderedKernel] | object, blobs: dict[str, b
     return list(infos.values())
 
 
+WRITE_BACK_OPS = frozenset({"aten.copy_.default", "aten._foreach_copy_.default"})
+
+
 def compile_stats(graph: GraphSpec, g: GraphLowering, items: Sequence[Kernel | ExternCall],
                   kernels: list[KernelInfo]) -> CompileStats:
     launches = [i for i in items if isinstance(i, (Kernel, TemplateKernel))]
     unstored = [n.buffer for k in launches if isinstance(k, Kernel) for n in k.nodes if n.name not in k.stored]
+    # Write-backs that kernels store instead (scheduler.store_into_inputs) are no extern ops of the plan.
+    write_backs = {i.op for i in items if isinstance(i, ExternCall) and i.out in g.write_backs}
+    extern_ops = {op for op in g.extern_ops if op not in WRITE_BACK_OPS} | write_backs
     return CompileStats(
         nodes=len(graph.nodes), nodes_lowered=g.nodes_lowered,
-        nodes_extern=len(graph.nodes) - g.nodes_lowered, extern_ops=sorted(set(g.extern_ops)),
+        nodes_extern=len(graph.nodes) - g.nodes_lowered, extern_ops=sorted(extern_ops),
         kernels=len(launches), ops_fused=max(0, g.nodes_lowered - len(launches)),
         intermediate_bytes_avoided=hint(g.bytes_not_materialized(unstored)),  # at the example's sizes
     )

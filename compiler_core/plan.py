@@ -17,6 +17,7 @@ from fxcc.compiler_core.symbolic import is_symbolic
 from fxcc.compiler_core.symexpr import dump
 from fxcc.compiler_core.wire import (
     IntArg,
+    ListArg,
     NodeRef,
     SymArg,
     TensorSpec,
@@ -36,36 +37,41 @@ def build_plan(g: GraphLowering, items: Sequence[Kernel | ExternCall],
     steps: list[Step] = []
     reads: list[list[str]] = []
     inplace: list[dict[str, list[str]]] = []  # per kernel: scheduler.inplace_reads
+    # A buffer a kernel stores into a graph input (Kernel.into_inputs) is that input from then on.
+    into: dict[str, str] = {}
     for i, item in enumerate(items):
         if isinstance(item, TemplateKernel):
             rk = rendered[i]
             for name in item.written:
                 steps.append(AllocStep(out=name, spec=_spec(g.buffers[name])))
                 reads.append([])
-            args = [*item.args, *(NodeRef(name=n) for n in item.written)] + [size_arg(x) for x in item.int_args]
+            args = [*_renamed(item.args, into), *(NodeRef(name=n) for n in item.written)]
+            args += [size_arg(x) for x in item.int_args]
             steps.append(KernelStep(kernel=rk.name, args=args, grid=[size_text(x) for x in rk.grid]))
-            reads.append(_refs(item.args))
+            reads.append(_refs(args))
             inplace.append({})
             continue
         if isinstance(item, ExternCall):
             expect = None if item.expect_strides is None else [size_text(x) for x in item.expect_strides]
-            steps.append(ExternStep(op=item.op, args=item.args, kwargs=item.kwargs, out=item.out,
+            args, kwargs = _renamed(item.args, into), dict(zip(item.kwargs, _renamed(list(item.kwargs.values()), into)))
+            steps.append(ExternStep(op=item.op, args=args, kwargs=kwargs, out=item.out,
                                     expect_strides=expect, opaque=item.opaque, triton=item.triton,
                                     control=item.control, flex=item.flex))
-            reads.append(_refs(item.args + list(item.kwargs.values())))
+            reads.append(_refs(args + list(kwargs.values())))
             continue
         rk = rendered[i]
+        into.update(item.into_inputs)
         for node in item.nodes:
-            if node.name in item.stored:
+            if node.name in item.stored and node.name not in item.into_inputs:
                 steps.append(AllocStep(out=node.name, spec=_spec(node.buffer)))
                 reads.append([])
-        args: list[NodeRef | IntArg | SymArg] = [NodeRef(name=a) for a in rk.args]
+        args: list[NodeRef | IntArg | SymArg] = [NodeRef(name=into.get(a, a)) for a in rk.args]
         args.append(size_arg(rk.xnumel))
         if rk.reduction:
             args.append(size_arg(rk.rnumel))
         args += [size_arg(s) for s in rk.size_args]
         steps.append(KernelStep(kernel=rk.name, args=args, grid=[size_text(x) for x in rk.grid]))
-        reads.append(list(rk.args))
+        reads.append(_refs(args))
         inplace.append(inplace_reads(item, g.buffers))
     planned = write_in_place(_with_frees(steps, reads, g.outputs), inplace, g.outputs)
     # Note: with symbolic sizes, storage reuse would compare byte counts that differ per call;
@@ -74,6 +80,20 @@ def build_plan(g: GraphLowering, items: Sequence[Kernel | ExternCall],
     final = planned if g.symbols else reuse_buffers(planned, g.outputs)
     return Plan(inputs=list(g.inputs), steps=final, outputs=g.outputs, symbols=g.symbols,
                 guards=g.guards, input_strides=g.input_strides)
+
+
+def _renamed(args: list[Any], names: dict[str, str]) -> list[Any]:
+    """`args` with each NodeRef to a key of `names` (lists included) referring to its value instead."""
+    if not names:
+        return args
+    out = []
+    for a in args:
+        if isinstance(a, NodeRef) and a.name in names:
+            a = NodeRef(name=names[a.name])
+        elif isinstance(a, ListArg):
+            a = ListArg(items=_renamed(a.items, names))
+        out.append(a)
+    return out
 
 
 def size_text(x: Any) -> int | str:

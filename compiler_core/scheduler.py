@@ -22,7 +22,7 @@ its old place can read what it writes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fxcc.compiler_core.ir.nodes import COLUMN_RNUMEL_MIN, Buffer, ComputedBuffer, Reduction, is_column
@@ -30,7 +30,7 @@ from fxcc.compiler_core.ir.ops import CountingHandler, use_handler
 from fxcc.compiler_core.lowering import ExternCall, GraphLowering
 from fxcc.compiler_core.sizevars import RINDEX, XINDEX, Expr, numel, simplify_index, unflatten
 from fxcc.compiler_core.symbolic import hint, is_symbolic
-from fxcc.compiler_core.wire import Arg, _refs
+from fxcc.compiler_core.wire import Arg, ListArg, NodeRef, _refs
 
 # Rows up to this long are reduced in registers in one pass (and may fuse prologue/epilogue).
 PERSISTENT_RNUMEL_MAX = 4096
@@ -50,6 +50,9 @@ class Kernel:
     rnumel: int
     nodes: list[ComputedBuffer] = field(default_factory=list)
     stored: set[str] = field(default_factory=set)
+    # Stored buffers the kernel writes into a graph input's memory instead (buffer -> input):
+    # AOTAutograd's write-backs of mutated inputs (store_into_inputs); the plan allocates none.
+    into_inputs: dict[str, str] = field(default_factory=dict)
 
     column: bool = False  # reduces along a strided dim while outputs are contiguous
     # (sizes, reduced dims) of the tensor the kernel's reductions walk: pointwise nodes of
@@ -452,9 +455,120 @@ def _in_kernel_deps(name: str, loads: dict[str, list[tuple[str, Expr]]], own: se
     return deps
 
 
+# ---------------------------------------------------------------- writing mutated inputs
+
+
+def store_into_inputs(items: Sequence[Kernel | ExternCall], g: GraphLowering) -> list[Kernel | ExternCall]:
+    """The write-backs of mutated inputs (copy_(input, value), run last) stored instead by the kernels
+    that compute their values, straight into the input's memory, as Inductor's `..._copy__` kernels
+    do: batch norm's running statistics need no buffer of their own and no copy step.
+
+    Note: a graph's values are those before any write-back, so a value goes into input `dst` early
+    only where nothing reads `dst` (or an extern result made from it) after its kernel, and that
+    kernel reads `dst` only at the addresses it stores, in the value's own body or in kernel nodes
+    it depends on (inplace_reads' rule: each element is read before the same thread overwrites it).
+    The value's buffer must have the input's dtype, sizes and strides, and be no graph output (the
+    caller would get the input itself). Other write-backs stay copies, still after everything else.
+    """
+    made_by = {name: k for k, item in enumerate(items) if isinstance(item, Kernel)
+               for name in item.stored}
+    outputs = set(_refs(list(g.outputs)))
+    taken: dict[str, str] = {}  # value buffer -> input
+    for item in items:
+        if not (isinstance(item, ExternCall) and item.out in g.write_backs):
+            continue
+        for dst, src in _write_pairs(item):
+            at = made_by.get(src)
+            if at is None or src in outputs or src in taken or dst in taken.values():
+                continue
+            kernel, buf, into = items[at], g.buffers.get(src), g.buffers.get(dst)
+            if (buf is None or into is None or into.kind != "input" or into.storage_offset != 0
+                    or (buf.dtype, buf.sizes, buf.strides) != (into.dtype, into.sizes, into.strides)):
+                continue
+            if _read_after(items, at, dst, _aliases(items, dst, g.write_backs), g.write_backs) or \
+                    not _reads_only_where_stored(kernel, src, dst):
+                continue
+            taken[src] = dst
+            kernel.into_inputs[src] = dst
+    if not taken:
+        return list(items)
+    out: list[Kernel | ExternCall] = []
+    for item in items:
+        if isinstance(item, ExternCall) and item.out in g.write_backs:
+            item = _without_pairs(item, taken)
+            if item is None:
+                continue
+        out.append(item)
+    return out
+
+
+def _write_pairs(call: ExternCall) -> list[tuple[str, str]]:
+    """(input, value) names of a write-back: copy_(dst, src) or _foreach_copy_(dsts, srcs)."""
+    if call.op == "aten.copy_.default":
+        dst, src = call.args[:2]
+        return [(dst.name, src.name)] if isinstance(dst, NodeRef) and isinstance(src, NodeRef) else []
+    if call.op == "aten._foreach_copy_.default":
+        dsts, srcs = call.args[:2]
+        return [(d.name, s.name) for d, s in zip(dsts.items, srcs.items)
+                if isinstance(d, NodeRef) and isinstance(s, NodeRef)]
+    return []
+
+
+def _without_pairs(call: ExternCall, taken: dict[str, str]) -> ExternCall | None:
+    """The write-back without the pairs kernels now store (None when none is left)."""
+    left = [(d, s) for d, s in _write_pairs(call) if taken.get(s) != d]
+    if not left:
+        return None
+    if call.op == "aten.copy_.default" or len(left) == len(_write_pairs(call)):
+        return call
+    return replace(call, args=[ListArg(items=[NodeRef(name=d) for d, _ in left]),
+                               ListArg(items=[NodeRef(name=s) for _, s in left])])
+
+
+def _aliases(items: Sequence[Kernel | ExternCall], name: str, write_backs: set[str]) -> set[str]:
+    """`name` and every extern result made from it, directly or not (each may share its memory)."""
+    names = {name}
+    for item in items:
+        if isinstance(item, ExternCall) and item.out not in write_backs and \
+                names.intersection(_refs(item.args + list(item.kwargs.values()))):
+            names.update(item.written)
+    return names
+
+
+def _read_after(items: Sequence[Kernel | ExternCall], at: int, dst: str, names: set[str],
+                write_backs: set[str]) -> bool:
+    """Whether an item after `at` (write-backs aside) reads input `dst` or any of its aliases
+    `names`, or kernel `at` reads an alias of it (an extern's view: at addresses not checked)."""
+    for k in range(at, len(items)):
+        item = items[k]
+        if isinstance(item, ExternCall):
+            if item.out not in write_backs and names.intersection(_refs(item.args + list(item.kwargs.values()))):
+                return True
+            continue
+        loads = {name for node in item.nodes for name, _ in _body_loads(node)}
+        if names.intersection(loads) - ({dst} if k == at else set()):
+            return True
+    return False
+
+
+def _reads_only_where_stored(kernel: Kernel, name: str, src: str) -> bool:
+    """Whether `kernel` loads `src` only at `name`'s store index, in `name`'s body or in kernel
+    nodes `name` depends on (see inplace_reads)."""
+    coords = {n.name: node_coords(n, kernel.xnumel, kernel.rnumel, kernel.partition) for n in kernel.nodes}
+    if any(c is None for c in coords.values()):
+        return False
+    loads = {n.name: [(load, kernel_index(index, kernel)) for load, index in _reads(n, coords[n.name])]
+             for n in kernel.nodes}
+    node = kernel.node_named(name)
+    where = store_index(node, coords[name], kernel)
+    deps = _in_kernel_deps(name, loads, kernel.names())
+    return all(n in deps and index == where for n, named in loads.items() for load, index in named if load == src)
+
+
 def schedule(g: GraphLowering) -> list[Kernel | ExternCall]:
-    """Dead code out, nodes fused into kernels, pointwise kernels hoisted into earlier ones, stores decided."""
+    """Dead code out, nodes fused into kernels, pointwise kernels hoisted into earlier ones, stores
+    decided, write-backs of mutated inputs stored by the kernels that compute them."""
     items = hoist_kernels(fuse_nodes(eliminate_dead(g)))
     mark_stores(items, g.outputs)
-    return items
+    return store_into_inputs(items, g)
 

@@ -204,6 +204,8 @@ def format_schedule(items: Sequence[Any]) -> str:
                 yield (f"[{i}] kernel ({kind}, x={item.xnumel}, r={item.rnumel}): "
                        f"{', '.join(n.name for n in item.nodes)}\n"
                        f"      stores: {', '.join(sorted(item.stored)) or 'nothing'}"
+                       + (f"\n      into inputs: {', '.join(f'{b} -> {i}' for b, i in sorted(item.into_inputs.items()))}"
+                          if item.into_inputs else "")
                        + (f"\n      ended: {item.closed_by}" if item.closed_by else ""))
             else:
                 yield f"[{i}] extern {item.op} -> {item.out}"

@@ -160,6 +160,9 @@ class GraphLowering:
     guards: list[str] = field(default_factory=list)  # relations the plan's code assumes
     input_strides: list[Any] = field(default_factory=list)  # per input, for a symbolic plan
     lazy_values: list[Lazy] = field(default_factory=list)
+    # Out names of the extern calls that write mutated inputs back (_write_inputs): the scheduler
+    # may have the kernels computing their values store them into the inputs instead.
+    write_backs: set[str] = field(default_factory=set)
     _realized: set[int] = field(default_factory=set)
     env: dict[fx.Node, Any] = field(default_factory=dict)
     wire: dict[fx.Node, Any] = field(default_factory=dict)
@@ -251,7 +254,8 @@ class GraphLowering:
         return NodeRef(name=name)
 
     def _replay_views(self, node: fx.Node | None) -> NodeRef | None:
-        """The graph's chain of view ops from a whole buffer to `node`, as extern calls."""
+        """The graph's chain of view ops from a whole buffer to `node`, as extern calls (one
+        aten.view where they only reshape a contiguous buffer)."""
         chain: list[fx.Node] = []
         while node is not None:
             value = self.env.get(node)
@@ -266,6 +270,14 @@ class GraphLowering:
         # The chain starts from the base's buffer, which need not carry the base node's name.
         base_wire = self.wire[node].name if node in self.wire else node.name
         base_ref = NodeRef(name=self.env[node].buffer.name)
+        if len(chain) > 1 and _one_view(self.env[node], chain):
+            wire = self.wire[chain[0]]
+            key = f"{wire.name}@{base_ref.name}"
+            if key not in self._replayed:
+                self._replayed.add(key)
+                self.program.append(ExternCall(wire.name, "aten.view.default",
+                                               [base_ref, _ints(sizes_of(chain[0].meta["val"]))]))
+            return NodeRef(name=wire.name)
         for n in reversed(chain):
             wire = self.wire[n]
             key = f"{wire.name}@{base_ref.name}"
@@ -279,6 +291,28 @@ class GraphLowering:
         """Bytes of intermediates that no kernel wrote: values inlined into readers, or held in registers."""
         lazy = sum(_nbytes(v.sizes, v.dtype) for v in self.lazy_values if id(v) not in self._realized)
         return lazy + sum(_nbytes(b.sizes, b.dtype) for b in unstored)
+
+
+# Views that keep their input's elements in order: a chain of them from a contiguous tensor is one
+# aten.view of it to the last one's sizes.
+RESHAPES = frozenset({
+    aten.unsqueeze.default, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.view.default,
+    aten._unsafe_view.default, aten.reshape.default, aten.alias.default, prims.collapse_view.default,
+})
+
+
+def _one_view(base: StridedView, chain: list[fx.Node]) -> bool:
+    """Whether the chain of views `chain` (last first) from `base`, a whole buffer, is one aten.view
+    of it: every view keeps the elements in order, and the base is contiguous (Note: then
+    aten.view gives the chain's sizes and strides, those of size-1 dims aside, at any storage
+    offset: an input's at run time need not be the one traced, see extern_ref)."""
+    if not all(n.target in RESHAPES for n in chain):
+        return False
+    val = chain[0].meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return False
+    contiguous = contiguous_strides(base.sizes)
+    return all(n == 1 or a == b for n, a, b in zip(base.sizes, base.strides, contiguous))
 
 
 def _nbytes(sizes: tuple[int, ...], dtype: torch.dtype) -> int:
@@ -362,7 +396,8 @@ def lower_graph(gm: fx.GraphModule, spec: GraphSpec, target: str = "interpret") 
                 if node not in writes:
                     env[node] = _lower_node(g, node, wire, env)
             elif node.op == "output":
-                g.outputs = [_output(g, a, w, env) for a, w in zip(node.args[0], spec.outputs)]
+                shared = _shared_view_roots(node.args[0])
+                g.outputs = [_output(g, a, w, env, shared) for a, w in zip(node.args[0], spec.outputs)]
         _write_inputs(g, writes, env)
     return g
 
@@ -399,7 +434,8 @@ def _aliased_by(node: fx.Node, outputs: set[fx.Node]) -> bool:
 
 
 def _write_inputs(g: GraphLowering, writes: list[fx.Node], env: dict[fx.Node, Any]) -> None:
-    """The write-backs, as extern copy_ calls after everything else the plan computes.
+    """The write-backs, as extern copy_ calls after everything else the plan computes (the scheduler
+    has kernels store what they can straight into the inputs: scheduler.store_into_inputs).
 
     Note: every value written back is computed first, before any copy_ runs: one of them may read
     an input that another write-back overwrites (the graph's values are those before any write).
@@ -421,6 +457,7 @@ def _write_inputs(g: GraphLowering, writes: list[fx.Node], env: dict[fx.Node, An
         for node in writes:
             if node not in together:
                 env[node] = _extern(g, node, g.wire[node], env)
+                g.write_backs.add(g.wire[node].name)
         for group in by_dtype.values():
             if len(group) >= 2:
                 _write_together(g, group, env)
@@ -447,8 +484,9 @@ def _write_together(g: GraphLowering, writes: list[fx.Node], env: dict[fx.Node, 
         if isinstance(value, Lazy):
             value = env[src] = g.realize(value, dense_strides_like(sizes_of(src.meta["val"]), strides_of(src.meta["val"])))
         srcs.append(g.extern_ref(value, src))
-    g.program.append(ExternCall(g.new_name("writeback"), "aten._foreach_copy_.default",
-                                [ListArg(items=dsts), ListArg(items=srcs)]))
+    name = g.new_name("writeback")
+    g.write_backs.add(name)
+    g.program.append(ExternCall(name, "aten._foreach_copy_.default", [ListArg(items=dsts), ListArg(items=srcs)]))
     g.extern_ops.append("aten._foreach_copy_.default")
     for node in writes:
         env[node] = env[node.args[0]]
@@ -632,8 +670,35 @@ def _extern_result(g: GraphLowering, name: str, val: Any) -> Any:
                                offset_of(val)))
 
 
-def _output(g: GraphLowering, a: Any, wire: Arg, env: dict[fx.Node, Any]) -> Arg:
-    """A graph output as a plan name, in eager's layout (a copy only where the layouts differ)."""
+def _view_root(node: fx.Node) -> fx.Node:
+    while is_view(node):
+        node = node.args[0]
+    return node
+
+
+def _shared_view_roots(outputs: Any) -> set[fx.Node]:
+    """Nodes that are graph outputs, or the root of more than one output's chain of views: outputs
+    viewing them keep the view relation eager gives them (_view_of_realized_base)."""
+    nodes = [a for a in outputs if isinstance(a, fx.Node)]
+    seen: set[fx.Node] = set()
+    shared = set(nodes)
+    for a in nodes:
+        root = _view_root(a)
+        if root in seen:
+            shared.add(root)
+        seen.add(root)
+    return shared
+
+
+def _output(g: GraphLowering, a: Any, wire: Arg, env: dict[fx.Node, Any],
+            shared: set[fx.Node] = frozenset()) -> Arg:
+    """A graph output as a plan name, in eager's layout (a copy only where the layouts differ).
+
+    Note: a dense view of a value no kernel wrote yet (batch norm's saved statistics, unsqueezed
+    to [1, C, 1, 1] for its backward) becomes a buffer of its own, written by the kernel that
+    computes it, rather than the base's buffer and a chain of view steps (3 per statistic); not
+    where its root is an output or the root of another output (eager's aliasing stays).
+    """
     if not isinstance(a, fx.Node):
         return wire
     value, val = env[a], a.meta["val"]
@@ -641,7 +706,7 @@ def _output(g: GraphLowering, a: Any, wire: Arg, env: dict[fx.Node, Any]) -> Arg
         return wire
     if _nbytes(sizes_of(val), val.dtype) == 0:
         return g.extern_ref(value, a)
-    if not _laid_out_like(value, val) and is_view(a):
+    if not _laid_out_like(value, val) and is_view(a) and not _own_buffer(g, a, shared):
         viewed = _view_of_realized_base(g, a)
         if viewed is not None:
             return viewed
@@ -651,6 +716,15 @@ def _output(g: GraphLowering, a: Any, wire: Arg, env: dict[fx.Node, Any]) -> Arg
     if isinstance(value, Lazy):
         return NodeRef(name=g.realize(value, want).buffer.name)
     return g.extern_ref(value, a)
+
+
+def _own_buffer(g: GraphLowering, node: fx.Node, shared: set[fx.Node]) -> bool:
+    """Whether output `node`, a view, is written as a buffer of its own (see _output)."""
+    root, val = _view_root(node), node.meta["val"]
+    if root in shared or not isinstance(g.env.get(root), Lazy) or not isinstance(g.env.get(node), Lazy):
+        return False
+    want = dense_strides_like(sizes_of(val), strides_of(val))
+    return want is not None and all(n == 1 or a == b for n, a, b in zip(sizes_of(val), want, strides_of(val)))
 
 
 def _laid_out_like(value: TensorValue, val: torch.Tensor) -> bool:

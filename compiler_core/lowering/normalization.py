@@ -19,7 +19,7 @@ from fxcc.compiler_core.lowering.common import broadcast_loader, check_dtypes, r
 from fxcc.compiler_core.lowering.core import aten, node_val, register_lowering
 from fxcc.compiler_core.lowering.reduction import _keep_or_squeeze, welford
 from fxcc.compiler_core.sizevars import Expr, FloorDiv, flatten, numel, unflatten
-from fxcc.compiler_core.symbolic import sizes_of
+from fxcc.compiler_core.symbolic import is_symbolic, sizes_of
 
 
 def _channel(value: TensorValue | None) -> Loader | None:
@@ -121,7 +121,7 @@ def _batch_statistics(x: TensorValue, weight: TensorValue | None, bias: TensorVa
         return lambda index: load([0, index[0], *([0] * (rank - 2))])
 
     def rstd_of(m: Any) -> Any:
-        var = ops.truediv(m, ops.constant(float(n), acc))
+        var = ops.truediv(m, _count(n, acc))
         return ops.rsqrt(ops.add(var, ops.constant(float(eps), acc)))
 
     y = _normalize(x, mean_x, lambda i: rstd_of(m2_x(i)), _channel(weight),
@@ -138,7 +138,6 @@ def _batch_statistics(x: TensorValue, weight: TensorValue | None, bias: TensorVa
         return stats
     rm, rv = make_loader(running[0]), make_loader(running[1])
     keep, new = 1.0 - float(momentum), float(momentum)
-    unbiased = float(n - 1) if n > 1 else float("nan")
 
     def blend(old: Any, stat: Any) -> Any:
         return ops.add(ops.mul(ops.to_dtype(old, acc), ops.constant(keep, acc)), ops.mul(stat, ops.constant(new, acc)))
@@ -146,8 +145,19 @@ def _batch_statistics(x: TensorValue, weight: TensorValue | None, bias: TensorVa
     return (
         *stats,
         per_channel(vals[3].dtype, lambda i: blend(rm(i), mean_at(i))),
-        per_channel(vals[4].dtype, lambda i: blend(rv(i), ops.truediv(m_at(i), ops.constant(unbiased, acc)))),
+        per_channel(vals[4].dtype, lambda i: blend(rv(i), ops.truediv(m_at(i), _count(n - 1, acc)))),
     )
+
+
+def _count(n: Expr, acc: torch.dtype) -> Any:
+    """A count of elements (n, or n - 1 for an unbiased variance) as a value of dtype `acc`.
+
+    Note: with a symbolic batch the count is a size expression the kernel computes from its size
+    arguments; 0 for n - 1 with a batch of one element, and m2 / 0 = 0 / 0 = nan, as eager's is.
+    """
+    if is_symbolic(n):
+        return ops.index_expr(n, acc)
+    return ops.constant(float(n), acc) if n != 0 else ops.constant(float("nan"), acc)
 
 
 @register_lowering(aten.native_group_norm.default)

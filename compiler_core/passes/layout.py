@@ -26,7 +26,8 @@ a copy), so the pass re-derives each convolution's layout as cuDNN picks it
 
 Note: the graph's outputs keep the strides they had without the pass (a copy back where they
 changed), except those the spec marks of free layout (`free_layout_outputs`): a training
-forward's tensors saved for its backward. The client reports the plan's strides for them
+forward's tensors saved for its backward; and a backward's conv weight gradients, which leave in
+their parameter's layout (`WEIGHT_GRADIENTS_AS_PARAMETERS`) whatever cuDNN gave. The client reports the plan's strides for them
 (Plan.output_strides) to AOTAutograd, which lays the backward's inputs out so: the saved
 activations cross from forward to backward channels-last, and the backward's conv backwards
 (convolution_backward, re-derived as cuDNN lays out its gradients) read channels-last
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 from typing import Any
 
 import torch
@@ -65,6 +67,10 @@ CONV_BACKWARD = aten.convolution_backward.default
 # Targets and devices the pass lays out for (tests add the CPU interpreter's, to run the result).
 TARGETS = frozenset({"cuda"})
 DEVICES = frozenset({"cuda"})
+# A backward returns each conv weight's gradient in its parameter's layout (a copy of cuDNN's
+# channels-last result, in a kernel of the plan), so AccumulateGrad, which copies a gradient laid
+# out unlike its parameter (one launch more each on the host), takes it as it is.
+WEIGHT_GRADIENTS_AS_PARAMETERS = True
 # Views that need strides compatible with their sizes: their 4-D inputs stay contiguous.
 STRICT_VIEWS = frozenset({aten.view.default, aten._unsafe_view.default})
 MATMULS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default})
@@ -213,6 +219,14 @@ def lay_out(gm: fx.GraphModule, free: frozenset[int] = frozenset()) -> fx.Graph 
             outputs.append(walk.env[arg] if isinstance(arg, fx.Node) else arg)
             continue
         new = walk.env[arg]
+        weight = weight_of_gradient(arg) if WEIGHT_GRADIENTS_AS_PARAMETERS else None
+        if weight is not None:
+            # Note: not counted against MAX_RESTORED_OUTPUTS: AccumulateGrad would copy it anyway.
+            want = weight.meta["val"]
+            if not _same_strides(want, new.meta["val"]):
+                new = walk.copy(new, _format_of(want), "fxgrad")
+            outputs.append(new)
+            continue
         if not _same_strides(old, new.meta["val"]):  # strides of size-1 dims aside (a 1×1 weight's gradient)
             fmt = _format_of(old)
             if fmt is None:
@@ -227,6 +241,21 @@ def lay_out(gm: fx.GraphModule, free: frozenset[int] = frozenset()) -> fx.Graph 
         log.debug("channels-last pass skipped: %d outputs would need copying back", restored)
         return None
     return walk.finish(outputs)
+
+
+def weight_of_gradient(node: fx.Node) -> fx.Node | None:
+    """The graph input (a parameter) whose gradient output `node` is, where it is a conv backward's
+    weight gradient of a weight the graph takes as it is, laid out as a clone can give back."""
+    if node.op != "call_function" or node.target is not operator.getitem or node.args[1] != 1:
+        return None
+    conv = node.args[0]
+    if not (isinstance(conv, fx.Node) and _is_conv_backward(conv)):
+        return None
+    weight = conv.args[2]
+    if not isinstance(weight, fx.Node) or weight.op != "placeholder":
+        return None
+    val = weight.meta.get("val")
+    return weight if isinstance(val, torch.Tensor) and _format_of(val) is not None else None
 
 
 class Rewrite:

@@ -102,3 +102,24 @@ def test_start_runs_the_calls_on_a_thread_and_failures_only_count(monkeypatch):
     wait = prewarm.start(plan, layouts, torch.device("cpu"))
     wait()  # the thread stopped: counted, nothing raised here
     assert prewarm.stats["failed"] == before["failed"] + 1
+
+
+def test_warm_splits_the_calls_over_threads_and_makes_each_once(monkeypatch):
+    import threading
+
+    art, inputs = compiled_plan()
+    plan = art.manifest.plan
+    layouts = prewarm.input_layouts(inputs)
+    expected = prewarm.library_calls(plan, layouts)
+    made: list[tuple[str, int]] = []
+    run_calls = prewarm.run_calls
+
+    def recording(calls, device):
+        made.extend((threading.current_thread().name, id(op)) for op, _ in calls)
+        return run_calls(calls, device)
+
+    monkeypatch.setattr(prewarm, "run_calls", recording)
+    assert prewarm.warm(plan, layouts, torch.device("cpu"), threads=3) == len(expected)
+    assert len(made) == len(expected)  # each distinct call once, across the threads
+    assert len({name for name, _ in made}) == min(3, len(expected))
+    assert prewarm.warm(plan, None, torch.device("cpu"), threads=3) == 0

@@ -89,3 +89,33 @@ def test_view_chains_from_an_alias_of_an_input():
 def test_output_that_is_a_view_of_a_tuple_item():
     x, w = torch.randn(3, 2, 4), torch.randn(4)
     check(lambda a, b: torch.nn.functional.layer_norm(a, (4,), b, b)[:, 1], x, w)
+
+
+def _externs(art) -> list[str]:
+    return [s.op for s in art.manifest.plan.steps if s.kind == "extern"]
+
+
+def test_a_dense_view_returned_of_an_unwritten_value_is_a_buffer_of_its_own():
+    """Batch norm's saved statistics, [C] unsqueezed thrice to [1, C, 1, 1]: written as a
+    [1, C, 1, 1] buffer by the kernel that computes them, with no view step; a view of a value that
+    is itself returned keeps being a view of it (eager's aliasing)."""
+    x = torch.randn(4, 6, 5, 3)
+
+    def stats(t):
+        mean = t.mean(dim=(0, 2, 3))
+        return t - mean.view(1, 6, 1, 1), (mean * 2).unsqueeze(0).unsqueeze(2).unsqueeze(3)
+    art = check(stats, x)
+    assert _externs(art) == []
+    assert [1, 6, 1, 1] in [s.spec.sizes for s in alloc_steps(art)]
+    art = check(lambda t: (t.mean(dim=0), t.mean(dim=0).unsqueeze(0).unsqueeze(2)), X)
+    assert art.manifest.plan.outputs[0].name != art.manifest.plan.outputs[1].name
+
+
+def test_a_chain_of_reshaping_views_is_one_view_step():
+    """An input unsqueezed and squeezed on its way to an extern call: one aten.view, not one step a
+    view; a chain that permutes stays the graph's own view ops."""
+    w = torch.randn(5, 3)
+    art = check(lambda v, m: torch.mm(v.unsqueeze(0).unsqueeze(2).squeeze(2), m), torch.randn(5), w)
+    assert _externs(art) == ["aten.view.default", "aten.mm.default"]
+    art = check(lambda v, m: torch.mm(v.unsqueeze(2).permute(1, 0, 2).squeeze(2), m), torch.randn(2, 5), w[:2])
+    assert "aten.view.default" not in _externs(art) and _externs(art)[-1] == "aten.mm.default"

@@ -2,7 +2,8 @@
 batch norm (training, eval, without running statistics, and the entry points CUDA and newer torch
 trace: cudnn_, miopen_, native_, _batch_norm_with_update), instance norm, group norm; fp32 and bf16.
 Every graph is lowered whole: no extern call but the running statistics' write-backs (copy_, or
-one _foreach_copy_ per dtype)."""
+one _foreach_copy_ per dtype), and batch norm's go into the running statistics straight from the
+kernels that compute them (no write-back step at all)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ CASES = {
     "batch_norm_with_update": lambda x, w, b, rm, rv: aten._batch_norm_with_update(x, w, b, rm, rv, 0.1, 1e-5)[0],
     "batch_norm_no_update": lambda x, w, b, rm, rv: aten._batch_norm_no_update(x, w, b, rm, rv, 0.1, 1e-5)[0],
 }
+# Batch norms in training that update running statistics: every update stored by its kernel.
+UPDATES_IN_PLACE = {"batch_norm_train", "cudnn_batch_norm", "miopen_batch_norm", "native_batch_norm",
+                    "batch_norm_with_update"}
 # CPU has no cuDNN or MIOpen kernels: eager's answer for those is the batch norm they implement.
 EAGER = {"cudnn_batch_norm": CASES["batch_norm_train"], "miopen_batch_norm": CASES["batch_norm_train"]}
 
@@ -87,3 +91,34 @@ def test_norm_forward_and_backward_match_eager_with_no_extern(case: str, dtype: 
     for s in stats:
         assert set(s.extern_ops) <= {"aten.copy_.default", "aten._foreach_copy_.default"}, s.extern_ops
         assert s.kernels >= 1
+    if case in UPDATES_IN_PLACE:
+        assert not stats[0].extern_ops, stats[0].extern_ops
+
+
+@pytest.mark.usefixtures("fresh_compiles")
+def test_batch_norm_with_a_symbolic_batch_is_lowered_and_updates_its_statistics(monkeypatch):
+    """Batch norm in training over batches of 2, 3 and 5: the second size compiles a symbolic
+    graph, whose counts (n, n - 1 for the unbiased variance) are size expressions. It lowers whole
+    (the running statistics stored by their kernels, no extern call), and outputs and running
+    statistics match eager's at every size. (No backward here: AOTAutograd's batch-norm backward
+    computes 1 / n as a SymFloat, which cannot travel yet.)"""
+    import copy
+
+    from torch import nn
+
+    from fxcc.client import backend
+
+    monkeypatch.setenv("FXCC_FALLBACK", "error")
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.BatchNorm2d(4), nn.ReLU(), nn.BatchNorm2d(4))
+    fx = copy.deepcopy(eager)
+    compiled = torch.compile(fx, backend="fxcc")
+    with torch.no_grad():
+        for batch in (2, 3, 5):
+            x = torch.randn(batch, 4, 3, 5) * 2 + 1
+            torch.testing.assert_close(compiled(x), eager(x), **TOL[torch.float32])
+    for got, want in zip(fx.buffers(), eager.buffers()):
+        torch.testing.assert_close(got, want, **TOL[torch.float32])
+    events = [e for e in backend.events() if e.stats is not None]
+    assert len(events) == 2, [e.source for e in backend.events()]  # static, then symbolic
+    assert all(not e.stats.extern_ops and e.stats.kernels >= 1 for e in events), [e.stats for e in events]

@@ -238,7 +238,13 @@ def test_training_graphs_go_channels_last_across_forward_and_backward():
         assert all(is_cl(a) for a in b.args[:3]), b.name
         grads = b.meta["val"]
         assert all(g is None or g.is_contiguous(memory_format=torch.channels_last) for g in grads[:2])
-    assert all(c.args[0].op == "placeholder" for c in nodes(bw_gm, aten.clone.default))
+    # The 3×3 weight's gradient leaves in its parameter's layout (contiguous): a copy of cuDNN's
+    # channels-last result, so AccumulateGrad copies none (1×1 ones are both layouts at once).
+    out = next(n for n in bw_gm.graph.nodes if n.op == "output").args[0]
+    grads = [o for o in out if isinstance(o, torch.fx.Node) and o.name.endswith("_fxgrad")]
+    assert [list(g.meta["val"].shape[2:]) for g in grads] == [[3, 3]]
+    assert all(g.meta["val"].is_contiguous() for g in grads)
+    assert all(c.args[0].op == "placeholder" or c.name.endswith("_fxgrad") for c in nodes(bw_gm, aten.clone.default))
 
 
 def test_cuda_convs_are_laid_out_as_cudnn_lays_them_out():

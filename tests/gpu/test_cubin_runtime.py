@@ -133,3 +133,36 @@ def test_seed_workloads_through_torch_compile_match_eager(index, tmp_path, monke
         for k in art.manifest.kernels:
             assert arch in k.binaries, k.metadata.get(f"{arch}.error")
             assert cuda_loader.is_loaded(k.binaries[arch].digest, got.device.index)
+
+
+def test_preload_loads_each_cubin_once_before_its_first_launch_from_a_side_thread():
+    from fxcc.client.runtime import plan_cubins
+
+    n = 1 << 12
+    art = _built(n)
+    (kernel,) = plan_cubins(art)  # the process-wide kernel a plan of this artifact launches
+    ref = art.manifest.kernels[0].binaries[cuda_arch_key()]
+    assert kernel is cuda_loader.cubin_kernel(ref.digest, art.blobs[ref.digest], kernel.meta)
+    fresh = cuda_loader.CubinKernel(kernel.cubin, kernel.meta)  # not loaded anywhere yet, whatever ran before
+    device = torch.cuda.current_device()
+    counts: list[int] = []
+
+    def side() -> None:  # as a package load's side thread: the caller's device set, no context current yet
+        with torch.cuda.device(device):
+            counts.append(cuda_loader.preload([fresh, fresh], device))
+
+    before = cuda_loader.stats.preloaded
+    t = threading.Thread(target=side)
+    t.start()
+    t.join()
+    assert counts == [1] and device in fresh._functions  # loaded once, though named twice
+    assert cuda_loader.stats.preloaded == before + 1
+    assert cuda_loader.preload([fresh], device) == 0  # already there
+    cuda_loader.preload(plan_cubins(art), device)
+    assert cuda_loader.is_loaded(ref.digest, device)  # before any launch of this plan
+    loaded = cuda_loader.stats.modules_loaded
+    x = torch.randn(n, device="cuda")
+    (out,) = load_plan(art)([x])
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, _ref(x), rtol=1e-6, atol=1e-6)
+    assert cuda_loader.stats.modules_loaded == loaded  # the launch loaded nothing more

@@ -105,7 +105,8 @@ def test_off_by_setting_for_training_and_for_large_outputs(monkeypatch):
     monkeypatch.delenv("FXCC_CUDA_GRAPHS")
     torch._dynamo.reset()
 
-    # training: forward and backward run step by step, gradients match eager
+    # training, with training graphs off: forward and backward run step by step, gradients match eager
+    monkeypatch.setenv("FXCC_CUDA_GRAPHS_TRAINING", "0")
     train = torch.compile(model, backend=fxcc_backend)
     for _ in range(3):
         model.zero_grad()
@@ -116,6 +117,7 @@ def test_off_by_setting_for_training_and_for_large_outputs(monkeypatch):
     for g, p in zip(got, model.parameters()):
         torch.testing.assert_close(g, p.grad, rtol=1e-3, atol=1e-3)
     assert _counts()[0] == captures
+    monkeypatch.delenv("FXCC_CUDA_GRAPHS_TRAINING")
     torch._dynamo.reset()
 
     # an activation-sized output is not worth copying out of a graph each call: the plan is cut,

@@ -75,8 +75,9 @@ def test_bottleneck_through_torch_compile_matches_eager(stride, monkeypatch):
 @pytest.mark.usefixtures("no_tf32", "fresh_compiles")
 def test_resnet_training_step_runs_channels_last_forward_and_backward(monkeypatch):
     """A ResNet-style training step (tests/models/test_conv_training_plans.py's, on CUDA): eager's
-    losses, gradients and running statistics; every convolution and conv backward called with
-    channels-last operands; cuDNN's results laid out as the plans expect (nothing re-laid)."""
+    losses, gradients and running statistics (stored in place by the forward's kernels); every
+    convolution and conv backward called with channels-last operands; cuDNN's results laid out as
+    the plans expect (nothing re-laid); gradients in their parameters' layout."""
     import copy
 
     from fxcc.client import runtime
@@ -89,6 +90,10 @@ def test_resnet_training_step_runs_channels_last_forward_and_backward(monkeypatc
     torch.manual_seed(0)
     eager = TinyResNet().cuda()
     fx = copy.deepcopy(eager)
+    relaid = []  # gradients AccumulateGrad would copy into their parameter's layout
+    for name, p in fx.named_parameters():
+        p.register_hook(lambda g, p=p, n=name: relaid.append(n) if any(
+            k != 1 and a != b for k, a, b in zip(p.shape, g.stride(), p.stride())) else None)
     compiled = torch.compile(fx, backend=fxcc_backend)
     x = torch.randn(8, 3, 64, 64, device="cuda")
     for _ in range(2):
@@ -103,3 +108,37 @@ def test_resnet_training_step_runs_channels_last_forward_and_backward(monkeypatc
         torch.testing.assert_close(c, b, rtol=1e-4, atol=1e-4)
     assert seen == {"convolution": [True] * 12, "convolution_backward": [True] * 12}
     assert not runtime._relaid, sorted(runtime._relaid)
+    assert not relaid, relaid  # weight gradients come out in their parameters' layout
+
+
+@pytest.mark.xfail(strict=False, reason="session 16's H200 run of bench.runtime_host (torch 2.11) still showed "
+                   "the forward's _foreach_copy_ write-backs and ~60 view steps that a CPU compile for a CUDA "
+                   "target does not have; the cause is not found yet (see the issue 19 notes)")
+@pytest.mark.usefixtures("no_tf32", "fresh_compiles")
+@pytest.mark.parametrize("size", [64, 160], ids=["persistent_stats", "looped_stats"])
+def test_resnet_training_forward_stores_running_stats_in_place_with_no_view_chains(size, monkeypatch):
+    """The CUDA forward of a ResNet-style training step (batch norm as CUDA traces it: cudnn_batch_norm,
+    decomposed): every running statistic stored by the kernel that computes it (no copy_ or
+    _foreach_copy_ step), and no view step for the saved statistics; eager's running statistics."""
+    import copy
+
+    from fxcc.client import backend
+    from fxcc.client.backend import fxcc_backend
+    from fxcc.client.cache import LocalCache
+    from fxcc.client.settings import ClientSettings
+    from tests.models.test_conv_training_plans import TinyResNet
+
+    monkeypatch.setenv("FXCC_FALLBACK", "error")
+    torch.manual_seed(0)
+    eager = TinyResNet().cuda()
+    fx = copy.deepcopy(eager)
+    x = torch.randn(8, 3, size, size, device="cuda")
+    torch.compile(fx, backend=fxcc_backend)(x).backward()
+    eager(x).backward()
+    for b, c in zip(eager.buffers(), fx.buffers()):
+        torch.testing.assert_close(c, b, rtol=1e-4, atol=1e-4)
+    events = [e for e in backend.events() if e.stats is not None]
+    fw = LocalCache(ClientSettings.from_env().cache_dir).get(events[0].key)
+    ops = [s.op for s in fw.manifest.plan.steps if s.kind == "extern"]
+    assert not [op for op in ops if op in ("aten.copy_.default", "aten._foreach_copy_.default")], ops
+    assert not [op for op in ops if op in ("aten.unsqueeze.default", "aten.squeeze.dims")], ops

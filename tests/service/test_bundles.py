@@ -323,6 +323,12 @@ def test_a_packages_artifacts_fetched_at_once_are_those_fetched_one_by_one(
         one = service.get_artifact(key)
         assert art.manifest == one.manifest and art.blobs == one.blobs
         assert LocalCache(tmp_path / "cache").get(key) is not None  # kept for the next process
+    # store=False (a package load, before its first call): nothing written until store_fetched
+    deferred = dynamo_cache.fetch_artifacts(SimpleNamespace(url="http://testserver", cache_dir=tmp_path / "new"),
+                                            keys, store=False)
+    assert sorted(deferred) == sorted(keys) and all(LocalCache(tmp_path / "new").get(k) is None for k in keys)
+    assert dynamo_cache.store_fetched(SimpleNamespace(cache_dir=tmp_path / "new"), deferred) == len(keys)
+    assert all(LocalCache(tmp_path / "new").get(k) is not None for k in keys)
     untrusted = remote(client, TrustedKeys([PublicKey(generate()[1])]))
     monkeypatch.setattr(dynamo_cache, "_remote", lambda s: untrusted)
     for wanted in (keys[1:2], keys[1:]):  # one GET, or a bundle then each one's own GET

@@ -1,0 +1,344 @@
+"""Replay a training graph's static plan (a forward that saves tensors for its backward, or that
+backward) as one CUDA graph: a host-bound training step drops from one Python step per launch,
+allocation and free to a graph launch per plan.
+
+Note: what differs from inference graphs (client/cuda_graphs.py), and how each is kept:
+- Outputs live on. A forward's outputs are mostly tensors saved for the backward (activations,
+  hundreds of MB) and a backward's are the parameters' gradients, which AccumulateGrad may keep
+  as `.grad`: copying them out after each replay would cost a copy of every activation. So each
+  replay hands out the graph's own outputs (aliases of its pool, `detach()`ed: same storage, no
+  copy); only small outputs that share storage with nothing else (a loss) are copied. The next
+  replay overwrites that pool, so it replays only once every aliased output of the last one is
+  dead: each output's storage use count is back to what this class holds alone (measured right
+  after the capture). A caller that keeps one (logits appended to a list, a graph kept for a
+  second backward) gets a step-by-step call instead, whose outputs are fresh memory; fxcc says so
+  once, and stops trying after MAX_BUSY such calls in a row.
+- One pool per plan. A graph's outputs outlive its call, so no other graph may capture into its
+  pool: a later capture there could place its temporaries over outputs still held (the inference
+  graphs share a pool only because nothing they leave outlives a call). Each plan captures once
+  (one set of input addresses), into a pool of its own.
+- Inputs that move. Parameters, optimizer-updated in place, keep their addresses; a data batch
+  or a backward's incoming gradient may not, and a backward's saved tensors move until its
+  forward replays. The plan is captured once two pairs of consecutive calls show the same inputs
+  moving, and those are few (MAX_MOVING) or hold a small share of the inputs' bytes
+  (DYNAMIC_SHARE): those are copied into buffers of the graph before each replay; the rest must
+  keep their addresses (a call whose do not runs step by step). An input the graph writes (batch
+  norm's running statistics) must keep its address. When inputs settle at other addresses after
+  the capture (a backward captured before its forward replayed, whose saved tensors then live in
+  the forward's pool), the plan is captured again, up to MAX_CAPTURES times.
+- Outputs that are inputs. An output that is an input or a view of one (a weight saved for the
+  backward) is made from the call's own input, as a step-by-step call would return it, never
+  from the tensor of the capture (whose storage the class would otherwise keep alive).
+- Static work: the plan has no size symbols and every extern op is capture-safe (the inference
+  list plus backward ops, cuda_graphs.TRAINING_SAFE); a capture that fails anyway is reported
+  once and the plan runs step by step from then on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from fxcc.client import prewarm
+from fxcc.client.cuda_graphs import (
+    _copy_out,
+    _layout,
+    _overlaps,
+    _pointer_key,
+    capture_stream,
+    flat_tensors,
+    shared_pool,
+    stats,
+)
+from fxcc.compiler_core.artifact import ArtifactManifest
+
+log = logging.getLogger("fxcc.cuda_graphs")
+
+DYNAMIC_SHARE = 2  # captured only while the inputs that move hold at most 1/this of the inputs' bytes,
+MAX_MOVING = 2  # or are this few (a batch and its labels)
+MAX_OBSERVED = 16  # calls without such a pair of calls before the plan stops trying
+MAX_CAPTURES = 3  # captures of a plan whose inputs settled at other addresses after its last one
+MAX_BUSY = 8  # step-by-step calls in a row (outputs still held, inputs moved) before it stops trying
+MOVED = "an input is at another address than when the graph was captured"
+SMALL_OUTPUT = 1 << 20  # bytes up to which an output of its own storage is copied out, not aliased
+
+
+def written_inputs(spec: Any) -> frozenset[str]:
+    """Names of the graph's placeholders that one of its nodes writes in place (AOTAutograd's
+    write-backs: copy_ into a batch norm's running statistics)."""
+    names = {p.name for p in spec.placeholders}
+    written: set[str] = set()
+    for node in spec.nodes:
+        parts = node.target.split(".")
+        op = parts[1] if len(parts) >= 2 else parts[0]
+        if op.endswith("_") and node.args:
+            written.update(n for n in _names(node.args[0]) if n in names)
+    return frozenset(written)
+
+
+def _names(arg: Any) -> Iterable[str]:
+    if isinstance(arg, (list, tuple)):
+        for a in arg:
+            yield from _names(a)
+    elif hasattr(arg, "name") and getattr(arg, "kind", "node") == "node":
+        yield arg.name
+
+
+class _Output:
+    """How a replay hands out one output of the captured graph."""
+
+    __slots__ = ("input", "kind", "layout", "rel", "tensor", "value")
+
+    def __init__(self, kind: str, value: Any = None, tensor: Any = None, input: int = -1,
+                 rel: int = 0, layout: Any = None) -> None:
+        self.kind = kind  # "value" | "input" (a view of input `input`) | "copy" | "alias"
+        self.value = value
+        self.tensor = tensor
+        self.input = input
+        self.rel = rel  # storage offset from the input's own
+        self.layout = layout
+
+
+class _TrainingGraph:
+    __slots__ = ("baseline", "buffers", "done", "graph", "last_stream", "outputs", "static", "storages")
+
+    def __init__(self) -> None:
+        self.graph: Any = None
+        self.static: dict[int, Any] = {}  # position → data pointer (or non-tensor value) it must have
+        self.buffers: dict[int, torch.Tensor] = {}  # position → the graph's copy of a moving input
+        self.outputs: list[_Output] = []
+        self.storages: list[Any] = []  # the pool storages handed out, and their use counts alone
+        self.baseline: list[int] = []
+        self.done: Any = None  # event after the last replay, on `last_stream`
+        self.last_stream: Any = None
+
+    def free(self) -> bool:
+        """Whether every output the last replay handed out is dead (nobody but us holds its storage)."""
+        count = torch._C._storage_Use_Count
+        return all(count(s._cdata) == n for s, n in zip(self.storages, self.baseline))
+
+
+class TrainingGraphedPlan:
+    """A static plan of a training graph that replays one CUDA graph (see module Note)."""
+
+    def __init__(self, runner: Callable[[list[Any]], tuple[Any, ...]], manifest: ArtifactManifest,
+                 written: frozenset[str] = frozenset(),
+                 on_disable: Callable[[str], None] | None = None) -> None:
+        self.runner = runner
+        self.on_disable = on_disable
+        self.key = manifest.key
+        plan = manifest.plan
+        self.written = frozenset(i for i, name in enumerate(plan.inputs) if name in written)
+        self.captured: _TrainingGraph | None = None
+        self.previous: tuple[Any, ...] | None = None  # the last call's input addresses (and values)
+        self.moving: list[int] | None = None  # the inputs that moved between the last two calls
+        self.observed = 0
+        self.captures = 0
+        self.busy = 0  # step-by-step calls in a row since the capture
+        self.told_busy = False
+        self.disabled: str | None = None
+        self.device: torch.device | None = None
+
+    def __call__(self, args: list[Any]) -> tuple[Any, ...]:
+        if self.disabled is not None:
+            return self.runner(args)
+        addresses = _pointer_key(args)
+        if addresses is None or torch.cuda.is_current_stream_capturing():
+            return self.runner(args)
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        if self.device is None:
+            self.device = device
+        elif device != self.device:
+            return self.runner(args)
+        with shared_pool(device).lock:  # captures and replays of the device one at a time
+            previous, self.previous = self.previous, addresses
+            captured, why = self.captured, None
+            if captured is not None:
+                why = self._why_not_replay(captured, args, addresses)
+                if why is None:
+                    self.busy, self.moving = 0, None
+                    return self._replay(captured, args)
+                if why is not MOVED or self.captures >= MAX_CAPTURES:
+                    return self._step_by_step(args, why)
+            elif previous is None:
+                stats.count("step_by_step")
+                return self._warm_up(args)
+            moved = None if previous is None else self._moved(args, previous, addresses)
+            if moved is not None and moved == self.moving:
+                fresh = self._capture(args, moved, addresses)
+                if fresh is not None:
+                    return self._replay(fresh, args)
+                return self.runner(args)
+            self.moving = moved
+            if why is not None:
+                return self._step_by_step(args, why)
+            self.observed += 1
+            if self.observed >= MAX_OBSERVED:
+                self._disable(f"its inputs move between calls ({MAX_OBSERVED} calls seen)")
+        stats.count("step_by_step")
+        return self.runner(args)
+
+    def _moved(self, args: list[Any], previous: tuple[Any, ...], addresses: tuple[Any, ...]) -> list[int] | None:
+        """The inputs that moved since the last call, when a graph could copy them in (None: it could not)."""
+        moved, moved_bytes, total = [], 0, 0
+        for i, (a, was, now) in enumerate(zip(args, previous, addresses)):
+            nbytes = a.numel() * a.element_size() if isinstance(a, torch.Tensor) else 0
+            total += nbytes
+            if was == now:
+                continue
+            if not isinstance(a, torch.Tensor) or i in self.written or _overlaps(a):
+                return None  # a value, a written input or an expanded tensor must stay as it is
+            moved.append(i)
+            moved_bytes += nbytes
+        return moved if len(moved) <= MAX_MOVING or moved_bytes * DYNAMIC_SHARE <= total else None
+
+    def _warm_up(self, args: list[Any]) -> tuple[Any, ...]:
+        """Step by step on the capture stream (the libraries' per-stream workspaces are made now)."""
+        caller = torch.cuda.current_stream(self.device)
+        stream = capture_stream(self.device)
+        stream.wait_stream(caller)
+        with torch.cuda.stream(stream):
+            outputs = self.runner(args)
+        caller.wait_stream(stream)
+        for t in flat_tensors(outputs):
+            if t.is_cuda:
+                t.record_stream(caller)
+        return outputs
+
+    def _capture(self, args: list[Any], moved: list[int], addresses: tuple[Any, ...]) -> _TrainingGraph | None:
+        prewarm.wait_all()  # no other thread of fxcc's allocates or launches while this one captures
+        g = _TrainingGraph()
+        call = list(args)
+        for i in moved:
+            a = args[i]
+            g.buffers[i] = call[i] = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
+        g.static = {i: addresses[i] for i in range(len(args)) if i not in g.buffers}
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.device(self.device), \
+                    torch.cuda.graph(graph, pool=None, stream=capture_stream(self.device),
+                                     capture_error_mode="thread_local"):
+                outputs = self.runner(call)
+        except Exception as e:  # noqa: BLE001 - the plan still runs step by step
+            self._disable(f"its capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+            return None
+        g.graph = graph
+        why = _describe_outputs(g, outputs, call)
+        del outputs, call
+        if why is not None:
+            self._disable(why)
+            return None
+        g.baseline = [torch._C._storage_Use_Count(s._cdata) for s in g.storages]
+        self.captured = g  # one before it is dropped: its pool lives on while its outputs do
+        self.captures += 1
+        self.busy = 0
+        stats.count("captures")
+        log.info("fxcc: training plan %s replays as a CUDA graph (%d inputs copied in, %d outputs handed out "
+                 "from its pool)", self.key[:12], len(g.buffers), len(g.storages))
+        return g
+
+    def _why_not_replay(self, g: _TrainingGraph, args: list[Any], addresses: tuple[Any, ...]) -> str | None:
+        for i, want in g.static.items():
+            if addresses[i] != want:
+                return MOVED
+        if not g.free():
+            return "an output of its last replay is still held (its memory would be overwritten)"
+        return None
+
+    def _step_by_step(self, args: list[Any], why: str) -> tuple[Any, ...]:
+        stats.count("step_by_step")
+        self.busy += 1
+        if not self.told_busy:
+            self.told_busy = True
+            log.info("fxcc: training plan %s ran step by step once: %s", self.key[:12], why)
+        if self.busy >= MAX_BUSY:
+            self._disable(f"{why}, {MAX_BUSY} calls in a row")
+        return self.runner(args)
+
+    def _replay(self, g: _TrainingGraph, args: list[Any]) -> tuple[Any, ...]:
+        if self.device is not None and self.device.index != torch.cuda.current_device():
+            with torch.cuda.device(self.device):
+                return self._replay(g, args)
+        stream = torch.cuda.current_stream()
+        if g.done is not None and stream != g.last_stream:
+            stream.wait_event(g.done)  # its last replay may still run on another stream
+        for i, buffer in g.buffers.items():
+            buffer.copy_(args[i])
+        g.graph.replay()
+        out: list[Any] = []
+        for o in g.outputs:
+            if o.kind == "alias":
+                out.append(o.tensor.detach())
+            elif o.kind == "copy":
+                out.append(_copy_out(o.tensor, o.layout))
+            elif o.kind == "input":
+                out.append(_view_of(args[o.input], o))
+            else:
+                out.append(o.value)
+        if g.done is None:
+            g.done = torch.cuda.Event()
+        g.done.record(stream)
+        g.last_stream = stream
+        stats.count("replays")
+        return tuple(out)
+
+    def _disable(self, reason: str) -> None:
+        self.disabled = reason
+        self.captured = None
+        self.previous = None
+        with stats.lock:
+            stats.disabled.append(reason)
+        if self.on_disable is not None:
+            self.on_disable(reason)
+        log.warning("fxcc: training plan %s runs step by step, not as a CUDA graph: %s", self.key[:12], reason)
+
+
+def _describe_outputs(g: _TrainingGraph, outputs: Any, call: list[Any]) -> str | None:
+    """Fill g.outputs and g.storages from the capture's outputs; why they cannot be replayed
+    (None: they can)."""
+    inputs: dict[int, int] = {}
+    for i, a in enumerate(call):
+        if isinstance(a, torch.Tensor):
+            inputs.setdefault(a.untyped_storage().data_ptr(), i)
+    shared: dict[int, int] = {}
+    for o in outputs:
+        if isinstance(o, torch.Tensor):
+            ptr = o.untyped_storage().data_ptr()
+            shared[ptr] = shared.get(ptr, 0) + 1
+    held: dict[int, Any] = {}
+    for o in outputs:
+        if isinstance(o, (tuple, list)):
+            return "an output is a list of tensors"
+        if not isinstance(o, torch.Tensor):
+            g.outputs.append(_Output("value", value=o))
+            continue
+        if not o.is_cuda:  # made at capture time by a host op (attention's unused Philox seed): a constant
+            g.outputs.append(_Output("copy", tensor=o, layout=_layout(o)))
+            continue
+        ptr = o.untyped_storage().data_ptr()
+        if ptr in inputs:
+            a = call[inputs[ptr]]
+            if a.dtype != o.dtype:
+                return "an output views an input as another dtype"
+            g.outputs.append(_Output("input", input=inputs[ptr], rel=o.storage_offset() - a.storage_offset(),
+                                     layout=(tuple(o.shape), o.stride())))
+            continue
+        if shared[ptr] == 1 and o.numel() * o.element_size() <= SMALL_OUTPUT and not _overlaps(o):
+            g.outputs.append(_Output("copy", tensor=o, layout=_layout(o)))
+            continue
+        g.outputs.append(_Output("alias", tensor=o))
+        if ptr not in held:
+            held[ptr] = o.untyped_storage()
+    g.storages = list(held.values())
+    return None
+
+
+def _view_of(a: torch.Tensor, o: _Output) -> torch.Tensor:
+    """The output that is input `a` or a view of it, as the capture saw it."""
+    shape, stride = o.layout
+    if o.rel == 0 and tuple(a.shape) == shape and a.stride() == stride:
+        return a
+    return a.as_strided(shape, stride, a.storage_offset() + o.rel)

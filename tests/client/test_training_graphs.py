@@ -1,0 +1,76 @@
+"""Which training plans replay as CUDA graphs and which of their inputs must keep their addresses
+(no GPU needed; the replays themselves are checked on a GPU in tests/gpu/test_training_graphs_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fxcc.client.cuda_graphs import why_not_graphed
+from fxcc.client.settings import ClientSettings
+from fxcc.client.training_graphs import written_inputs
+from fxcc.compiler_core.pipeline import compile_request
+from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
+from tests.compiler_core.test_passes_layout import small_resnet
+
+
+def _training_specs(model: torch.nn.Module, x: torch.Tensor) -> list:
+    """The forward and backward specs of a training step as the backend's AOTAutograd makes them
+    (its batch-norm statistics written inside the forward: keep_inference_input_mutations)."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    from bench.reduction_shapes import on_cuda
+    from fxcc.client.backend import decomposition_table
+    from fxcc.client.capture import capture_graph
+
+    specs = []
+
+    def compiler(gm, inputs):
+        specs.append(on_cuda(capture_graph(gm, inputs).spec))
+        return make_boxed_func(gm)
+
+    def backend(gm, inputs):
+        return aot_module_simplified(gm, inputs, fw_compiler=compiler, bw_compiler=compiler,
+                                     decompositions=decomposition_table(), keep_inference_input_mutations=True)
+    torch._dynamo.reset()
+    try:
+        torch.compile(model, backend=backend)(x).sum().backward()
+    finally:
+        torch._dynamo.reset()
+    return specs
+
+
+@pytest.fixture(scope="module")
+def training_step():
+    """A small conv net's training forward and backward specs and their sm_90 plans, compiled on
+    this CPU (nothing is launched)."""
+    specs = _training_specs(small_resnet().train(), torch.randn(2, 3, 32, 32))
+    options = CompileOptions(target=Target(kind="cuda", arch=90))
+    return [(spec, compile_request(CompileRequest(graph=spec, options=options)).manifest) for spec in specs]
+
+
+def test_the_forward_writes_exactly_its_batch_norm_statistics(training_step):
+    (fw, _), (bw, _) = training_step
+    model = small_resnet()
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    written = written_inputs(fw)
+    assert len(written) == 3 * len(norms)  # running mean, variance and num_batches_tracked each
+    shapes = sorted(tuple(p.spec.sizes) for p in fw.placeholders if p.name in written)
+    want = sorted([(m.num_features,) for m in norms] * 2 + [()] * len(norms))
+    assert shapes == want
+    assert written_inputs(bw) == frozenset()  # a backward writes none of its inputs
+
+
+def test_static_training_plans_may_replay_only_when_training_graphs_are_on(training_step):
+    for _, manifest in training_step:
+        assert why_not_graphed(manifest, inference=False, training=True) is None
+        assert why_not_graphed(manifest, inference=False) == "not an inference graph"
+    # an inference plan is still held to the inference list, which has no backward ops
+    _, bw = training_step[1]
+    assert why_not_graphed(bw, inference=True).startswith("extern ops not known to be capture-safe")
+
+
+def test_training_graphs_follow_their_setting():
+    assert ClientSettings.from_env({}).cuda_graphs_training
+    assert not ClientSettings.from_env({"FXCC_CUDA_GRAPHS_TRAINING": "0"}).cuda_graphs_training

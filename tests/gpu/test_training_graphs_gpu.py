@@ -1,0 +1,143 @@
+"""On a GPU: training plans replay CUDA graphs (client/training_graphs.py). A training loop's losses,
+parameters and batch-norm statistics equal the step-by-step run's; a caller that keeps an output
+of one step gets a step-by-step call rather than that output overwritten; a data batch that moves
+every step is copied in. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
+    pytest.mark.usefixtures("no_tf32", "fresh_compiles"),
+]
+
+
+def fxcc_backend(gm, example_inputs, **kwargs):
+    from fxcc.client.backend import fxcc_backend as backend
+
+    return backend(gm, example_inputs, **kwargs)
+
+
+def _convnet(classes: int) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, classes),
+    ).cuda().train()
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 512), nn.LayerNorm(512), nn.GELU(),
+                         nn.Linear(512, 4096)).cuda().train()
+
+
+def _train(model: nn.Module, batches, steps: int, compiled: bool, keep: bool = False):
+    """Losses (and, with keep, each step's model output as returned) of `steps` SGD steps."""
+    fn = torch.compile(model, backend=fxcc_backend) if compiled else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, foreach=False)
+    losses, kept = [], []
+    for i in range(steps):
+        x, y = batches(i)
+        opt.zero_grad(set_to_none=True)
+        out = fn(x)
+        loss = nn.functional.cross_entropy(out, y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+        if keep:
+            kept.append(out.detach())
+    return torch.stack(losses).cpu(), kept
+
+
+def _runs():
+    from fxcc.client.cuda_graphs import stats
+
+    return stats.captures, stats.replays, stats.step_by_step
+
+
+def test_a_conv_net_training_loop_replays_graphs_and_matches_step_by_step(monkeypatch):
+    """Graphs on and off run the same kernels: with cuDNN's deterministic algorithms both loops
+    give the same losses, weights and running statistics."""
+    with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True, allow_tf32=False):
+        _conv_net_loops(monkeypatch)
+
+
+def _conv_net_loops(monkeypatch) -> None:
+    from fxcc.client import backend
+
+    x = torch.randn(8, 3, 32, 32, device="cuda")
+    y = torch.randint(0, 10, (8,), device="cuda")
+    base = _convnet(10)
+
+    monkeypatch.setenv("FXCC_CUDA_GRAPHS_TRAINING", "0")
+    plain = copy.deepcopy(base)
+    captures = _runs()[0]
+    want, _ = _train(plain, lambda i: (x, y), 10, compiled=True)
+    assert _runs()[0] == captures  # off: nothing captured
+
+    monkeypatch.setenv("FXCC_CUDA_GRAPHS_TRAINING", "1")
+    torch._dynamo.reset()
+    backend.reset()
+    graphed = copy.deepcopy(base)
+    captures, replays, _ = _runs()
+    got, _ = _train(graphed, lambda i: (x, y), 10, compiled=True)
+    captures, replays = _runs()[0] - captures, _runs()[1] - replays
+    assert captures >= 2, captures  # the forward and the backward
+    assert replays >= 8, replays
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(graphed.state_dict().values(), plain.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # weights and running statistics
+
+
+def test_an_output_kept_past_its_step_is_never_overwritten():
+    """Each step's (large, pool-aliased) logits are kept: the next forward must not replay over
+    them; each kept tensor still equals what eager computed at its step."""
+    x = torch.randn(512, 256, device="cuda")
+    y = torch.randint(0, 4096, (512,), device="cuda")
+    base = _mlp()
+    eager = copy.deepcopy(base)
+    want, want_kept = _train(eager, lambda i: (x, y), 5, compiled=False, keep=True)
+    _, _, step_by_step = _runs()
+    got, got_kept = _train(copy.deepcopy(base), lambda i: (x, y), 5, compiled=True, keep=True)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for a, b in zip(got_kept, want_kept):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert _runs()[2] > step_by_step
+
+
+def test_a_batch_that_moves_every_step_is_copied_in():
+    data = [(torch.randn(8, 3, 32, 32, device="cuda"), torch.randint(0, 10, (8,), device="cuda")) for _ in range(8)]
+    base = _convnet(10)
+    want, _ = _train(copy.deepcopy(base), lambda i: (data[i][0].clone(), data[i][1]), 8, compiled=False)
+    captures, replays, _ = _runs()
+    got, _ = _train(copy.deepcopy(base), lambda i: (data[i][0].clone(), data[i][1]), 8, compiled=True)
+    assert _runs()[0] > captures and _runs()[1] > replays
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_dropout_draws_new_numbers_at_every_replay():
+    """Random ops replay with the generator's offset moved on: each step's mask is new."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Dropout(0.5), nn.Linear(1024, 256),
+                          nn.Dropout(0.5), nn.Linear(256, 256)).cuda().train()
+    fn = torch.compile(model, backend=fxcc_backend)
+    x = torch.randn(256, 256, device="cuda")
+    captures, replays, _ = _runs()
+    outs = []
+    for _ in range(8):
+        out = fn(x)
+        out.sum().backward()  # weights unchanged (no step): only the masks differ
+        outs.append(out.detach().clone())
+    assert _runs()[0] > captures and _runs()[1] > replays
+    for a, b in itertools.pairwise(outs):
+        assert not torch.equal(a, b)
