@@ -30,10 +30,12 @@ COLUMNS = ("xnumel", "rnumel", "XBLOCK", "RBLOCK", "programs", "column", "x_step
            "lane_bytes", "run_bytes")
 
 
-def training_specs(model: torch.nn.Module, x: torch.Tensor) -> list[GraphSpec]:
+def training_specs(model: torch.nn.Module, x: torch.Tensor, keep_input_mutations: bool = False) -> list[GraphSpec]:
     """The forward and backward graph specs of one training step of `model` on `x`, their inputs
     on a (fake) CUDA device, as the backend captures them for a CUDA worker (the forward's saved
-    activations of free layout, the pass's output strides reported to AOTAutograd)."""
+    activations of free layout, the pass's output strides reported to AOTAutograd). With
+    keep_input_mutations, as the backend's AOTAutograd makes them: batch norm's running statistics
+    written inside the forward."""
     from functorch.compile import make_boxed_func
     from torch._functorch.aot_autograd import aot_module_simplified
 
@@ -60,7 +62,8 @@ def training_specs(model: torch.nn.Module, x: torch.Tensor) -> list[GraphSpec]:
 
     def backend(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
         return aot_module_simplified(gm, inputs, fw_compiler=compiler, bw_compiler=compiler,
-                                     decompositions=decomposition_table())
+                                     decompositions=decomposition_table(),
+                                     keep_inference_input_mutations=keep_input_mutations)
     torch._dynamo.reset()
     try:
         torch.compile(model, backend=backend)(x).sum().backward()

@@ -14,38 +14,13 @@ from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
 from tests.compiler_core.test_passes_layout import small_resnet
 
 
-def _training_specs(model: torch.nn.Module, x: torch.Tensor) -> list:
-    """The forward and backward specs of a training step as the backend's AOTAutograd makes them
-    (its batch-norm statistics written inside the forward: keep_inference_input_mutations)."""
-    from functorch.compile import make_boxed_func
-    from torch._functorch.aot_autograd import aot_module_simplified
-
-    from bench.reduction_shapes import on_cuda
-    from fxcc.client.backend import decomposition_table
-    from fxcc.client.capture import capture_graph
-
-    specs = []
-
-    def compiler(gm, inputs):
-        specs.append(on_cuda(capture_graph(gm, inputs).spec))
-        return make_boxed_func(gm)
-
-    def backend(gm, inputs):
-        return aot_module_simplified(gm, inputs, fw_compiler=compiler, bw_compiler=compiler,
-                                     decompositions=decomposition_table(), keep_inference_input_mutations=True)
-    torch._dynamo.reset()
-    try:
-        torch.compile(model, backend=backend)(x).sum().backward()
-    finally:
-        torch._dynamo.reset()
-    return specs
-
-
 @pytest.fixture(scope="module")
 def training_step():
     """A small conv net's training forward and backward specs and their sm_90 plans, compiled on
     this CPU (nothing is launched)."""
-    specs = _training_specs(small_resnet().train(), torch.randn(2, 3, 32, 32))
+    from bench.reduction_shapes import training_specs
+
+    specs = training_specs(small_resnet().train(), torch.randn(2, 3, 32, 32), keep_input_mutations=True)
     options = CompileOptions(target=Target(kind="cuda", arch=90))
     return [(spec, compile_request(CompileRequest(graph=spec, options=options)).manifest) for spec in specs]
 
