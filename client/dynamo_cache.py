@@ -660,6 +660,8 @@ class PackageLoad:
             if cuda is not None and self.settings.prewarm:
                 calls = self._start_library_calls(*cuda)
             for bid, backend in self.backends.items():
+                if self._finished.is_set():  # cancelled: the package did not install
+                    raise RuntimeError("the package did not install")
                 self._plans[bid] = backend.plan(self.settings, self._fetched.get(backend.artifact_key() or ""))
             self.times["plans_s"] = time.perf_counter() - t1
         except BaseException as e:  # noqa: BLE001 - raised again by finish, on the loading thread
@@ -734,8 +736,11 @@ class PackageLoad:
         self.called.set()
 
     def cancel(self) -> None:
-        """The package did not install: the thread keeps none of it but the verified artifacts."""
+        """The package did not install: the thread keeps none of it but the verified artifacts,
+        and builds no plan from here on. Waits for the plan it may be building, so that nothing of
+        the package (a plan's compile event) lands during the trace that follows."""
         self._finished.set()
+        self._planned.wait()
 
     def finish(self) -> None:
         """Each graph's installed callable given its plan; raises when one cannot be loaded."""

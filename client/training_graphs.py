@@ -19,13 +19,15 @@ Note: what differs from inference graphs (client/cuda_graphs.py), and how each i
   (one set of input addresses), into a pool of its own.
 - Inputs that move. Parameters, optimizer-updated in place, keep their addresses; a data batch
   or a backward's incoming gradient may not, and a backward's saved tensors move until its
-  forward replays. The plan is captured once two pairs of consecutive calls show the same inputs
-  moving, and those are few (MAX_MOVING) or hold a small share of the inputs' bytes
-  (DYNAMIC_SHARE): those are copied into buffers of the graph before each replay; the rest must
-  keep their addresses (a call whose do not runs step by step). An input the graph writes (batch
-  norm's running statistics) must keep its address. When inputs settle at other addresses after
-  the capture (a backward captured before its forward replayed, whose saved tensors then live in
-  the forward's pool), the plan is captured again, up to MAX_CAPTURES times.
+  forward replays. The plan is captured once two pairs of consecutive calls show inputs moving
+  that are few (MAX_MOVING) or hold a small share of the inputs' bytes (DYNAMIC_SHARE): those of
+  both pairs are copied into buffers of the graph before each replay; the rest must keep their
+  addresses. An input the graph writes (batch norm's running statistics) must keep its address.
+  When more inputs move after the capture (a batch that takes turns at two addresses, every
+  other step) and all of them still fit, the plan is captured again at once with those copied in
+  too; when inputs settle at other addresses (a backward captured before its forward replayed,
+  whose saved tensors then live in the forward's pool), it is captured again once they have. Up
+  to MAX_CAPTURES captures; a call whose inputs fit neither runs step by step.
 - Outputs that are inputs. An output that is an input or a view of one (a weight saved for the
   backward) is made from the call's own input, as a step-by-step call would return it, never
   from the tensor of the capture (whose storage the class would otherwise keep alive).
@@ -161,14 +163,20 @@ class TrainingGraphedPlan:
                 if why is None:
                     self.busy, self.moving = 0, None
                     return self._replay(captured, args)
+                if why is MOVED and self.captures < MAX_CAPTURES:
+                    grown = self._grown(captured, args, addresses)
+                    if grown is not None:  # a few more inputs move: copy them in too
+                        fresh = self._capture(args, grown, addresses)
+                        return self.runner(args) if fresh is None else self._replay(fresh, args)
                 if why is not MOVED or self.captures >= MAX_CAPTURES:
                     return self._step_by_step(args, why)
             elif previous is None:
                 stats.count("step_by_step")
                 return self._warm_up(args)
             moved = None if previous is None else self._moved(args, previous, addresses)
-            if moved is not None and moved == self.moving:
-                fresh = self._capture(args, moved, addresses)
+            both = None if moved is None or self.moving is None else sorted({*moved, *self.moving})
+            if both is not None and self._fits(args, both):
+                fresh = self._capture(args, both, addresses)
                 if fresh is not None:
                     return self._replay(fresh, args)
                 return self.runner(args)
@@ -183,17 +191,28 @@ class TrainingGraphedPlan:
 
     def _moved(self, args: list[Any], previous: tuple[Any, ...], addresses: tuple[Any, ...]) -> list[int] | None:
         """The inputs that moved since the last call, when a graph could copy them in (None: it could not)."""
-        moved, moved_bytes, total = [], 0, 0
-        for i, (a, was, now) in enumerate(zip(args, previous, addresses)):
-            nbytes = a.numel() * a.element_size() if isinstance(a, torch.Tensor) else 0
-            total += nbytes
-            if was == now:
-                continue
+        moved = [i for i, (was, now) in enumerate(zip(previous, addresses)) if was != now]
+        return moved if self._fits(args, moved) else None
+
+    def _grown(self, g: _TrainingGraph, args: list[Any], addresses: tuple[Any, ...]) -> list[int] | None:
+        """The inputs graph `g` copies in and those that have left the address it was captured at,
+        when a graph could copy them all in (None: it could not). Inputs that take turns at a few
+        addresses (a batch or an incoming gradient that moves every other step) are copied in after
+        at most MAX_CAPTURES captures, rather than the plan running step by step."""
+        moving = sorted({*g.buffers, *(i for i, want in g.static.items() if addresses[i] != want)})
+        return moving if self._fits(args, moving) else None
+
+    def _fits(self, args: list[Any], moving: list[int]) -> bool:
+        """Whether a graph may copy the inputs at positions `moving` in before each replay: tensors
+        the graph does not write, not expanded, and few (MAX_MOVING) or a small share of the bytes."""
+        total = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+        moved_bytes = 0
+        for i in moving:
+            a = args[i]
             if not isinstance(a, torch.Tensor) or i in self.written or _overlaps(a):
-                return None  # a value, a written input or an expanded tensor must stay as it is
-            moved.append(i)
-            moved_bytes += nbytes
-        return moved if len(moved) <= MAX_MOVING or moved_bytes * DYNAMIC_SHARE <= total else None
+                return False  # a value, a written input or an expanded tensor must stay as it is
+            moved_bytes += a.numel() * a.element_size()
+        return len(moving) <= MAX_MOVING or moved_bytes * DYNAMIC_SHARE <= total
 
     def _warm_up(self, args: list[Any]) -> tuple[Any, ...]:
         """Step by step on the capture stream (the libraries' per-stream workspaces are made now)."""

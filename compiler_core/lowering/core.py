@@ -391,6 +391,7 @@ def lower_graph(gm: fx.GraphModule, spec: GraphSpec, target: str = "interpret") 
                     continue
                 env[node] = g.add_buffer(Buffer(p.name, val.dtype, sizes_of(val), strides_of(val),
                                                 "input", p.spec.storage_offset))
+                env[node] = _on_users_device(g, node, env[node])
             elif node.op == "call_function":
                 wire = g.wire[node] = next(wire_nodes)
                 if node not in writes:
@@ -400,6 +401,42 @@ def lower_graph(gm: fx.GraphModule, spec: GraphSpec, target: str = "interpret") 
                 g.outputs = [_output(g, a, w, env, shared) for a, w in zip(node.args[0], spec.outputs)]
         _write_inputs(g, writes, env)
     return g
+
+
+def _on_users_device(g: GraphLowering, node: fx.Node, view: StridedView) -> StridedView:
+    """A CPU scalar input (0-d or one element) whose values end up read on a GPU, copied to that
+    device first (an extern _to_copy, as Inductor's lowering copies a CPU scalar). Eager lets a
+    CUDA op take a CPU scalar as an operand (a module's float attribute that Dynamo made an input:
+    a 0-d float64 CPU tensor, converted to float32 on the CPU, then multiplied on the GPU), but a
+    kernel launched on the GPU cannot read host memory (the H200 read it as an illegal address).
+    The CPU nodes between the input and the GPU ones then compute on the GPU, the same values.
+    An input whose CPU values are also graph outputs, or read on two GPUs, is not lowered."""
+    val = node.meta["val"]
+    if val.device.type != "cpu" or any(not isinstance(s, int) or s != 1 for s in val.shape):
+        return view
+    devices: set[str] = set()
+    on_cpu = False
+    todo, seen = [node], {node}
+    while todo:
+        for u in todo.pop().users:
+            v = u.meta.get("val")
+            if u.op == "output":
+                on_cpu = True
+            elif isinstance(v, torch.Tensor) and v.device.type != "cpu":
+                devices.add(v.device.type)
+            elif u not in seen:  # a CPU value made from it (a dtype conversion): where do its go?
+                seen.add(u)
+                todo.append(u)
+    if not devices:
+        return view
+    if on_cpu or len(devices) > 1:
+        raise UnsupportedOp(f"CPU scalar input {node.name} is read on the CPU and on {sorted(devices)}",
+                            node=node.name)
+    (device,) = devices
+    name = g.new_name("to_device")
+    g.program.append(ExternCall(name, "aten._to_copy.default", [NodeRef(name=view.buffer.name)],
+                                {"device": DeviceArg(value=device)}))
+    return g.add_buffer(Buffer(name, val.dtype, sizes_of(val), strides_of(val), "extern"))
 
 
 def input_writes(gm: fx.GraphModule) -> list[fx.Node]:

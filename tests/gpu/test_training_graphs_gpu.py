@@ -125,6 +125,22 @@ def test_a_batch_that_moves_every_step_is_copied_in():
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_a_batch_that_takes_turns_at_two_addresses_is_copied_in():
+    """A batch that moves every other step (A A B B C C ...): consecutive calls show it moving and
+    not moving by turns, so no two pairs agree; the capture copies in what either pair moved."""
+    from fxcc.client.cuda_graphs import stats
+
+    data = [(torch.randn(8, 3, 32, 32, device="cuda"), torch.randint(0, 10, (8,), device="cuda")) for _ in range(6)]
+    base = _convnet(10)
+    want, _ = _train(copy.deepcopy(base), lambda i: data[i // 2], 12, compiled=False)
+    captures, replays, _ = _runs()
+    disabled = len(stats.disabled)
+    got, _ = _train(copy.deepcopy(base), lambda i: data[i // 2], 12, compiled=True)
+    assert stats.disabled[disabled:] == []
+    assert _runs()[0] > captures and _runs()[1] - replays >= 8, (_runs(), captures, replays)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_dropout_draws_new_numbers_at_every_replay():
     """Random ops replay with the generator's offset moved on: each step's mask is new."""
     torch.manual_seed(0)
