@@ -1,4 +1,4 @@
-"""A Dynamo package's load (client/dynamo_cache.py's PackageLoad): its side thread fetches the
+"""A Dynamo package's load (client/package_load.py's PackageLoad): its side thread fetches the
 artifacts and builds the plans while torch builds the package's guards, not after; what fails there
 is a miss (Dynamo traces, one message per cause); what the load writes to the local cache (artifacts
 fetched from the service, the package) is written after the first call, not before it.

@@ -1,4 +1,4 @@
-"""On a GPU: a Dynamo package loaded in a new process (client/dynamo_cache.py's PackageLoad) has its
+"""On a GPU: a Dynamo package loaded in a new process (client/package_load.py's PackageLoad) has its
 plans built, its cubins loaded into the device's context and its cuDNN / cuBLAS first calls made on
 its side thread, on the caller's CUDA device, before the first call; that first call runs without
 tracing, loads no module, and equals eager. Skipped without CUDA.

@@ -300,14 +300,14 @@ def test_a_packages_artifacts_fetched_at_once_are_those_fetched_one_by_one(
     cache's, the rest in one bundle, each verified as get_artifact verifies it; a refused one raises."""
     from types import SimpleNamespace
 
-    from fxcc.client import dynamo_cache
+    from fxcc.client import dynamo_cache, dynamo_state
 
     arts = [variant(base_artifact, n) for n in range(196, 200)]
     keys = [put(client, a) for a in arts]
     LocalCache(tmp_path / "cache").put(arts[0])
     settings = SimpleNamespace(url="http://testserver", cache_dir=tmp_path / "cache")
     service = remote(client, TRUSTED)
-    monkeypatch.setattr(dynamo_cache, "_remote", lambda s: service)
+    monkeypatch.setattr(dynamo_state, "_remote", lambda s: service)
     asked: list[str] = []
     client.event_hooks["request"] = [lambda request: asked.append(f"{request.method} {request.url.path}")]
     try:
@@ -330,7 +330,7 @@ def test_a_packages_artifacts_fetched_at_once_are_those_fetched_one_by_one(
     assert dynamo_cache.store_fetched(SimpleNamespace(cache_dir=tmp_path / "new"), deferred) == len(keys)
     assert all(LocalCache(tmp_path / "new").get(k) is not None for k in keys)
     untrusted = remote(client, TrustedKeys([PublicKey(generate()[1])]))
-    monkeypatch.setattr(dynamo_cache, "_remote", lambda s: untrusted)
+    monkeypatch.setattr(dynamo_state, "_remote", lambda s: untrusted)
     for wanted in (keys[1:2], keys[1:]):  # one GET, or a bundle then each one's own GET
         with pytest.raises(ArtifactError, match="not trusted"):
             dynamo_cache.fetch_artifacts(SimpleNamespace(url="http://testserver", cache_dir=tmp_path / "other"), wanted)
