@@ -111,9 +111,6 @@ def test_resnet_training_step_runs_channels_last_forward_and_backward(monkeypatc
     assert not relaid, relaid  # weight gradients come out in their parameters' layout
 
 
-@pytest.mark.xfail(strict=False, reason="session 16's H200 run of bench.runtime_host (torch 2.11) still showed "
-                   "the forward's _foreach_copy_ write-backs and ~60 view steps that a CPU compile for a CUDA "
-                   "target does not have; the cause is not found yet (see the issue 19 notes)")
 @pytest.mark.usefixtures("no_tf32", "fresh_compiles")
 @pytest.mark.parametrize("size", [64, 160], ids=["persistent_stats", "looped_stats"])
 def test_resnet_training_forward_stores_running_stats_in_place_with_no_view_chains(size, monkeypatch):
