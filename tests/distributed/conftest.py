@@ -4,9 +4,11 @@ tests of a module share, and torchrun jobs of tests/distributed/train_child.py a
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,14 +31,35 @@ def shared_cluster(redis_url: str, module_redis_prefix: str,
 def torchrun(env: dict[str, str], ranks: int, parallel: str, width: int, workdir: Path,
              script: Path = CHILD) -> list[dict]:
     """Run `script` on `ranks` CPU processes (gloo), each rank with its own FXCC_CACHE_DIR under
-    `workdir`; each rank's report (train_child.py), rank 0 first."""
-    out = workdir / f"{parallel}-{ranks}"
-    out.mkdir(parents=True)
-    env = dict(env, FXCC_PARALLEL=parallel, FXCC_CACHE_ROOT=str(out / "cache"), OMP_NUM_THREADS="1")
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-                    "--nproc-per-node", str(ranks), str(script), "--out", str(out), "--width", str(width)],
-                   env=env, check=True, timeout=300)
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
+    `workdir`; each rank's report (train_child.py), rank 0 first.
+
+    Note: twice in CI (sessions 16 and 18, never in 80 runs alone or under load) a gloo rank died
+    of SIGABRT ("terminate called without an active exception": a C++ std::terminate, no Python
+    error) while the suite ran. Such a death (a rank killed by a signal, as torchrun reports it) is
+    said as a warning with the ranks' stderr and the job runs once more in a fresh directory; any
+    other failure, or a second death, fails the test. PYTHONFAULTHANDLER makes a dying rank print
+    every Python thread's stack."""
+    env = dict(env, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
+    for attempt in ("", "-again"):
+        out = workdir / f"{parallel}-{ranks}{attempt}"
+        out.mkdir(parents=True)
+        run_env = dict(env, FXCC_PARALLEL=parallel, FXCC_CACHE_ROOT=str(out / "cache"))
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                               "--nproc-per-node", str(ranks), str(script), "--out", str(out), "--width", str(width)],
+                              check=False, env=run_env, timeout=300, capture_output=True, text=True)
+        sys.stdout.write(done.stdout)
+        sys.stderr.write(done.stderr)
+        if done.returncode == 0:
+            return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
+        if attempt or not _KILLED.search(done.stderr):
+            raise subprocess.CalledProcessError(done.returncode, done.args, done.stdout, done.stderr)
+        warnings.warn(f"a rank of the {parallel}-{ranks} job was killed by a signal; running it again:\n"
+                      + "\n".join(done.stderr.splitlines()[-40:]), stacklevel=2)
+    raise AssertionError("unreachable")
+
+
+# torchrun's line for a rank that a signal ended: "failed (exitcode: -6) local_rank: 1 (pid: ...)"
+_KILLED = re.compile(r"failed \(exitcode: -\d+\) local_rank")
 
 
 def assert_same_compile_on_every_rank(url: str, env: dict[str, str], reports: list[dict]) -> None:
