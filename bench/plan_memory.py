@@ -2,6 +2,7 @@
 
     python -m bench.plan_memory                                  # transformer_block, gpt2_small, resnet50; sm_90
     python -m bench.plan_memory --workloads transformer_block --tiny --target interpret
+    python -m bench.plan_memory --training gpt2_train bert_train    # backward plans, saved activations
 
 Captures each workload's inference graphs through Dynamo and AOTAutograd (parameters are empty
 CPU tensors, the model never runs), compiles them for the target, and prints one JSON line per
@@ -30,7 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from fxcc.client.backend import decomposition_table
 from fxcc.client.capture import capture_graph
 from fxcc.client.cuda_graphs import flat_tensors
-from fxcc.compiler_core import compile as pipeline
+from fxcc.compiler_core import pipeline
 from fxcc.compiler_core.artifact import AllocStep, ExternStep, FreeStep, KernelStep, Plan
 from fxcc.compiler_core.graph import decode_arg
 from fxcc.compiler_core.plan import peak_alloc_bytes
@@ -69,13 +70,81 @@ def capture(fn: Any, inputs: tuple[torch.Tensor, ...], device: str) -> list[Grap
     return [_on_device(s, device) for s in specs]
 
 
+def capture_training(fn: Any, inputs: tuple[torch.Tensor, ...], device: str) -> list[tuple[GraphSpec, GraphSpec]]:
+    """`fn`'s training graphs (forward, backward) as fxcc's backend captures them (its partition and
+    decompositions), inputs on `device`; `fn` returns a loss (else its sum is one). Nothing runs:
+    each compiled graph returns empty tensors of its outputs' specs."""
+    from fxcc.client.backend import partition_joint_graph
+
+    forwards: list[GraphSpec] = []
+    backwards: list[GraphSpec] = []
+
+    def compiler(into: list[GraphSpec]) -> Any:
+        def compile_one(gm: torch.fx.GraphModule, example: list[Any]) -> Any:
+            into.append(capture_graph(gm, example).spec)
+            outs = [None if n is None else n.meta["val"] for n in gm.graph.output_node().args[0]]
+
+            def run(*args: Any) -> list[Any]:
+                return [None if o is None else torch.empty_strided(o.shape, o.stride(), dtype=o.dtype) for o in outs]
+            return run
+        return compile_one
+
+    def backend(gm: torch.fx.GraphModule, example: list[Any]) -> Any:
+        return aot_module_simplified(gm, example, fw_compiler=compiler(forwards), bw_compiler=compiler(backwards),
+                                     partition_fn=partition_joint_graph, decompositions=decomposition_table(),
+                                     keep_inference_input_mutations=True)
+
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend=backend)(*inputs)
+    (out if out.dim() == 0 else out.sum()).backward()
+    if len(forwards) != len(backwards):
+        raise RuntimeError(f"{len(forwards)} forward graphs, {len(backwards)} backward graphs")
+    return [(_on_device(f, device), _on_device(b, device)) for f, b in zip(forwards, backwards)]
+
+
+def backward_memory(spec: GraphSpec, target: Target, tf32: bool = False) -> dict[str, Any]:
+    """A backward plan's peak, counting what only its call's list holds (its inputs but the
+    forward's primals, the parameters and inputs that their owners hold): held for the whole call
+    (a caller's list kept, as before session 18) and let go after each one's last read."""
+    options = CompileOptions(target=target, allow_tf32=tf32)
+    art = pipeline.compile_request(CompileRequest(graph=spec, options=options))
+    plan = art.manifest.plan
+    counted = frozenset(p.name for p in spec.placeholders if p.spec is not None and not p.name.startswith("primals"))
+    return {"kernels": art.manifest.stats.kernels,
+            "saved_mb": sum(_spec_bytes(p.spec) for p in spec.placeholders if p.name in counted) / MB,
+            "peak_held_mb": peak_live_bytes(plan, spec, counted) / MB,
+            "peak_let_go_mb": peak_live_bytes(plan, spec, counted, let_go=True) / MB}
+
+
+def _spec_bytes(s: Any) -> int:
+    extent = 1 + sum((n - 1) * st for n, st in zip(s.sizes, s.strides) if n > 0)
+    return extent * torch.empty((), dtype=torch_dtype(s.dtype)).element_size()
+
+
+def measure_training(name: str, target: Target, tiny: bool, tf32: bool = False) -> dict[str, Any]:
+    """A bench/model_zoo.py training model (transformers' GPT-2, BERT...): its backward plans' peaks."""
+    from bench.model_zoo import ZOO
+
+    spec = ZOO[name]
+    if spec.kind != "training":
+        raise SystemExit(f"{name} is not a training model of bench/model_zoo.py")
+    built = spec.build("cpu", tiny)
+    pairs = capture_training(built.module.train(), built.inputs, "cuda" if target.kind == "cuda" else "cpu")
+    per_graph = [backward_memory(b, target, tf32) for _, b in pairs]
+    total = {k: sum(g[k] for g in per_graph) for k in per_graph[0]}
+    return {"model": name, "source": spec.source, "note": spec.note, "graphs": len(pairs),
+            **{k: round(v, 1) for k, v in total.items()}}
+
+
 def _on_device(spec: GraphSpec, device: str) -> GraphSpec:
     """`spec` as traced on `device`: its inputs and every device argument (arange's, say) moved there."""
     def move(x: Any) -> Any:
         if isinstance(x, dict):
             moved = {k: move(v) for k, v in x.items()}
-            if moved.get("kind") == "device" or ("dtype" in moved and "device" in moved):
-                moved["value" if moved.get("kind") == "device" else "device"] = device
+            if moved.get("kind") == "device":
+                moved["value"] = device
+            elif "dtype" in moved and isinstance(moved.get("device"), str):  # a TensorSpec
+                moved["device"] = device
             return moved
         if isinstance(x, list):
             return [move(v) for v in x]
@@ -97,10 +166,14 @@ def workload(name: str, tiny: bool) -> tuple[Any, tuple[torch.Tensor, ...]]:
     return fn, inputs
 
 
-def peak_live_bytes(plan: Plan, spec: GraphSpec) -> int:
+def peak_live_bytes(plan: Plan, spec: GraphSpec, counted: frozenset[str] = frozenset(),
+                    let_go: bool = False) -> int:
     """Most bytes of storage (inputs excluded) alive at once when `plan` runs, replayed on FakeTensors.
 
     As the runtime does, an extern result laid out otherwise than its `expect_strides` is copied.
+    `counted`: inputs that count too (a backward's saved activations and incoming gradients, which
+    only the call's list holds): for the whole call, or with `let_go` until the step after their last
+    read (a plan that takes its inputs over, client/runtime.py PlanRunner.steal).
     """
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     env: dict[str, Any] = {}
@@ -110,8 +183,11 @@ def peak_live_bytes(plan: Plan, spec: GraphSpec) -> int:
                 continue
             s = p.spec
             env[p.name] = torch.empty_strided(s.sizes, s.strides, dtype=torch_dtype(s.dtype), device=s.device)
-    caller = list(env.values())  # the caller holds its inputs (and their storages' addresses) throughout
-    inputs = {_storage(t) for t in caller}
+    # the caller holds its inputs (and their storages' addresses) throughout; those `counted` are
+    # held here too, only so that no later storage takes a freed one's address (and key)
+    caller = list(env.values())
+    inputs = {_storage(t) for n, t in env.items() if n not in counted}
+    pinned = {} if let_go else {_storage(t): _nbytes(t) for n, t in env.items() if n in counted}
     device = next(p.spec.device for p in spec.placeholders if p.spec)  # AllocSteps go where the inputs are
     peak = 0
     for step in plan.steps:
@@ -141,8 +217,9 @@ def peak_live_bytes(plan: Plan, spec: GraphSpec) -> int:
         elif isinstance(step, FreeStep):
             for n in step.names:
                 env.pop(n, None)
-        live = {_storage(t): _nbytes(t) for t in flat_tensors(env.values())}
+        live = {_storage(t): _nbytes(t) for t in flat_tensors(env.values())} | pinned
         peak = max(peak, sum(b for s, b in live.items() if s not in inputs))
+    del caller
     return peak
 
 
@@ -195,8 +272,16 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true", help="bench.workloads' CPU-sized versions")
     p.add_argument("--tf32", action="store_true", help="compile as a client with TF32 on does (bench.measure "
                    "runs so): fp32 attention becomes fxcc's template kernel")
+    p.add_argument("--training", nargs="+", metavar="MODEL",
+                   help="bench/model_zoo.py training models (gpt2_train, bert_train): each backward plan's peak "
+                   "with its saved activations held for the whole call or let go after their last read")
     a = p.parse_args()
     target = Target(kind="cuda", arch=90) if a.target == "cuda" else Target(kind="interpret")
+    if a.training:
+        for name in a.training:
+            print(json.dumps({"target": a.target, "tiny": a.tiny, "tf32": a.tf32,
+                              **measure_training(name, target, a.tiny, a.tf32)}), flush=True)
+        return
     for name in a.workloads:
         print(json.dumps({"target": a.target, "tiny": a.tiny, "tf32": a.tf32, **measure(name, target, a.tiny, a.tf32)}),
               flush=True)

@@ -400,7 +400,7 @@ def layout_guard(runner: Callable, spec: Any) -> Callable:
     if not checks:
         return runner
 
-    def run(args: list[Any]) -> Any:
+    def laid_out(args: list[Any]) -> list[Any]:
         copied = False
         for i, sizes, strides in checks:
             t = args[i]
@@ -410,7 +410,15 @@ def layout_guard(runner: Callable, spec: Any) -> Callable:
             if not copied:
                 args, copied = list(args), True
             args[i] = torch.empty_strided(sizes, strides, dtype=t.dtype, device=t.device).copy_(t)
-        return runner(args)
+        return args
+
+    def run(args: list[Any]) -> Any:
+        return runner(laid_out(args))
+
+    if hasattr(runner, "steal"):
+        # Note: a call that copied an input hands the copies' list on; the caller's list keeps the
+        # originals until the call returns (rare: a forward that ran otherwise than planned).
+        run.steal = lambda args: runner.steal(laid_out(args))  # type: ignore[attr-defined]
     return run
 
 
@@ -467,9 +475,17 @@ class Variants:
         self.failure = ""
 
     def __call__(self, args: list[Any]) -> Any:
+        return self._call(args, False)
+
+    def steal(self, args: list[Any]) -> Any:
+        """A call that takes `args` over (PlanRunner.steal): the plan whose guards hold lets them go
+        if it has run before; guards that fail leave the list whole."""
+        return self._call(args, True)
+
+    def _call(self, args: list[Any], steal: bool) -> Any:
         for plan in list(self.plans):
             try:
-                return plan(args)
+                return plan.steal(args) if steal else plan(args)
             except GuardFailed:
                 continue
         with self.lock:
@@ -484,7 +500,7 @@ class Variants:
                 raise GuardFailed(f"a variant for these sizes failed to compile ({self.failure})") from e
             self.failed_at = None
             self.plans.append(plan)
-        return plan(args)
+        return plan.steal(args) if steal else plan(args)
 
 
 def read_symbols(request: CompileRequest, args: list[Any]) -> dict[str, int]:
@@ -500,14 +516,28 @@ def read_symbols(request: CompileRequest, args: list[Any]) -> dict[str, int]:
     return out
 
 
+class PlanRunError(RuntimeError):
+    """A plan failed at run time after it had let its inputs go, so that the call cannot run eagerly."""
+
+
 def _guarded(runner: Callable, constants: list[torch.Tensor], eager: Callable, key: str) -> Callable:
-    """The artifact's runner; if it fails at run time, this graph switches to eager for good."""
+    """The artifact's runner; if it fails at run time, this graph switches to eager for good.
+
+    A runner that can take its inputs over (`steal`: a plan run step by step) is handed a list of its
+    own and the caller's list is emptied, as AOTAutograd's boxed calling convention asks: a
+    backward's saved activations are then freed as its steps consume them. A plan lets the inputs go
+    only once it has run through once, so a first call that fails still runs eagerly; a later call
+    that fails after its inputs were let go raises (PlanRunError), and the graph's next calls run
+    eagerly."""
     state = {"runner": runner}
+    stealing = hasattr(runner, "steal")
 
     def run(args: list[Any]) -> Any:
         fn = state["runner"]
         if fn is eager:
             return eager(args)
+        if stealing:
+            return run_stealing(args)
         try:
             return fn(list(args) + constants)
         except GuardFailed as e:
@@ -519,5 +549,26 @@ def _guarded(runner: Callable, constants: list[torch.Tensor], eager: Callable, k
                       "running this graph eagerly from now on")
             state["runner"] = eager
             return eager(args)
+
+    def run_stealing(args: list[Any]) -> Any:
+        n = len(args)
+        call = list(args)
+        call.extend(constants)
+        args.clear()
+        try:
+            return runner.steal(call)
+        except GuardFailed as e:  # guards are read before any input is let go
+            warn_once(f"guard:{key}", f"a dynamic graph runs eagerly for some sizes: {e}")
+            return eager(call[:n])
+        except Exception as e:
+            state["runner"] = eager
+            if len(call) == n + len(constants):
+                warn_once(f"run:{key}", f"artifact {key[:12]} failed to run ({type(e).__name__}: {e}); "
+                          "running this graph eagerly from now on")
+                return eager(call[:n])
+            warn_once(f"run:{key}", f"artifact {key[:12]} failed to run after its inputs were let go "
+                      f"({type(e).__name__}: {e}); this call raises, and the graph runs eagerly from now on")
+            raise PlanRunError(f"fxcc: artifact {key[:12]} failed to run after its inputs were let go "
+                                f"({type(e).__name__}: {e}); the graph runs eagerly from its next call") from e
     run._boxed_call = True  # type: ignore[attr-defined]
     return run

@@ -133,6 +133,7 @@ class PlanRunner:
         self._output_names = ([a.name for a in plan.outputs]
                               if all(isinstance(a, NodeRef) for a in plan.outputs) else None)
         self._first_tensor = 0  # where the device is read from (the first tensor input seen)
+        self.proven = False  # a call ran to its end: `steal` lets its inputs go from the next call on
         # (step index, result name) of each extern step: what `call_measured` weighs
         self._extern_outs = [(i, step.out) for i, step in enumerate(plan.steps) if isinstance(step, ExternStep)]
 
@@ -276,6 +277,21 @@ class PlanRunner:
         for run in self._steps:
             run(env)
         return self.finish(env)
+
+    def steal(self, args: list[Any]) -> tuple[Any, ...]:
+        """A call that takes `args` over, as AOTAutograd hands a compiled graph its only list of a
+        backward's inputs (steal_args): once the plan has run once, the list is emptied as soon as
+        the call's values are read from it, so that each input (a saved activation) is let go after
+        the last step that reads it rather than when the backward returns. Until then the list is
+        left whole: the caller can still run the graph otherwise should the plan fail."""
+        env = self.begin(args)
+        if self.proven:
+            args.clear()
+        for run in self._steps:
+            run(env)
+        out = self.finish(env)
+        self.proven = True
+        return out
 
     def begin(self, args: list[Any]) -> dict[str, Any]:
         """The values a call starts from: its inputs by name (and its device and size symbols)."""

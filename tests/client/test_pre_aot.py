@@ -256,6 +256,7 @@ def test_a_plan_failing_on_a_hit_runs_dynamos_graph_eagerly(monkeypatch):
         def broken(self, args):
             raise RuntimeError("kernel launch failed")
         monkeypatch.setattr(PlanRunner, "__call__", broken)
+        monkeypatch.setattr(PlanRunner, "steal", broken)  # how a guarded graph calls its plan
         with pytest.warns(RuntimeWarning, match="failed to run"):
             got = torch.compile(model, backend="fxcc")(x)
     assert backend.events()[-1].pre_aot == "skipped: pre-AOT cache hit"

@@ -54,6 +54,7 @@ def test_a_failing_plan_still_runs_eagerly_and_restores_grad_mode(monkeypatch):
         raise RuntimeError("plan broke")
 
     monkeypatch.setattr(PlanRunner, "__call__", broken)
+    monkeypatch.setattr(PlanRunner, "steal", broken)  # how a guarded graph calls its plan
     with pytest.warns(RuntimeWarning, match="failed to run"):
         got = compiled(x)
     assert torch.is_grad_enabled()

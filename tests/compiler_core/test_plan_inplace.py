@@ -257,3 +257,18 @@ def test_manifest_versions_old_plans_load_and_new_ones_say_so():
         pass
     else:
         raise AssertionError("a manifest of an unknown version must be rejected")
+
+
+def test_planned_peak_counts_a_let_go_input_only_until_its_last_read():
+    """bench.plan_memory's accounting of a backward's inputs (PlanRunner.steal): an input that only
+    the call holds counts for the whole call when held, until the step after its last read when let go."""
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    art, spec = _compile(lambda a, b: torch.mm(a.sin(), b).cos(), a, b)
+    (name, _) = [p.name for p in spec.placeholders]
+    plan, size = art.manifest.plan, a.numel() * a.element_size()
+    alone = peak_live_bytes(plan, spec)  # sin's result beside the mm's: a is the caller's
+    held = peak_live_bytes(plan, spec, frozenset({name}))
+    let_go = peak_live_bytes(plan, spec, frozenset({name}), let_go=True)
+    assert alone == 2 * size
+    assert held == alone + size
+    assert let_go == alone  # a is gone before the mm's result exists
