@@ -49,24 +49,13 @@ def _swap(text: str, registers: dict[str, str]) -> str:
 class ModHandler(TritonHandler):
     """TritonHandler over a tile: no kernel coordinates, static indices only, named temporaries."""
 
-    prefix: str = "mod"
+    prefix: str = "mod"  # of the temporaries' names (TritonHandler.emit)
     pointers: dict[str, str] = field(default_factory=dict)  # buffer name -> pointer parameter
 
     def index(self, expr: Expr) -> Expr:
         if size_symbols_of(expr):
             raise CodegenError("a flex_attention mod indexes with a symbolic size")
         return expr
-
-    def emit(self, text: str, dtype: torch.dtype) -> TVal:
-        key = f"{text}:{dtype}"
-        hit = self.cse.get(key)
-        if hit is not None:
-            return hit
-        var = TVal(f"{self.prefix}{self.counter}", dtype)
-        self.counter += 1
-        self.lines.append(f"{var.text} = {text}")
-        self.cse[key] = var
-        return var
 
     def load(self, name: str, index: Expr) -> TVal:
         if name in self.registers:

@@ -192,6 +192,7 @@ class TritonHandler(OpsHandler):
     size_symbols: set[sympy.Symbol] = field(default_factory=set)  # become kernel parameters
     # a Welford body (its inner_fn) -> its (mean, m2, weight), so the nodes of one accumulate once
     welford: dict[int, tuple[TVal, TVal, TVal]] = field(default_factory=dict)
+    prefix: str = "tmp"  # of the temporaries' names
 
     def index(self, expr: Expr) -> Expr:
         """`expr` in kernel coordinates; its size symbols become kernel parameters."""
@@ -207,7 +208,7 @@ class TritonHandler(OpsHandler):
         hit = self.cse.get(key)
         if hit is not None:
             return hit
-        var = TVal(f"tmp{self.counter}", dtype)
+        var = TVal(f"{self.prefix}{self.counter}", dtype)
         self.counter += 1
         self.lines.append(f"{var.text} = {text}")
         self.cse[key] = var
