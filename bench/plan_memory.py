@@ -153,8 +153,18 @@ def _on_device(spec: GraphSpec, device: str) -> GraphSpec:
 
 
 def workload(name: str, tiny: bool) -> tuple[Any, tuple[torch.Tensor, ...]]:
-    """The workload's function and CPU inputs; a model's parameters are allocated, never filled."""
+    """The workload's function and CPU inputs; a model's parameters are allocated, never filled.
+
+    A bench/model_zoo.py inference model (transformers' gpt2, bert...) is built on the CPU with
+    its random weights, its inputs at the suite's sizes (unless `tiny`)."""
+    from bench.model_zoo import ZOO
     from bench.workloads import make_workload
+
+    if name in ZOO:
+        if ZOO[name].kind != "inference":
+            raise SystemExit(f"{name} is a training model of bench/model_zoo.py: --training {name}")
+        built = ZOO[name].build("cpu", tiny)
+        return built.module.eval(), built.inputs
 
     if tiny:
         w = make_workload(name, tiny=True)
@@ -267,7 +277,8 @@ def measure(name: str, target: Target, tiny: bool, tf32: bool = False) -> dict[s
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workloads", nargs="+", default=list(DEFAULT))
+    p.add_argument("--workloads", nargs="+", default=list(DEFAULT),
+                   help="bench/workloads.py names or bench/model_zoo.py inference models (gpt2, bert, t5_encoder...)")
     p.add_argument("--target", choices=("cuda", "interpret"), default="cuda")
     p.add_argument("--tiny", action="store_true", help="bench.workloads' CPU-sized versions")
     p.add_argument("--tf32", action="store_true", help="compile as a client with TF32 on does (bench.measure "

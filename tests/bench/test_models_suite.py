@@ -78,3 +78,19 @@ def test_the_summary_compares_with_inductor_and_flags_rows():
     assert s["inference"]["fxcc_vs_inductor_geomean"] == 1.0
     assert s["inference"]["slower_than_inductor"] == ["b"] and s["inference"]["peak_above_inductor_2pct"] == ["b"]
     assert s["inference"]["not_matching_eager"] == ["b"] and s["training"]["failed"] == ["c"]
+
+
+def test_the_h200_results_hold_a_row_of_every_model_with_the_issues_fields():
+    """bench/results/h200-models.json (measured on the H200) holds the issue's columns for every
+    model of the zoo, its summary is the summary of its rows, and the ratios are of its own numbers."""
+    doc = json.loads((Path(__file__).resolve().parents[2] / "bench/results/h200-models.json").read_text())
+    rows = {r["name"]: r for r in doc["rows"]}
+    assert set(rows) == set(ZOO)
+    for name, r in rows.items():
+        assert (r["source"], r["kind"], r["dtype"]) == (ZOO[name].source, ZOO[name].kind, ZOO[name].dtype)
+        for key in ("eager_ms", "inductor_ms", "fxcc_ms", "fxcc_peak_mb", "inductor_peak_mb"):
+            assert r[key] > 0, (name, key)
+        assert r["fxcc_vs_inductor"] == pytest.approx(r["fxcc_ms"] / r["inductor_ms"], abs=2e-3)
+        if r["kind"] == "inference":
+            assert r["inductor_ms"] == min(r["inductor_default_ms"], r["inductor_reduce_overhead_ms"])
+    assert doc["summary"] == summary(doc["rows"])
