@@ -3,23 +3,37 @@
 A diagnostic, not a benchmark: `python -m bench.profile_kernels --workload gpt2_small` prints,
 per compiler, the kernels with the most total CUDA time over a few calls (torch.profiler), so
 a gap between fxcc and Inductor can be placed on the kernels that make it.
+
+    python3 -m bench.profile_kernels --model bert_train --out $OUT     # a bench/model_zoo.py model
+    python3 -m bench.profile_kernels --model gpt2 --memory --out $OUT  # and where fxcc's memory is
+
+`--model` takes the models suite's names (bench/model_zoo.py; a training model runs its whole step:
+forward, backward, AdamW) and also prints each compiler's device time per kind of kernel (Triton,
+GEMM, cuDNN, aten's own, copies). `--memory` adds, after the calls, the allocator's segments (torch's
+memory snapshot) by pool: how much fxcc's CUDA-graph pool reserved, how much of it is allocated at
+the end, and its largest blocks; with `--out` both go into DIR/profile-<model>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from bench.workloads import WORKLOADS
 
+MB = 1 << 20
 
-def top_kernels(fn, inputs, calls: int = 5, top: int = 15) -> list[tuple[str, float, int]]:
+
+def top_kernels(fn, inputs, calls: int = 5, top: int = 15, grad: bool = False) -> list[tuple[str, float, int]]:
     from torch.profiler import ProfilerActivity, profile
 
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         for _ in range(3):
             fn(*inputs)
         torch.cuda.synchronize()
@@ -36,14 +50,125 @@ def top_kernels(fn, inputs, calls: int = 5, top: int = 15) -> list[tuple[str, fl
     return rows[:top]
 
 
+KINDS = (("attention", ("flash", "fmha", "attention")), ("triton", ("triton_", "fxcc_")),
+         ("gemm", ("gemm", "sm90_", "cutlass", "cublas", "xmma", "nvjet")),
+         ("cudnn", ("cudnn", "conv", "nchwToNhwc", "nhwcToNchw", "implicit_convolve", "winograd")),
+         ("copy", ("memcpy", "memset", "copy")))
+
+
+def kind_of(name: str) -> str:
+    """A profiler kernel name's kind: attention, triton (Inductor's triton_*, fxcc's fxcc_*), gemm, cudnn,
+    copy, or aten (the rest)."""
+    low = name.lower()
+    for kind, marks in KINDS:
+        if any(m.lower() in low for m in marks):
+            return kind
+    return "aten"
+
+
+def by_kind(rows: list[tuple[str, float, int]]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for name, ms, count in rows:
+        k = out.setdefault(kind_of(name), {"ms": 0.0, "launches": 0})
+        k["ms"] = round(k["ms"] + ms, 4)
+        k["launches"] += count
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["ms"]))
+
+
+def memory_by_pool() -> list[dict[str, Any]]:
+    """The caching allocator's segments grouped by pool (0: the default pool; others are CUDA-graph
+    pools): reserved and allocated MB, segment count, the largest allocated blocks."""
+    pools: dict[str, dict[str, Any]] = {}
+    for seg in torch.cuda.memory_snapshot():
+        pool = str(seg.get("segment_pool_id", (0, 0)))
+        p = pools.setdefault(pool, {"pool": pool, "segments": 0, "reserved_mb": 0.0, "allocated_mb": 0.0,
+                                    "largest_blocks_mb": []})
+        p["segments"] += 1
+        p["reserved_mb"] += seg["total_size"] / MB
+        for b in seg["blocks"]:
+            if b["state"] == "active_allocated":
+                p["allocated_mb"] += b["size"] / MB
+                p["largest_blocks_mb"].append(round(b["size"] / MB, 1))
+    for p in pools.values():
+        p["reserved_mb"], p["allocated_mb"] = round(p["reserved_mb"], 1), round(p["allocated_mb"], 1)
+        p["largest_blocks_mb"] = sorted(p["largest_blocks_mb"], reverse=True)[:12]
+    return sorted(pools.values(), key=lambda p: -p["reserved_mb"])
+
+
+def profile_model(name: str, compilers: list[str], memory: bool) -> dict[str, Any]:
+    """Top kernels, device time by kind and (with `memory`) the allocator's pools of a zoo model."""
+    from bench.model_zoo import ZOO
+    from bench.models import compiled
+
+    spec = ZOO[name]
+    built = spec.build("cuda", False)
+    module = built.module.train() if spec.kind == "training" else built.module.eval()
+    out: dict[str, Any] = {"model": name, "source": spec.source, "kind": spec.kind, "compilers": {}}
+    for compiler in compilers:
+        mode = {"inductor": "inductor_default", "inductor_ro": "inductor_reduce_overhead"}.get(compiler, compiler)
+        torch._dynamo.reset()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn = compiled(mode, module)
+        if spec.kind == "training":
+            params = [p for p in module.parameters() if p.requires_grad]
+            opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
+
+            def call(fn: Any = fn, opt: Any = opt) -> Any:
+                opt.zero_grad(set_to_none=True)
+                loss = fn(*built.inputs)
+                loss.backward()
+                opt.step()
+                return loss.detach()
+        else:
+            def call(fn: Any = fn, mark: bool = mode == "inductor_reduce_overhead") -> Any:
+                if mark:
+                    torch.compiler.cudagraph_mark_step_begin()
+                return fn(*built.inputs)
+        rows = top_kernels(call, (), top=10_000, grad=spec.kind == "training")
+        total = sum(r[1] for r in rows)
+        entry: dict[str, Any] = {"device_ms": round(total, 4), "launches": sum(r[2] for r in rows),
+                                 "by_kind": by_kind(rows),
+                                 "top": [{"name": n[:160], "ms": round(ms, 4), "count": c} for n, ms, c in rows[:25]],
+                                 "peak_mb": round((torch.cuda.max_memory_allocated() - base) / MB, 1)}
+        if memory:
+            entry["pools"] = memory_by_pool()
+        if compiler == "fxcc":
+            from fxcc.client import cuda_graphs
+
+            entry["graph_pool_mb"] = round(cuda_graphs.stats.pool_bytes / MB, 1)
+        print(f"== {name} {compiler}: {total:.3f} ms of device time a call, {entry['launches']} launches; "
+              f"peak {entry['peak_mb']} MB; by kind {json.dumps(entry['by_kind'])}", flush=True)
+        for r in entry["top"][:15]:
+            print(f"{r['ms']:8.3f} ms  x{r['count']:<4d} {r['name'][:110]}", flush=True)
+        for p in entry.get("pools", []):
+            print(f"   pool {p['pool']}: {p['segments']} segments, {p['reserved_mb']} MB reserved, "
+                  f"{p['allocated_mb']} allocated; largest {p['largest_blocks_mb'][:6]}", flush=True)
+        out["compilers"][compiler] = entry
+        del fn
+    return out
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", default="gpt2_small")
-    ap.add_argument("--compilers", default="inductor,fxcc")
+    ap.add_argument("--model", default=None, help="a bench/model_zoo.py model (gpt2, bert_train, resnet18_train...)")
+    ap.add_argument("--compilers", default="inductor,fxcc",
+                    help="eager, inductor, inductor_ro (reduce-overhead, --model only), fxcc")
+    ap.add_argument("--memory", action="store_true", help="--model: the allocator's pools after the calls")
+    ap.add_argument("--out", default=None, help="--model: write DIR/profile-<model>.json")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     os.environ.setdefault("FXCC_CACHE_DIR", tempfile.mkdtemp(prefix="fxcc-prof-"))
+    if args.model is not None:
+        doc = profile_model(args.model, args.compilers.split(","), args.memory)
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / f"profile-{args.model}.json").write_text(json.dumps(doc, indent=1))
+        return
     for compiler in args.compilers.split(","):
         torch._dynamo.reset()
         wl = WORKLOADS[args.workload]("cuda")
