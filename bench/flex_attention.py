@@ -18,6 +18,10 @@ BLOCK_M2, BLOCK_N2, num_warps, num_stages, each also as fwd_NAME / bwd_NAME), e.
 '{"bwd_BLOCK_M1": 32, "bwd_BLOCK_N2": 32}'. `--masks NAME,...` runs those masks only; `--profile` adds each impl's
 CUDA kernels (torch.profiler over 5 calls, ms per call and launches per call) to its rows, to place a
 gap on the kernel that makes it (the flex template, delta's reduction, or something else).
+`--host-profile N`: each impl's host time per call (N calls back to back, then one synchronize: the
+clock stops at the last launch, `host_us`), and for fxcc and Inductor cProfile's top functions over
+those calls by own time, printed and in the rows (`host`): a forward+backward whose kernels take
+less than its launches is measured by do_bench at its host time.
 """
 
 from __future__ import annotations
@@ -77,8 +81,38 @@ def _kernel_ms(call: Any, leaves: list[torch.Tensor], calls: int = 5, top: int =
     return {"device_ms": round(sum(r[1] for r in rows), 4), "top": {name: [ms, count] for name, ms, count in rows[:top]}}
 
 
+def _host(call: Any, leaves: list[torch.Tensor], calls: int, profiled: bool, top: int = 25) -> dict[str, Any]:
+    """Host µs per call of `call` (`calls` back to back, the clock read before the synchronize) and,
+    with `profiled`, cProfile's `top` functions by own time over another `calls` calls."""
+    import cProfile
+    import io
+    import pstats
+
+    def loop() -> None:
+        for _ in range(calls):
+            for x in leaves:
+                x.grad = None
+            call()
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    loop()
+    host_us = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    out: dict[str, Any] = {"host_us": round(host_us, 1)}
+    if profiled:
+        prof = cProfile.Profile()
+        prof.runcall(loop)
+        torch.cuda.synchronize()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+        out["profile"] = text.getvalue().splitlines()[-top - 2:]
+    return out
+
+
 def run_case(shape: tuple[int, int, int, int], mask_name: str, rep: int,
-             kernel_options: dict[str, Any] | None = None, profile: bool = False) -> list[dict[str, Any]]:
+             kernel_options: dict[str, Any] | None = None, profile: bool = False,
+             host_calls: int = 0) -> list[dict[str, Any]]:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     from fxcc.client import backend
@@ -107,6 +141,7 @@ def run_case(shape: tuple[int, int, int, int], mask_name: str, rep: int,
         times: dict[str, float] = {}
         first_call_s: dict[str, float] = {}
         kernels: dict[str, dict[str, Any]] = {}
+        host: dict[str, dict[str, Any]] = {}
         n_events = len(backend.events())
         for name, fn in impls.items():
             def call(fn: Any = fn, train: bool = train, leaves: list[torch.Tensor] = leaves) -> Any:
@@ -131,6 +166,10 @@ def run_case(shape: tuple[int, int, int, int], mask_name: str, rep: int,
             times[name] = _median_ms(call, rep, leaves if train else None)
             if profile:
                 kernels[name] = _kernel_ms(call, leaves)
+            if host_calls:
+                host[name] = _host(call, leaves, host_calls, name != "eager")
+                for line in host[name].get("profile", []):
+                    print(f"  {name} {mode}: {line}", flush=True)
         events = [e for e in backend.events()[n_events:] if e.source != "fallback"]
         rows.append({
             "shape": {"B": b, "H": h, "S": s, "D": d}, "mask": mask_name, "mode": mode, "dtype": "bfloat16",
@@ -144,10 +183,13 @@ def run_case(shape: tuple[int, int, int, int], mask_name: str, rep: int,
             "fxcc_max_err_by_tensor": dict(zip(("out", "dq", "dk", "dv"), (
                 _max_err([a], [b]) for a, b in zip(results["fxcc"], results["inductor"])))),
             "fxcc_graphs": [{"kernels": e.stats.kernels if e.stats else None,
-                             "extern_ops": e.stats.extern_ops if e.stats else None, "source": e.source}
+                             "extern_ops": e.stats.extern_ops if e.stats else None, "source": e.source,
+                             "runs_as": e.runs_as}
                             for e in events],
             "first_call_s": first_call_s,
             **({"kernels_ms": kernels} if profile else {}),
+            **({"host": {n: {"host_us": h["host_us"]} for n, h in host.items()},
+                "host_profile": {n: h["profile"] for n, h in host.items() if "profile" in h}} if host_calls else {}),
         })
         print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -161,6 +203,8 @@ def main() -> None:
                         help="flex_attention kernel_options (JSON) for fxcc and Inductor, e.g. tiles")
     parser.add_argument("--masks", default=",".join(MASKS), help=f"masks to run, of {','.join(MASKS)}")
     parser.add_argument("--profile", action="store_true", help="each impl's CUDA kernels (torch.profiler) in its rows")
+    parser.add_argument("--host-profile", type=int, default=0, metavar="N",
+                        help="each impl's host µs per call over N calls, and cProfile's top functions")
     args = parser.parse_args()
     os.environ.setdefault("FXCC_FALLBACK", "error")
     if not torch.cuda.is_available():
@@ -173,7 +217,7 @@ def main() -> None:
     for shape in shapes:
         for mask_name in args.masks.split(","):
             torch._dynamo.reset()
-            rows += run_case(shape, mask_name, rep, args.kernel_options, args.profile)
+            rows += run_case(shape, mask_name, rep, args.kernel_options, args.profile, args.host_profile)
     args.out.mkdir(parents=True, exist_ok=True)
     result = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
