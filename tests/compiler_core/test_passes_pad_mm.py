@@ -6,6 +6,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from fxcc.client.capture import capture_graph
+from fxcc.compiler_core.passes import pad_mm
 from fxcc.compiler_core.passes.pad_mm import MIN_ELEMENTS, pad_matmuls
 from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
@@ -81,3 +82,50 @@ def test_an_untransposed_operand_is_padded_along_its_columns():
     pad = next(n for n in new_gm.graph.nodes if n.target == torch.ops.aten.constant_pad_nd.default)
     assert tuple(pad.meta["val"].shape) == (64, 4100)
     torch.testing.assert_close(_run(new_gm, [a, b]), a @ b)
+
+
+def _pads_of(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.target == torch.ops.aten.constant_pad_nd.default]
+
+
+def test_an_unaligned_inner_dim_is_padded_on_both_operands(monkeypatch):
+    # The head's backward for its input: mm(grad_logits, W), K = the vocabulary, each row of grad
+    # (and each column of W's transpose) unaligned.
+    monkeypatch.setattr(pad_mm, "MIN_FLOPS", 1)
+    g, w = torch.randn(64, 1001), torch.randn(1001, 32)
+    new_gm, _ = run_pass(pad_matmuls, _spec(torch.mm, g, w), "cuda")
+    wide = next(n for n in new_gm.graph.nodes if n.target == torch.ops.aten.mm.default)
+    assert [tuple(a.meta["val"].shape) for a in wide.args] == [(64, 1004), (1004, 32)]
+    torch.testing.assert_close(_run(new_gm, [g, w]), g @ w)
+
+
+def test_a_column_major_operands_rows_are_padded_and_the_result_sliced(monkeypatch):
+    # The head's backward for its weight: mm(grad_logits.t(), x), M = the vocabulary.
+    monkeypatch.setattr(pad_mm, "MIN_FLOPS", 1)
+    g, x = torch.randn(64, 1001), torch.randn(64, 32)
+    new_gm, _ = run_pass(pad_matmuls, _spec(lambda a, b: torch.mm(a.t(), b), g, x), "cuda")
+    (pad,) = _pads_of(new_gm)
+    assert tuple(pad.meta["val"].shape) == (64, 1004)  # the gradient's columns, in its own order
+    out = _run(new_gm, [g, x])
+    torch.testing.assert_close(out, g.t() @ x)
+    assert out.is_contiguous()
+
+
+def test_the_head_backwards_two_matmuls_share_one_padded_gradient(monkeypatch):
+    monkeypatch.setattr(pad_mm, "MIN_FLOPS", 1)
+    g, w, x = torch.randn(64, 1001), torch.randn(1001, 32), torch.randn(64, 32)
+    spec = _spec(lambda a, b, c: (torch.mm(a, b), torch.mm(a.t(), c)), g, w, x)
+    new_gm, _ = run_pass(pad_matmuls, spec, "cuda")
+    pads = _pads_of(new_gm)
+    assert sum(p.args[0].name == "a_1" for p in pads) == 1 and len(pads) == 2  # grad once, W once
+    got = new_gm(g, w, x)
+    torch.testing.assert_close(got[0], g @ w)
+    torch.testing.assert_close(got[1], g.t() @ x)
+
+
+def test_inner_and_row_dims_left_alone_below_the_size_worth_a_copy():
+    g, w = torch.randn(64, 1001), torch.randn(1001, 32)
+    assert 64 * 1001 * 32 < pad_mm.MIN_FLOPS
+    for fn in (torch.mm, lambda a, b: torch.mm(a.t(), torch.randn(64, 32))):
+        spec = _spec(fn, g, w) if fn is torch.mm else _spec(lambda a: torch.mm(a.t(), a[:, :32]), g)
+        assert run_pass(pad_matmuls, spec, "cuda")[1] is spec
