@@ -1,5 +1,5 @@
-"""Indexing lowerings: masked loads (constant_pad_nd, cat) and indirect loads (index_select, gather,
-embedding, index.Tensor).
+"""Indexing lowerings: masked loads (constant_pad_nd, cat), indirect loads (index_select, gather,
+embedding, index.Tensor) and a one-hot scatter (scatter.value).
 
 A masked load reads only where its condition holds (`ops.masked`), so a padded or concatenated
 value reads each input only inside that input's range. An indirect load reads an index tensor,
@@ -217,6 +217,36 @@ def _along_dim(x: TensorValue, dim: int, index: TensorValue,
         full = list(_padded(i, rank))
         full[dim] = _indirect(load_index, where(list(full), dim), size)
         return load(full)
+    return Lazy(val.dtype, sizes_of(val), inner)
+
+
+@register_lowering(aten.scatter.value)
+def _scatter_value(x: TensorValue, dim: int, index: TensorValue, value: Any) -> Lazy:
+    """One element per slice along `dim` set to `value`: out[i] = value where index[i, dim → 0] == i[dim],
+    else x[i]. A cross-entropy's backward (`scatter(zeros, 1, target[:, None], -1)`), fused with its
+    readers instead of a fill and a scatter over the logits' size.
+
+    Note: an index out of range sets nothing (eager raises); only an index of size 1 along `dim` and
+    of x's sizes elsewhere is lowered (another scatter is an extern call)."""
+    val = node_val()
+    if val.numel() == 0:
+        return _nothing(val)
+    check_dtypes(x.dtype)
+    rank = len(x.sizes)
+    if not rank or not isinstance(value, (bool, int, float)):
+        raise UnsupportedOp("scatter of a 0-d tensor or of a symbolic value")
+    dim = _dim(dim, rank)
+    if len(index.sizes) != rank or index.sizes[dim] != 1 or \
+            any(index.sizes[d] != x.sizes[d] for d in range(rank) if d != dim):
+        raise UnsupportedOp("scatter of more than one element per slice")
+    load_index = _index_loader(index, x.sizes)  # broadcast along dim: the slice's one index
+    load = _converted(x, val.dtype)
+    fill = torch.tensor(value, dtype=val.dtype).item()  # eager casts the value to the dtype first
+    comp = compute_dtype(val.dtype)
+
+    def inner(i: Sequence[Expr]) -> Any:
+        hit = ops.eq(ops.to_dtype(load_index(i), torch.int64), ops.index_expr(i[dim], torch.int64))
+        return ops.where(hit, ops.constant(fill, comp), load(i))
     return Lazy(val.dtype, sizes_of(val), inner)
 
 

@@ -75,6 +75,20 @@ def test_index_tensor(dtype):
     assert native(check(lambda p: F.interpolate(p, scale_factor=2, mode="nearest"), x))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_one_hot_scatter_fuses_with_its_reader(dtype):
+    x = torch.randn(6, 7, dtype=dtype)
+    target = torch.tensor([0, 6, 3, 3, 1, 5])
+    # a cross-entropy's backward: scatter(zeros, 1, target[:, None], -1) times a weight, one kernel
+    art = check(lambda p, t: torch.zeros_like(p).scatter(1, t[:, None], -1.0) * p.exp(), x, target)
+    assert native(art) and len(kernel_steps(art)) == 1
+    assert native(check(lambda p, t: p.scatter(0, t[None, :6].clamp(0, 5), 2.5), x[:, :6], target))  # dim 0
+    assert native(check(lambda p, t: p.t().scatter(-1, t[:, None].int(), 0), x.t(), target))  # int32, strided
+    # several elements per slice: aten's scatter, same values
+    art = check(lambda p, t: p.scatter(1, t.view(3, 2), 1.0), x[:3], target)
+    assert not native(art)
+
+
 def test_boolean_and_float_indices_are_not_lowered():
     from fxcc.compiler_core.errors import UnsupportedOp
     from fxcc.compiler_core.ir.nodes import Buffer, StridedView
