@@ -111,9 +111,21 @@ def find_unaligned(gm: fx.GraphModule) -> dict[str, Pads]:
                 pad_n = 0  # a broadcast bias column cannot be padded along N
             if isinstance(bias, torch.Tensor) and bias.dim() == 2 and int(bias.shape[0]) != 1:
                 pad_m = 0  # nor a bias with rows of its own along M
-        if pad_m or pad_k or pad_n:
-            out[node.name] = Pads(pad_m, pad_k, pad_n, (m, k, n))
+        if not (pad_m or pad_k or pad_n):
+            continue
+        # a padded operand is a fresh contiguous copy (of W, for t(W)): its leading dim must come out aligned
+        if (pad_m or pad_k) and _padded_ld(a_node, m + pad_m, k + pad_k) % align:
+            continue
+        if (pad_k or pad_n) and _padded_ld(b_node, k + pad_k, n + pad_n) % align:
+            continue
+        out[node.name] = Pads(pad_m, pad_k, pad_n, (m, k, n))
     return out
+
+
+def _padded_ld(arg: fx.Node, rows: int, cols: int) -> int:
+    """The leading dim of `arg` padded to [rows, cols] as `_padded` makes it: t() of a contiguous copy of
+    W (column-major, ld = rows) where arg is t(W), else a contiguous copy (row-major, ld = cols)."""
+    return rows if _transposed_source(arg) is not None else cols
 
 
 def _row_major(t: torch.Tensor) -> bool:

@@ -129,3 +129,17 @@ def test_inner_and_row_dims_left_alone_below_the_size_worth_a_copy():
     for fn in (torch.mm, lambda a, b: torch.mm(a.t(), torch.randn(64, 32))):
         spec = _spec(fn, g, w) if fn is torch.mm else _spec(lambda a: torch.mm(a.t(), a[:, :32]), g)
         assert run_pass(pad_matmuls, spec, "cuda")[1] is spec
+
+
+def test_no_pad_whose_copy_would_leave_its_own_leading_dim_unaligned(monkeypatch):
+    # a column-major a that is no t() of a tensor: its padded copy is row-major, with rows of
+    # K = 33 elements, unaligned too; the matmul is left as it is
+    monkeypatch.setattr(pad_mm, "MIN_FLOPS", 1)
+    x, b = torch.randn(33 * 1001), torch.randn(33, 32)
+    spec = _spec(lambda p, q: torch.mm(torch.as_strided(p, (1001, 33), (1, 1001)), q), x, b)
+    assert run_pass(pad_matmuls, spec, "cuda")[1] is spec
+    # with K aligned the same copy has aligned rows, and the rows of a are padded
+    x, b = torch.randn(32 * 1001), torch.randn(32, 32)
+    spec = _spec(lambda p, q: torch.mm(torch.as_strided(p, (1001, 32), (1, 1001)), q), x, b)
+    new_gm, _ = run_pass(pad_matmuls, spec, "cuda")
+    torch.testing.assert_close(_run(new_gm, [x, b]), torch.as_strided(x, (1001, 32), (1, 1001)) @ b)
