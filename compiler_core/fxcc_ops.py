@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-OPS = frozenset({"fxcc.flash_attention.default"})
+OPS = frozenset({"fxcc.flash_attention.default", "fxcc.aligned_rows.default"})
 
 
 @torch.library.custom_op("fxcc::flash_attention", mutates_args=())
@@ -38,3 +38,23 @@ def _empty_out(q: torch.Tensor, v: torch.Tensor, heads_outer: bool) -> torch.Ten
     if heads_outer:
         return q.new_empty((z, h, rows, v.shape[-1]))
     return q.new_empty((z, rows, h, v.shape[-1])).transpose(1, 2)
+
+
+@torch.library.custom_op("fxcc::aligned_rows", mutates_args=())
+def aligned_rows(x: torch.Tensor, align: int) -> torch.Tensor:
+    """A 2-D x's values in new memory whose rows start `align` elements apart or a multiple of that
+    (row stride: its columns rounded up to `align`), for a matmul whose operand's leading dimension
+    must be aligned (passes/pad_mm.py). The gaps between rows are never read."""
+    out = _empty_aligned(x, align)
+    out.copy_(x)
+    return out
+
+
+@aligned_rows.register_fake
+def _(x: torch.Tensor, align: int) -> torch.Tensor:
+    return _empty_aligned(x, align)
+
+
+def _empty_aligned(x: torch.Tensor, align: int) -> torch.Tensor:
+    rows, cols = x.shape
+    return x.new_empty_strided((rows, cols), (-(-cols // align) * align, 1))

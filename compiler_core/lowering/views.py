@@ -1,4 +1,5 @@
-"""View lowerings: permute, transpose, expand, slice, select, squeeze/unsqueeze, view/reshape, as_strided.
+"""View lowerings: permute, transpose, expand, slice, select, squeeze/unsqueeze, view/reshape, as_strided;
+and fxcc.aligned_rows, a copy in a chosen layout.
 
 Views are index remappings: on a buffer they give another StridedView (no copy); where the
 result is not strided (reshape of non-contiguous data) they give a Lazy value that reads
@@ -13,12 +14,12 @@ from typing import Any
 import sympy
 
 from fxcc.compiler_core.errors import UnsupportedOp
-from fxcc.compiler_core.ir.nodes import Lazy, TensorValue
+from fxcc.compiler_core.ir.nodes import Lazy, StridedView, TensorValue, make_loader
 from fxcc.compiler_core.ir.ops import compute_dtype, ops
 from fxcc.compiler_core.lowering.common import remap_view
-from fxcc.compiler_core.lowering.core import aten, node_val, prims, register_lowering
+from fxcc.compiler_core.lowering.core import aten, current_graph, node_val, prims, register_lowering
 from fxcc.compiler_core.sizevars import Expr, ModularIndexing, flatten, numel, unflatten
-from fxcc.compiler_core.symbolic import sizes_of
+from fxcc.compiler_core.symbolic import sizes_of, strides_of
 
 
 def _dim(d: int, rank: int) -> int:
@@ -176,3 +177,19 @@ def _unfold(x: TensorValue, dim: int, size: int, step: int) -> TensorValue:
         src[dim] = idx[dim] * step + idx[rank]
         return src
     return remap_view(x, out, remap)
+
+
+def _aligned_rows_op() -> Any:
+    from fxcc.compiler_core import fxcc_ops
+
+    return fxcc_ops.aligned_rows._opoverload
+
+
+@register_lowering(_aligned_rows_op())
+def _aligned_rows(x: TensorValue, align: int) -> StridedView:
+    """x written to a buffer of the node's own layout, rows `align`-aligned (passes/pad_mm.py): the
+    kernel that computes x (or copies it) stores with that row stride; the gaps stay unwritten."""
+    val = node_val()
+    if not isinstance(x, Lazy):
+        x = Lazy(x.dtype, x.sizes, make_loader(x))
+    return current_graph().realize(x, strides_of(val))

@@ -78,6 +78,14 @@ class GraphEdit:
         new.name = old.name
         self.pending.clear()
 
+    def reroute(self, old: fx.Node, new: fx.Node, readers: Iterable[fx.Node]) -> None:
+        """`readers` of `old` read `new` instead (`old` stays: `new` may read it); their values are
+        derived again at `finish`. The rewrite's added nodes are kept."""
+        for reader in readers:
+            reader.replace_input_with(old, new)
+        self.changed.add(new)
+        self.pending.clear()
+
     def rollback(self) -> None:
         for node in reversed(self.pending):
             self.gm.graph.erase_node(node)

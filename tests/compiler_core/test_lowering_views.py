@@ -119,3 +119,35 @@ def test_a_chain_of_reshaping_views_is_one_view_step():
     assert _externs(art) == ["aten.view.default", "aten.mm.default"]
     art = check(lambda v, m: torch.mm(v.unsqueeze(2).permute(1, 0, 2).squeeze(2), m), torch.randn(2, 5), w[:2])
     assert "aten.view.default" not in _externs(art) and _externs(art)[-1] == "aten.mm.default"
+
+
+def test_aligned_rows_is_written_by_its_producers_kernel_and_read_where_it_lies():
+    # fxcc.aligned_rows, as passes/pad_mm.py puts it in (on CUDA targets): the same values, rows 4
+    # elements apart or a multiple of that, computed by the kernel of the value's producer
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fxcc.client.capture import capture_graph
+    from fxcc.compiler_core.graph import rebuild_graph, wire_graph
+    from fxcc.compiler_core.passes.edit import GraphEdit
+    from fxcc.compiler_core.passes.pad_mm import restride
+    from fxcc.compiler_core.pipeline import compile_request
+    from fxcc.compiler_core.wire import CompileOptions, CompileRequest, Target
+    from tests.compiler_core.helpers import run
+
+    def fn(a, w):
+        grad = a.exp() - 1
+        return grad @ w, grad.t() @ a[:, :3], grad.sum(0)
+
+    a, w = torch.randn(6, 7), torch.randn(7, 5)
+    spec = capture_graph(make_fx(fn)(a, w), [a, w]).spec
+    gm = rebuild_graph(spec)
+    edit = GraphEdit(gm)
+    restride(edit, next(n for n in gm.graph.nodes if n.target == torch.ops.aten.sub.Tensor), {})
+    edit.finish()
+    art = compile_request(CompileRequest(graph=wire_graph(gm, spec), options=CompileOptions(target=Target(kind="interpret"))))
+    steps = art.manifest.plan.steps
+    aligned = [s for s in steps if s.kind == "alloc" and s.spec.strides == [8, 1]]
+    assert len(aligned) == 1 and aligned[0].spec.sizes == [6, 7]
+    assert not any(s.kind == "extern" and "aligned_rows" in s.op for s in steps)
+    for got, want in zip(run(art, a, w), fn(a, w)):
+        torch.testing.assert_close(got, want)

@@ -84,62 +84,73 @@ def test_an_untransposed_operand_is_padded_along_its_columns():
     torch.testing.assert_close(_run(new_gm, [a, b]), a @ b)
 
 
-def _pads_of(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    return [n for n in gm.graph.nodes if n.target == torch.ops.aten.constant_pad_nd.default]
+def _aligned_of(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.target == torch.ops.fxcc.aligned_rows.default]
 
 
-def test_an_unaligned_inner_dim_is_padded_on_both_operands(monkeypatch):
-    # The head's backward for its input: mm(grad_logits, W), K = the vocabulary, each row of grad
-    # (and each column of W's transpose) unaligned.
+def _mm_operands(gm: torch.fx.GraphModule) -> list[tuple[torch.Tensor, ...]]:
+    return [tuple(a.meta["val"] for a in n.args) for n in gm.graph.nodes if n.target == torch.ops.aten.mm.default]
+
+
+def test_an_operand_with_unaligned_rows_is_read_from_an_aligned_copy(monkeypatch):
+    # The head's backward for its input: mm(grad_logits, W), each row of grad K = 1001 floats.
     monkeypatch.setattr(pad_mm, "MIN_FLOPS", 1)
     g, w = torch.randn(64, 1001), torch.randn(1001, 32)
     new_gm, _ = run_pass(pad_matmuls, _spec(torch.mm, g, w), "cuda")
-    wide = next(n for n in new_gm.graph.nodes if n.target == torch.ops.aten.mm.default)
-    assert [tuple(a.meta["val"].shape) for a in wide.args] == [(64, 1004), (1004, 32)]
+    (a, b), = _mm_operands(new_gm)
+    assert a.shape == (64, 1001) and a.stride() == (1004, 1) and b.stride() == (32, 1)  # W as it was
     torch.testing.assert_close(_run(new_gm, [g, w]), g @ w)
 
 
-def test_a_column_major_operands_rows_are_padded_and_the_result_sliced(monkeypatch):
-    # The head's backward for its weight: mm(grad_logits.t(), x), M = the vocabulary.
+def test_a_column_major_operand_reads_its_sources_aligned_copy(monkeypatch):
+    # The head's backward for its weight: mm(grad_logits.t(), x), M = 1001 (t(grad)'s leading dim).
     monkeypatch.setattr(pad_mm, "MIN_FLOPS", 1)
     g, x = torch.randn(64, 1001), torch.randn(64, 32)
     new_gm, _ = run_pass(pad_matmuls, _spec(lambda a, b: torch.mm(a.t(), b), g, x), "cuda")
-    (pad,) = _pads_of(new_gm)
-    assert tuple(pad.meta["val"].shape) == (64, 1004)  # the gradient's columns, in its own order
+    (copy,) = _aligned_of(new_gm)
+    assert copy.args[0].op == "placeholder"  # the gradient itself, not its transpose
+    (a, _), = _mm_operands(new_gm)
+    assert a.shape == (1001, 64) and a.stride() == (1, 1004)
     out = _run(new_gm, [g, x])
     torch.testing.assert_close(out, g.t() @ x)
     assert out.is_contiguous()
 
 
-def test_the_head_backwards_two_matmuls_share_one_padded_gradient(monkeypatch):
+def test_the_head_backwards_two_matmuls_and_other_readers_share_one_aligned_gradient(monkeypatch):
     monkeypatch.setattr(pad_mm, "MIN_FLOPS", 1)
     g, w, x = torch.randn(64, 1001), torch.randn(1001, 32), torch.randn(64, 32)
-    spec = _spec(lambda a, b, c: (torch.mm(a, b), torch.mm(a.t(), c)), g, w, x)
-    new_gm, _ = run_pass(pad_matmuls, spec, "cuda")
-    pads = _pads_of(new_gm)
-    assert sum(p.args[0].name == "a_1" for p in pads) == 1 and len(pads) == 2  # grad once, W once
-    got = new_gm(g, w, x)
-    torch.testing.assert_close(got[0], g @ w)
-    torch.testing.assert_close(got[1], g.t() @ x)
+
+    def head_backward(a, b, c):
+        return torch.mm(a, b), torch.mm(a.t(), c), a.sum(0), a.view(-1)[:5]
+
+    new_gm, _ = run_pass(pad_matmuls, _spec(head_backward, g, w, x), "cuda")
+    (copy,) = _aligned_of(new_gm)
+    readers = {n.target for n in copy.users}
+    assert torch.ops.aten.mm.default in readers and torch.ops.aten.sum.dim_IntList in readers
+    assert torch.ops.aten.view.default not in readers  # a view that needs the gradient's own strides
+    for got, want in zip(new_gm(g, w, x), head_backward(g, w, x)):
+        torch.testing.assert_close(got, want)
 
 
-def test_inner_and_row_dims_left_alone_below_the_size_worth_a_copy():
+def test_operands_left_alone_below_the_size_worth_a_copy():
     g, w = torch.randn(64, 1001), torch.randn(1001, 32)
     assert 64 * 1001 * 32 < pad_mm.MIN_FLOPS
-    for fn in (torch.mm, lambda a, b: torch.mm(a.t(), torch.randn(64, 32))):
-        spec = _spec(fn, g, w) if fn is torch.mm else _spec(lambda a: torch.mm(a.t(), a[:, :32]), g)
+    for spec in (_spec(torch.mm, g, w), _spec(lambda a: torch.mm(a.t(), a[:, :32]), g)):
         assert run_pass(pad_matmuls, spec, "cuda")[1] is spec
 
 
-def test_no_pad_whose_copy_would_leave_its_own_leading_dim_unaligned(monkeypatch):
-    # a column-major a that is no t() of a tensor: its padded copy is row-major, with rows of
-    # K = 33 elements, unaligned too; the matmul is left as it is
+def test_a_compiled_cuda_plan_writes_the_aligned_gradient_with_its_kernel(monkeypatch):
+    # the gradient is computed in the graph: its kernel stores it with aligned rows, once
     monkeypatch.setattr(pad_mm, "MIN_FLOPS", 1)
-    x, b = torch.randn(33 * 1001), torch.randn(33, 32)
-    spec = _spec(lambda p, q: torch.mm(torch.as_strided(p, (1001, 33), (1, 1001)), q), x, b)
-    assert run_pass(pad_matmuls, spec, "cuda")[1] is spec
-    # with K aligned the same copy has aligned rows, and the rows of a are padded
-    x, b = torch.randn(32 * 1001), torch.randn(32, 32)
-    spec = _spec(lambda p, q: torch.mm(torch.as_strided(p, (1001, 32), (1, 1001)), q), x, b)
-    new_gm, _ = run_pass(pad_matmuls, spec, "cuda")
-    torch.testing.assert_close(_run(new_gm, [x, b]), torch.as_strided(x, (1001, 32), (1, 1001)) @ b)
+    g, w, x = torch.randn(64, 1001), torch.randn(1001, 32), torch.randn(64, 32)
+    def head_backward(a, b, c):
+        grad = a.exp() - 1
+        return torch.mm(grad, b), torch.mm(grad.t(), c)
+
+    spec = _spec(head_backward, g, w, x)
+    art = compile_request(CompileRequest(graph=spec, options=CompileOptions(target=Target(kind="cuda", arch=90))))
+    steps = art.manifest.plan.steps
+    assert not any(s.kind == "extern" and "aligned_rows" in s.op for s in steps)
+    allocs = [s for s in steps if s.kind == "alloc" and s.spec.strides == [1004, 1]]
+    assert len(allocs) == 1
+    assert sum(s.kind == "extern" and s.op == "aten.mm.default" for s in steps) == 2
