@@ -176,8 +176,8 @@ def _mma_loop_waits(ttgir: str) -> list[list[int]]:
 
 
 def test_the_cuda_templates_build_for_sm90(monkeypatch):
-    """The forward and backward templates at the tiles they take on CUDA (bf16, head dim 64: 128x128
-    forward tiles, 64/128/128/64 backward ones) cross-compile to sm_90 cubins, and Triton pipelines
+    """The forward and backward templates at the tiles they take on CUDA (bf16, head dim 64: 64x64
+    forward tiles, 64/64/64/64 backward ones) cross-compile to sm_90 cubins, and Triton pipelines
     every block walk: each loop's wait for its copies leaves the next tiles' in flight (the walk
     that loaded each trip's block index in that trip got, in the full-block loops, one buffer
     ahead and a wait for every copy)."""
@@ -208,8 +208,8 @@ def test_the_cuda_templates_build_for_sm90(monkeypatch):
         built = build_artifact(art, request, 90)
         (flex,) = [k for k in built.manifest.kernels if k.name.startswith(KERNEL_PREFIX)]
         assert "sm_90" in flex.binaries, flex.metadata
-        assert flex.constexprs in ({"BLOCK_M": 128, "BLOCK_N": 128},
-                                   {"BLOCK_M1": 64, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 64})
+        assert flex.constexprs in ({"BLOCK_M": 64, "BLOCK_N": 64},
+                                   {"BLOCK_M1": 64, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 64})
         (task,) = [t for t in build_tasks(art, request, 90) if t.name == flex.name]
         loops = _mma_loop_waits(compile_task(task).asm["ttgir"])
         # forward: the kv and full kv walks; backward: q, full q (dk/dv) and kv, full kv (dq)
