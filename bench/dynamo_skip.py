@@ -229,12 +229,17 @@ def _child(args: list[str], env: dict[str, str], log: Path, timeout_s: float) ->
     return json.loads(lines[-1])
 
 
+PASSED_SETTINGS = ("FXCC_PREWARM_THREADS",)
+
+
 def bench_workload(workload: str, tiny: bool, device: str, root: Path, log: Path, timeout_s: float,
                    profile: bool = False, others: bool = True) -> dict[str, Any]:
     from fxcc.client.demo import free_port, stop, wait_healthy
 
     t = root / workload
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("FXCC_", "TORCHINDUCTOR_", "TRITON_CACHE"))}
+    # the caller's fxcc settings stay out of the runs but for the ones a run is meant to vary
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("FXCC_", "TORCHINDUCTOR_", "TRITON_CACHE")) or k in PASSED_SETTINGS}
     base.update(PYTHONUNBUFFERED="1", FXCC_PACKAGE_KEY_FILE=str(t / "principal" / "package.key"))
     if tiny or device == "cpu":
         base["TRITON_INTERPRET"] = "1"
@@ -242,7 +247,8 @@ def bench_workload(workload: str, tiny: bool, device: str, root: Path, log: Path
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     serve_env = dict(base, FXCC_DATA_DIR=str(t / "service"), TRITON_CACHE_DIR=str(t / "service-triton"))
-    row: dict[str, Any] = {"workload": workload, "tiny": tiny}
+    row: dict[str, Any] = {"workload": workload, "tiny": tiny,
+                           **{k: os.environ[k] for k in PASSED_SETTINGS if k in os.environ}}
     with (t.parent / f"{workload}-service.log").open("w") as slog:
         server = subprocess.Popen([sys.executable, "-m", "fxcc.client.cli", "serve", "--port", str(port)],
                                   env=serve_env, stdout=slog, stderr=subprocess.STDOUT)

@@ -114,8 +114,15 @@ class FxccCompiled(_serializable_base()):  # type: ignore[misc]
 
     @classmethod
     def serialize_compile_artifacts(cls, fn: FxccCompiled) -> bytes:
+        """The state (with, for a CUDA plan, its library calls: a loading process makes them before
+        it has fetched the artifact, client/package_load.py), then Dynamo's graph module pickled."""
+        state = fn.state
+        if "input_layouts" in state and "library_calls" not in state:
+            plan = _plan_of(fn)
+            if plan is not None:
+                state = {**state, "library_calls": prewarm.record(plan, state["input_layouts"])}
         buf = io.BytesIO()
-        buf.write(json.dumps(fn.state, sort_keys=True).encode() + b"\n")
+        buf.write(json.dumps(state, sort_keys=True).encode() + b"\n")
         if isinstance(fn.graph, LazyGraph):
             buf.write(fn.graph.data)
         else:
@@ -151,6 +158,21 @@ class FxccCompiled(_serializable_base()):  # type: ignore[misc]
 
             compiled.fn = first_call
         return compiled
+
+
+def _plan_of(fn: FxccCompiled) -> Any:
+    """The plan `fn` runs: a loaded package's, or its artifact's in the local cache (None if neither)."""
+    plan = getattr(fn.fn, "fxcc_plan", None)
+    if plan is None and fn.settings is not None:
+        from fxcc.client.cache import LocalCache
+
+        try:
+            art = LocalCache(fn.settings.cache_dir).get(fn.state["artifact_key"])
+        except Exception as e:  # noqa: BLE001 - only the next process's prewarm
+            log.debug("fxcc: Dynamo package cache: no plan to record calls of (%s)", _first_line(e))
+            return None
+        plan = art.manifest.plan if art is not None else None
+    return plan
 
 
 class LazyGraph:

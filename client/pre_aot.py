@@ -56,7 +56,7 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # Nor where the artifacts are kept locally: entries are shared by machines (through the service).
 _SETTINGS_NOT_KEYED = {"url", "token", "trusted_keys", "allow_unsigned", "cache_dir", "compile_timeout_s",
                        "request_timeout_s", "blocking", "precompile", "fallback", "cuda_graphs", "pre_aot_cache",
-                       "dynamo_cache", "prewarm", "package_key_file", "package_trusted_keys"}
+                       "dynamo_cache", "prewarm", "prewarm_threads", "package_key_file", "package_trusted_keys"}
 # How long a pre-AOT look-up or PUT at the service may take (capped by request_timeout_s): a slow
 # answer costs more than the AOTAutograd run it would save.
 SERVICE_TIMEOUT_S = 2.0

@@ -154,6 +154,72 @@ def run_calls(calls: list[tuple[Any, list[Any]]], device: torch.device) -> int:
     return ran
 
 
+def record(plan: Plan, layouts: list[list[Any] | None] | None) -> list[list[Any]]:
+    """The plan's library calls as a package records them (JSON values), so that a process loading
+    the package can make them before it has the plan: [op name, arguments] per call, a tensor as
+    {"t": [dtype, sizes, strides]}, a list as {"l": [...]}; a call with an argument of another kind
+    is left out. Never raises (nothing recorded: the loading process finds the calls in the plan)."""
+    if not layouts:
+        return []
+    try:
+        return [[str(op), [_encode(a) for a in args]] for op, args in library_calls(plan, layouts)
+                if str(op) in LIBRARY_OPS and all(_encodable(a) for a in args)]
+    except Exception as e:  # noqa: BLE001 - only an optimisation of the next process
+        log.debug("fxcc: prewarm: no calls recorded (%s: %s)", type(e).__name__, e)
+        return []
+
+
+def recorded(entries: Any) -> list[tuple[Any, list[Any]]]:
+    """The calls of `record`'s entries, as library_calls gives them (meta tensors). Entries of ops
+    outside LIBRARY_OPS, of malformed arguments, or past MAX_CALLS are left out; never raises."""
+    calls: list[tuple[Any, list[Any]]] = []
+    if not isinstance(entries, list):
+        return calls
+    for entry in entries[:MAX_CALLS]:
+        try:
+            name, args = entry
+            if name not in LIBRARY_OPS or not isinstance(args, list) or len(args) > _MAX_ARGS:
+                continue
+            calls.append((resolve_target(name, node="prewarm"), [_decode(a, 0) for a in args]))
+        except Exception as e:  # noqa: BLE001 - a malformed entry is no call
+            log.debug("fxcc: prewarm: a recorded call left out (%s: %s)", type(e).__name__, e)
+    return calls
+
+
+_MAX_ARGS = 16
+_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool"})
+
+
+def _encodable(a: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return str(a.dtype).removeprefix("torch.") in _DTYPES
+    if isinstance(a, list | tuple):
+        return all(_encodable(x) for x in a)
+    return a is None or type(a) in (bool, int, float)
+
+
+def _encode(a: Any) -> Any:
+    if isinstance(a, torch.Tensor):
+        return {"t": [str(a.dtype).removeprefix("torch."), list(a.shape), list(a.stride())]}
+    if isinstance(a, list | tuple):
+        return {"l": [_encode(x) for x in a]}
+    return a
+
+
+def _decode(a: Any, depth: int) -> Any:
+    if a is None or type(a) in (bool, int, float):
+        return a
+    if isinstance(a, dict) and len(a) == 1 and depth < 2:
+        if isinstance(a.get("l"), list) and len(a["l"]) <= _MAX_ARGS:
+            return [_decode(x, depth + 1) for x in a["l"]]
+        dtype, sizes, strides = a["t"]
+        dims = (*sizes, *strides)
+        if (dtype in _DTYPES and isinstance(sizes, list) and isinstance(strides, list) and len(sizes) == len(strides)
+                <= 8 and all(type(v) is int and 0 <= v < 1 << 40 for v in dims)):
+            return torch.empty_strided(sizes, strides, dtype=getattr(torch, dtype), device="meta")
+    raise ValueError("not an argument a package records")
+
+
 def warm(plan: Plan, layouts: list[list[Any] | None] | None, device: torch.device, threads: int = 1) -> int:
     """Make the plan's library calls now, on this thread and `threads - 1` more (each on the device
     and stream current here, which the caller set); how many ran. Never raises: what fails is
@@ -169,6 +235,11 @@ def warm(plan: Plan, layouts: list[list[Any] | None] | None, device: torch.devic
         calls = library_calls(plan, layouts)
     except Exception as e:  # noqa: BLE001 - the first call makes them itself
         return _failed(e)
+    return warm_calls(calls, device, threads)
+
+
+def warm_calls(calls: list[tuple[Any, list[Any]]], device: torch.device, threads: int = 1) -> int:
+    """`warm`'s work for calls already found (library_calls, or a package's `recorded` ones)."""
     groups = [calls[i::threads] for i in range(max(1, min(threads, len(calls))))]
     counts = [0] * len(groups)
     stream = torch.cuda.current_stream(device) if device.type == "cuda" and len(groups) > 1 else None

@@ -44,6 +44,8 @@ class ClientSettings:
     prewarm: a plan loaded from a Dynamo package makes its first cuDNN / cuBLAS calls on a side
         thread while torch builds the package's guards (FXCC_PREWARM=1, default; 0 leaves them to
         the first call; client/prewarm.py).
+    prewarm_threads: threads that make those first calls (FXCC_PREWARM_THREADS, 1 to 64, default 4):
+        distinct convolutions' cuDNN plans are built on several at once.
     package_key_file: the principal's Ed25519 key that signs and checks Dynamo packages
         (FXCC_PACKAGE_KEY_FILE; None: cache_dir/keys/package.key, made on first use, mode 0600, so
         one machine's own); every client of a principal that shares packages holds the same file;
@@ -66,6 +68,7 @@ class ClientSettings:
     pre_aot_cache: bool = True
     dynamo_cache: bool = True
     prewarm: bool = True
+    prewarm_threads: int = 4
     package_key_file: Path | None = None
     package_trusted_keys: tuple[str, ...] = ()
     compile_timeout_s: float = 600.0
@@ -97,6 +100,11 @@ class ClientSettings:
             raw = env.get(f"FXCC_{name.upper()}")
             if raw:
                 values[name] = _flag(f"FXCC_{name.upper()}", raw)
+        if env.get("FXCC_PREWARM_THREADS"):
+            try:
+                values["prewarm_threads"] = int(env["FXCC_PREWARM_THREADS"])
+            except ValueError:
+                raise ValueError(f"FXCC_PREWARM_THREADS must be a whole number, not {env['FXCC_PREWARM_THREADS']!r}") from None
         if env.get("FXCC_COMPILE_TIMEOUT_S"):
             values["compile_timeout_s"] = float(env["FXCC_COMPILE_TIMEOUT_S"])
         return replace(s, **values).validated()
@@ -128,6 +136,8 @@ class ClientSettings:
             raise ValueError(f"FXCC_MODE must be default or max-autotune, not {self.mode!r}")
         if self.fallback not in ("eager", "inductor", "error"):
             raise ValueError(f"FXCC_FALLBACK must be eager, inductor or error, not {self.fallback!r}")
+        if not (isinstance(self.prewarm_threads, int) and 1 <= self.prewarm_threads <= 64):
+            raise ValueError(f"FXCC_PREWARM_THREADS must be 1 to 64, not {self.prewarm_threads!r}")
         return self
 
 

@@ -5,6 +5,9 @@ lost optimisation, never an error."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -12,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fxcc.client import prewarm
 from fxcc.client.examples import Bottleneck
 from fxcc.client.runtime import load_plan
+from fxcc.client.settings import ClientSettings
 from fxcc.compiler_core.artifact import ExternStep
 from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileRequest
@@ -69,6 +73,43 @@ def test_the_calls_found_are_the_distinct_calls_the_plan_makes():
     assert prewarm.run_calls(calls, torch.device("cpu")) == len(calls)
 
 
+def test_a_package_records_the_calls_as_json_and_a_loader_gets_the_same_calls_back():
+    """prewarm.record: the calls as JSON values a package holds, so that a loading process starts
+    them before it has fetched the plan; prewarm.recorded gives back the calls library_calls finds
+    (same ops and layouts, meta tensors) and they run."""
+    art, inputs = compiled_plan()
+    plan = art.manifest.plan
+    layouts = prewarm.input_layouts(inputs)
+    calls = prewarm.library_calls(plan, layouts)
+    entries = json.loads(json.dumps(prewarm.record(plan, layouts)))
+    back = prewarm.recorded(entries)
+    assert [_sig(op, args) for op, args in back] == [_sig(op, args) for op, args in calls]
+    assert all(t.device.type == "meta" for _, args in back for t in args if isinstance(t, torch.Tensor))
+    assert prewarm.run_calls(back, torch.device("cpu")) == len(calls) > 0
+    assert prewarm.record(plan, None) == []
+
+
+def test_recorded_calls_outside_the_library_ops_or_malformed_are_left_out():
+    """A package's recorded calls are only ever the allow-listed library ops on uninitialized tensors
+    of bounded layouts: anything else in the entries is dropped, one entry at a time, never raised."""
+    mm = ["aten.mm.default", [{"t": ["float32", [4, 8], [8, 1]]}, {"t": ["float32", [8, 2], [2, 1]]}]]
+    bad = [
+        ["aten.copy_.default", mm[1]],  # not a library op
+        ["builtins.eval", ["1"]],
+        ["aten.mm.default", [{"t": ["float32", [4, 8], [8]]}, mm[1][1]]],  # sizes and strides differ in rank
+        ["aten.mm.default", [{"t": ["complex128", [4, 8], [8, 1]]}, mm[1][1]]],  # a dtype not recorded
+        ["aten.mm.default", [{"t": ["float32", [-4, 8], [8, 1]]}, mm[1][1]]],
+        ["aten.mm.default", [{"x": 1}, mm[1][1]]],
+        ["aten.mm.default", "ab"],
+        "aten.mm.default",
+        None,
+    ]
+    back = prewarm.recorded([*bad, mm])
+    assert [str(op) for op, _ in back] == ["aten.mm.default"]
+    assert [tuple(t.shape) for t in back[0][1]] == [(4, 8), (8, 2)]
+    assert prewarm.recorded({"not": "a list"}) == [] and prewarm.recorded(None) == []
+
+
 def test_unknown_layouts_and_other_arity_find_nothing():
     art, inputs = compiled_plan()
     plan = art.manifest.plan
@@ -123,3 +164,17 @@ def test_warm_splits_the_calls_over_threads_and_makes_each_once(monkeypatch):
     assert len(made) == len(expected)  # each distinct call once, across the threads
     assert len({name for name, _ in made}) == min(3, len(expected))
     assert prewarm.warm(plan, None, torch.device("cpu"), threads=3) == 0
+
+
+def test_the_thread_count_is_a_setting_with_a_clear_error():
+    """FXCC_PREWARM_THREADS sets how many threads a loaded package's first library calls use (4 by
+    default); a value that is no whole number from 1 to 64 is refused by name."""
+    assert ClientSettings.from_env({}).prewarm_threads == 4
+    assert ClientSettings.from_env({"FXCC_PREWARM_THREADS": "8"}).prewarm_threads == 8
+    for bad in ("0", "65", "four"):
+        with pytest.raises(ValueError, match="FXCC_PREWARM_THREADS"):
+            ClientSettings.from_env({"FXCC_PREWARM_THREADS": bad})
+    # it decides nothing a compile makes: packages and pre-AOT entries of either count are the same
+    from fxcc.client.dynamo_cache import settings_key
+
+    assert settings_key(ClientSettings.from_env({"FXCC_PREWARM_THREADS": "8"})) == settings_key(ClientSettings())

@@ -46,6 +46,8 @@ def test_a_loaded_package_is_warmed_on_its_side_thread_and_its_first_call_equals
     assert loaded["loaded_before_call"]  # every cubin in the device's context before the first call
     assert loaded["modules_loaded_by_call"] == 0 and loaded["jit_fallbacks"] == 0
     assert loaded["library_calls"] >= 3  # two convolutions and the linear layer's addmm
+    # the package recorded them when it was saved: they started before the artifact was fetched
+    assert loaded["timings"]["recorded_calls"] == loaded["library_calls"]
     for name in ("ready_wait_s", "plans_s", "ready_s", "warm_s"):
         assert name in loaded["timings"], name
 
