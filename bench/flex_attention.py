@@ -240,6 +240,7 @@ def main() -> None:
         "fxcc_cuda_graphs": os.environ.get("FXCC_CUDA_GRAPHS", "default"), "kernel_options": args.kernel_options,
         "rows": rows,
         "worst_fxcc_vs_inductor": max(r["fxcc_vs_inductor"] for r in rows),
+        **({"worst_fxcc_device_vs_inductor": max(r["fxcc_device_vs_inductor"] for r in rows)} if args.profile else {}),
     }
     path = args.out / "h200-flex-attention.json"
     path.write_text(json.dumps(result, indent=1))
