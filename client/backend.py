@@ -61,9 +61,40 @@ NORM_DECOMPOSITIONS = (
 )
 
 
+# (the registrations it was built from, the table): see decomposition_table.
+_decomposition_cache: tuple[tuple[Any, ...], dict[Any, Callable]] | None = None
+
+
 def decomposition_table() -> dict[Any, Callable]:
     """Core-aten decompositions and the batch norms' (NORM_DECOMPOSITIONS), minus the ops fxcc
-    keeps whole."""
+    keeps whole. A fresh dict each call (the caller may change it), copied from a cached table.
+
+    Note: building the table costs ~70 ms (torch walks every op namespace for
+    CompositeImplicitAutograd ops, uncached because custom ops can be registered at any time),
+    and every compile asks for it. So it is kept, together with what it was built from: the
+    dispatcher's CompositeImplicitAutograd registrations (a custom op registered later), torch's
+    Python decompositions (a `register_decomposition` later) and the op namespaces loaded. Any
+    change of those rebuilds it (~0.3 ms to check).
+    """
+    global _decomposition_cache
+    state = _decomposition_state()
+    cached = _decomposition_cache
+    if cached is None or cached[0] != state:
+        table = _build_decomposition_table()  # loads ops into their namespaces: the state after it
+        cached = _decomposition_cache = (_decomposition_state(), table)
+    return dict(cached[1])
+
+
+def _decomposition_state() -> tuple[Any, ...]:
+    """What decomposition_table's result depends on besides this module's constants."""
+    from torch._decomp import global_decomposition_table
+
+    cia = torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")
+    namespaces = tuple((name, len(getattr(torch.ops, name)._dir)) for name in torch.ops._dir if name != "aten")
+    return tuple(cia), tuple(global_decomposition_table["post_autograd"].items()), namespaces
+
+
+def _build_decomposition_table() -> dict[Any, Callable]:
     from torch._decomp import core_aten_decompositions, get_decompositions
 
     ops = [getattr(torch.ops.aten, name) for name in NORM_DECOMPOSITIONS if hasattr(torch.ops.aten, name)]

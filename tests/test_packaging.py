@@ -150,12 +150,19 @@ def test_wheel_installs_alone_beside_a_user_project_and_compiles(tmp_path: Path)
     assert "fxcc = fxcc.client.cli:main" in entry_points
     assert "fxcc = fxcc.client.backend:fxcc_backend" in entry_points
 
+    # What pip takes from the user's environment instead of installing: it must be what the wheel asks for.
+    metadata = zipfile.ZipFile(wheel).read(f"fxcc-{version}.dist-info/METADATA").decode()
+    required = {_dist_name(line.split(":", 1)[1]) for line in metadata.splitlines()
+                if line.startswith("Requires-Dist:") and "extra ==" not in line}
+    assert set(USERS_DISTS) <= required, required
+
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py, env = venv / "bin" / "python", {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    # The user's torch, already installed: this one's, linked (copying its 0.9 GB took the suite minutes).
+    # The user's torch, Triton and NumPy, already installed: this one's, linked (copying torch's 0.9 GB
+    # took the suite minutes; pip downloading and unpacking Triton's 286-MB wheel, 15 s).
     site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-    (site / "users-torch.pth").write_text(f"{_linked_with_requirements('torch', tmp_path / 'users-torch')}\n")
+    (site / "users-torch.pth").write_text(f"{_linked_with_requirements(USERS_DISTS, tmp_path / 'users-torch')}\n")
     pip = [str(py), "-m", "pip", "install", "-q"]
     torch_pin = f"torch=={_installed_version('torch')}"  # satisfied by the linked one: pip keeps it
     subprocess.run([*pip, str(wheel), torch_pin], check=True, timeout=900, env=env, capture_output=True)
@@ -195,15 +202,26 @@ def _declared_version() -> str:
     return match[1]
 
 
-def _linked_with_requirements(dist: str, folder: Path) -> Path:
-    """`folder`, holding links to `dist`'s installed files and those of what it requires (without
-    extras), less what a fresh virtualenv has of its own (pip, setuptools)."""
+# The distributions the user's environment already has (torch's requirements come with it).
+USERS_DISTS = ("torch", "triton", "numpy")
+
+
+def _dist_name(requirement: str) -> str:
+    return re.sub(r"[-_.]+", "-", re.match(r"\s*([A-Za-z0-9._-]+)", requirement)[1]).lower()
+
+
+def _linked_with_requirements(dists: tuple[str, ...], folder: Path) -> Path:
+    """`folder`, holding links to `dists`' installed files and those of what they require here
+    (without extras or requirements for other platforms), less what a fresh virtualenv has of its
+    own (pip, setuptools)."""
     import importlib.metadata
 
+    from packaging.requirements import Requirement
+
     folder.mkdir()
-    todo, seen = [dist], {"pip", "setuptools"}
+    todo, seen = list(dists), {"pip", "setuptools"}
     while todo:
-        name = re.sub(r"[-_.]+", "-", todo.pop()).lower()
+        name = _dist_name(todo.pop())
         if name in seen:
             continue
         seen.add(name)
@@ -211,7 +229,10 @@ def _linked_with_requirements(dist: str, folder: Path) -> Path:
         for top in {f.parts[0] for f in found.files or [] if f.parts[0] not in ("..", "__pycache__")}:
             if not (folder / top).exists():
                 (folder / top).symlink_to(found.locate_file(top))
-        todo += [re.match(r"[A-Za-z0-9._-]+", r)[0] for r in found.requires or [] if "extra ==" not in r]
+        for text in found.requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
     return folder
 
 

@@ -139,3 +139,30 @@ def test_torch_compile_modes_reach_fxcc():
     assert compile_options({"options": {"cuda_graphs": False}}) == {"cuda_graphs": False}
     with pytest.raises(ValueError, match="'fastest' is not one fxcc knows"):
         compile_options({"mode": "fastest"})
+
+
+def test_decomposition_table_sees_later_registrations():
+    """The table is cached per process, but a custom op registered later (with a
+    CompositeImplicitAutograd kernel) and a decomposition replaced later are in the next one."""
+    first = backend.decomposition_table()
+    first.clear()  # each call hands out its own dict
+    assert backend.decomposition_table()
+    lib = torch.library.Library("fxcc_test_decomps", "DEF")
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda x: x * 2, "CompositeImplicitAutograd")
+    assert torch.ops.fxcc_test_decomps.twice.default in backend.decomposition_table()
+
+    from torch._decomp import global_decomposition_table
+
+    addcmul = torch.ops.aten.addcmul.default
+    post = global_decomposition_table["post_autograd"]
+    original = post[addcmul]
+
+    def replaced(*args, **kwargs):
+        return original(*args, **kwargs)
+    post[addcmul] = replaced
+    try:
+        assert backend.decomposition_table()[addcmul] is replaced
+    finally:
+        post[addcmul] = original
+    assert backend.decomposition_table()[addcmul] is original

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -22,9 +23,16 @@ from fxcc.compiler_core.pipeline import compile_request
 from fxcc.compiler_core.wire import CompileRequest, GraphSpec
 
 
+@functools.cache
+def _core_aten_table() -> dict[Any, Callable[..., Any]]:
+    """torch's core-aten decompositions, built once per process (~70 ms each time otherwise: torch
+    walks every op namespace); the tests register no op that would change them."""
+    return dict(core_aten_decompositions().items())
+
+
 def compile_fn(fn: Callable[..., Any], *inputs: torch.Tensor, decompose: bool = True) -> Artifact:
     """Trace `fn` to an aten graph (core-aten decompositions) and compile it."""
-    table = core_aten_decompositions() if decompose else {}
+    table = dict(_core_aten_table()) if decompose else {}
     with torch.no_grad():
         gm = make_fx(fn, decomposition_table=table)(*inputs)
     cap = capture_graph(gm, list(inputs))

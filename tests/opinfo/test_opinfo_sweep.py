@@ -117,3 +117,28 @@ def test_a_second_run_redoes_what_the_first_found_failing_or_left(tmp_path):
     path.write_text(json.dumps({"dtypes": {"float32": {"ops_failing": [], "not_reached": []}}}))
     with pytest.raises(SystemExit):
         opinfo.ops_to_redo(path)
+
+
+def test_the_frame_walk_finds_the_test_function_as_torchs_stack_walk_does():
+    import unittest
+
+    from torch.testing._internal import common_utils
+
+    found = {}
+
+    class Case(unittest.TestCase):
+        def test_it(self):
+            found["torch"], found["walk"] = common_utils.extract_test_fn(), opinfo._test_fn_from_frames()
+
+    Case("test_it").test_it()
+    assert found["torch"] is found["walk"] is Case.test_it
+    assert opinfo._test_fn_from_frames() is common_utils.extract_test_fn() is None
+    # the samples, seeded by the test function found, are the same with it
+    info = opinfo.op_infos()["add"]
+    want = [s.input for s in info.sample_inputs("cpu", torch.float32)][:3]
+    with opinfo._test_fn_by_frame_walk():
+        assert common_utils.extract_test_fn is opinfo._test_fn_from_frames
+        got = [s.input for s in info.sample_inputs("cpu", torch.float32)][:3]
+    assert common_utils.extract_test_fn is not opinfo._test_fn_from_frames
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
