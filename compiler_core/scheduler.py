@@ -199,7 +199,7 @@ def _sibling_misfit(kernel: Kernel, node: ComputedBuffer) -> str | None:
         return _space_misfit(kernel, node)
     if (wants_column(node), _partition(node)) != (kernel.column, kernel.partition):
         return "it reduces another tile than the kernel's looped reduction (column or partition differ)"
-    for name, _ in _body_loads(node):
+    for name, _ in node.loads:
         if kernel.node_named(name) is not None:
             return f"it reads {name}, which the kernel computes (a looped kernel's reductions read only memory)"
     return None
@@ -213,7 +213,7 @@ def loopable(kernel: Kernel) -> bool:
     own = kernel.names()
     for node in kernel.nodes:
         if node.is_reduction():
-            if node.numels() != (kernel.xnumel, kernel.rnumel) or any(n in own for n, _ in _body_loads(node)):
+            if node.numels() != (kernel.xnumel, kernel.rnumel) or any(n in own for n, _ in node.loads):
                 return False
             continue
         coords = node_coords(node, kernel.xnumel, kernel.rnumel, kernel.partition)
@@ -324,7 +324,7 @@ def _hoist_target(out: Sequence[Kernel | ExternCall], made_at: dict[str, int],
     """(position, that kernel) for the nearest kernel in `out` that can take all of `kernel`, which
     it then holds (extended in place; left as it was where none can)."""
     own = kernel.names()
-    reads = {name for node in kernel.nodes for name, _ in _body_loads(node) if name not in own}
+    reads = {name for node in kernel.nodes for name, _ in node.loads if name not in own}
     # Inputs (absent from made_at) exist from the start; a value written at `earliest` can be read
     # there only from the target's registers, which _fits checks.
     earliest = max((made_at.get(name, -1) for name in reads), default=-1)
@@ -379,13 +379,8 @@ def eliminate_dead(g: GraphLowering) -> list[ComputedBuffer | ExternCall]:
         if isinstance(item, ExternCall):
             needed.update(_refs(item.args + list(item.kwargs.values())))
         else:
-            needed.update(name for name, _ in _body_loads(item))
+            needed.update(name for name, _ in item.loads)
     return kept[::-1]
-
-
-def _body_loads(node: ComputedBuffer) -> list[tuple[str, Expr]]:
-    from fxcc.compiler_core.ir.nodes import body_reads
-    return body_reads(node).loads
 
 
 def mark_stores(schedule: list[Kernel | ExternCall], outputs: Sequence[Arg]) -> None:
@@ -397,7 +392,7 @@ def mark_stores(schedule: list[Kernel | ExternCall], outputs: Sequence[Arg]) -> 
         else:
             own = item.names()
             for node in item.nodes:
-                wanted.update(name for name, _ in _body_loads(node) if name not in own)
+                wanted.update(name for name, _ in node.loads if name not in own)
     for k in (i for i in schedule if isinstance(i, Kernel)):
         k.stored = {n.name for n in k.nodes if n.name in wanted}
 
@@ -545,7 +540,7 @@ def _read_after(items: Sequence[Kernel | ExternCall], at: int, dst: str, names: 
             if item.out not in write_backs and names.intersection(_refs(item.args + list(item.kwargs.values()))):
                 return True
             continue
-        loads = {name for node in item.nodes for name, _ in _body_loads(node)}
+        loads = {name for node in item.nodes for name, _ in node.loads}
         if names.intersection(loads) - ({dst} if k == at else set()):
             return True
     return False

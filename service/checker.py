@@ -213,7 +213,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s %(levelname)s %(name)s [request checker {os.getpid()}]: %(message)s")
     _warm_up()  # torch and the compiler imported, shape propagation run once: seconds, before "ready"
-    subproc.send(conn, {"type": "ready"})
+    subproc.freeze_heap()  # what the imports and the warm-up left lives as long as the process
+    subproc.say_ready(conn)
     while True:
         try:
             header, frames = subproc.receive(conn)

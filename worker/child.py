@@ -25,6 +25,7 @@ from fxcc.service.subproc import (
     WarmProcess,
     answer_requests,
     child_connection,
+    freeze_heap,
     send,
 )
 from fxcc.worker.limits import (
@@ -62,6 +63,7 @@ def child_main(conn: Connection) -> None:
         warm_up()
     except Exception:  # the jobs will say what is wrong
         log.warning("the warm-up compile failed", exc_info=True)
+    freeze_heap()  # what the imports and the warm-up left lives as long as the process
     answer_requests(conn, ("compile", "tune"), lambda header, frames: _answer(conn, header, frames))
 
 

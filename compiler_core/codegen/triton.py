@@ -15,7 +15,7 @@ import sympy
 import torch
 
 from fxcc.compiler_core.errors import CodegenError
-from fxcc.compiler_core.ir.nodes import ComputedBuffer, Reduction, body_reads
+from fxcc.compiler_core.ir.nodes import ComputedBuffer, Reduction
 from fxcc.compiler_core.ir.ops import WELFORD, OpsHandler, compute_dtype, result_dtype, use_handler
 from fxcc.compiler_core.scheduler import (
     Coords,
@@ -410,7 +410,7 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Any], target: str,
     own = kernel.names()
     loads: list[str] = []
     for node in kernel.nodes:
-        for name, _ in body_reads(node).loads:
+        for name, _ in node.loads:
             if name not in own and name not in loads:
                 loads.append(name)
     stores = [n.name for n in kernel.nodes if n.name in kernel.stored]

@@ -7,6 +7,7 @@ or a `Lazy` computation (a loader not yet written anywhere). Loaders always retu
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -71,6 +72,23 @@ class Reduction:
     # column reduction whenever it reads as one, however short its chunks.
     split_stage: bool = False
 
+    @functools.cached_property
+    def read_steps(self) -> tuple[tuple[Expr, Expr], ...]:
+        """For each load of the body that walks the reduced elements: (elements between the loads
+        of adjacent outputs, elements between those of adjacent reduced elements), in the flat
+        (output, reduced) coordinates a kernel iterates.
+
+        Note: kept on the node, which is frozen (its body and ranges never change; a changed
+        reduction is a new node, dataclasses.replace, with nothing kept): the scheduler asks for
+        it again for every kernel a reduction may join.
+        """
+        counter = CountingHandler()
+        with use_handler(counter):
+            self.inner_fn(unflatten(XINDEX, self.ranges), unflatten(RINDEX, self.reduction_ranges))
+        xnumel, rnumel = numel(self.ranges), numel(self.reduction_ranges)
+        steps = (_read_step(index, xnumel, rnumel) for _, index in counter.loads)
+        return tuple(step for step in steps if step is not None)
+
 
 @dataclass(frozen=True)
 class ComputedBuffer:
@@ -82,6 +100,15 @@ class ComputedBuffer:
     @property
     def name(self) -> str:
         return self.buffer.name
+
+    @functools.cached_property
+    def loads(self) -> tuple[tuple[str, Expr], ...]:
+        """The loads (buffer, index over the node's own index symbols) of the body, in its order.
+
+        Note: kept on the node, which is frozen (see Reduction.read_steps): dead-code elimination,
+        fusion, store marking and rendering each ask for it, several times per node.
+        """
+        return tuple(body_reads(self).loads)
 
     def is_reduction(self) -> bool:
         return isinstance(self.data, Reduction)
@@ -160,26 +187,19 @@ def body_reads(node: ComputedBuffer) -> CountingHandler:
     return counter
 
 
-def reduction_read_steps(red: Reduction) -> list[tuple[Expr, Expr]]:
-    """For each load of `red`'s body that walks the reduced elements: (elements between the loads
-    of adjacent outputs, elements between those of adjacent reduced elements), in the flat
-    (output, reduced) coordinates a kernel iterates."""
-    counter = CountingHandler()
-    with use_handler(counter):
-        red.inner_fn(unflatten(XINDEX, red.ranges), unflatten(RINDEX, red.reduction_ranges))
-    bounds = {XINDEX: numel(red.ranges), RINDEX: numel(red.reduction_ranges)}
-    steps = []
-    for _, index in counter.loads:
-        e = simplify_index(index, bounds)
-        if not e.has(RINDEX):
-            continue
-        at = e.subs({XINDEX: 0, RINDEX: 0})
-        steps.append((e.subs({XINDEX: 1, RINDEX: 0}) - at, e.subs({XINDEX: 0, RINDEX: 1}) - at))
-    return steps
+@functools.lru_cache(maxsize=1 << 12)  # pure, and asked again in every layer (sizevars.simplify_index)
+def _read_step(index: Expr, xnumel: Expr | int, rnumel: Expr | int) -> tuple[Expr, Expr] | None:
+    """Reduction.read_steps' step of one load at `index` over XINDEX and RINDEX, or None for a load
+    that does not walk the reduced elements."""
+    e = simplify_index(index, {XINDEX: xnumel, RINDEX: rnumel})
+    if not e.has(RINDEX):
+        return None
+    at = e.subs({XINDEX: 0, RINDEX: 0})
+    return e.subs({XINDEX: 1, RINDEX: 0}) - at, e.subs({XINDEX: 0, RINDEX: 1}) - at
 
 
 def is_column(red: Reduction) -> bool:
     """Whether `red` reads memory contiguous across outputs and strided along the reduced
     elements (a column, or outer, reduction: a bias gradient, batch-norm statistics of a
     channels-last tensor): its tiles want to be wide along the outputs."""
-    return any(sx == 1 and sr != 1 for sx, sr in reduction_read_steps(red))
+    return any(sx == 1 and sr != 1 for sx, sr in red.read_steps)

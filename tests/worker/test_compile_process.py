@@ -46,6 +46,15 @@ class NoJobs:
         return None
 
 
+def test_the_process_freezes_its_warm_heap_before_the_first_job(
+        child: CompileProcess, make_unary: Callable[..., CompileRequest]) -> None:
+    child.limits = JobLimits()
+    artifact, _ = compile_in(child, make_unary("aten.sin.default"))
+    assert artifact.manifest.kernels
+    # torch, the compiler and the warm-up's caches: far more than a bare interpreter's objects
+    assert child.frozen_objects is not None and child.frozen_objects > 10_000
+
+
 def test_over_the_time_limit_is_killed_and_the_replacement_compiles_the_next(
         child: CompileProcess, make_unary: Callable[..., CompileRequest]) -> None:
     child.limits = JobLimits(timeout_s=1.0)
