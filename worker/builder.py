@@ -15,7 +15,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from fxcc.compiler_core.build_tasks import BuildTask, BuiltKernel
-from fxcc.service.subproc import WarmProcess, answer_requests, child_connection, send
+from fxcc.service.subproc import WarmProcess, answer_requests, child_connection, freeze_heap, send
 
 log = logging.getLogger("fxcc.worker")
 
@@ -50,6 +50,7 @@ def builder_main(conn: Connection) -> None:
         import triton
 
         build_kernel(WARM_UP.model_copy(update={"triton": triton.__version__}))  # first-use costs: ~1 s
+    freeze_heap()  # Triton's and the compiler's imports live as long as the process (service/subproc.py)
     answer_requests(conn, ("build",), lambda header, frames: send(conn, {"type": "done"}, [_build(header, frames)]))
 
 

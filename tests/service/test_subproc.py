@@ -1,5 +1,5 @@
 """service/subproc.py's heap freeze: what a warm helper froze is reported to its parent (a real
-request checker here; the compile process in tests/worker/test_compile_process.py), and garbage
+request checker and a build process here; the compile process in tests/worker/test_compile_process.py), and garbage
 made after the freeze is still collected."""
 
 from __future__ import annotations
@@ -32,5 +32,16 @@ def test_a_checker_process_reports_its_frozen_heap_when_ready() -> None:
         proc.await_ready()
         # torch and the compiler imported: far more than a bare interpreter's objects
         assert proc.frozen_objects is not None and proc.frozen_objects > 10_000
+    finally:
+        proc.close()
+
+
+def test_a_build_process_reports_its_frozen_heap_when_ready() -> None:
+    from fxcc.worker.builder import BuildProcess
+
+    proc = BuildProcess("build process")
+    try:
+        proc.await_ready()
+        assert proc.frozen_objects is not None and proc.frozen_objects > 10_000  # Triton and the compiler
     finally:
         proc.close()
