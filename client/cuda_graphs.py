@@ -10,11 +10,18 @@ Note: what a captured graph assumes, and how each assumption is kept:
   graph is keyed by its inputs' data pointers; a call whose pointers match replays it, any other
   call runs the plan step by step. A set of pointers is captured the second time it is seen (the
   first call also warms cuDNN/cuBLAS, loads cubins), at most MAX_GRAPHS sets per plan.
-- Library workspaces. cuBLAS keeps a workspace (32 MiB on Hopper) per stream, made on the
-  stream's first matmul. Captures run on one fxcc stream per device, and a plan's first call
-  runs there too (ordered after the caller's stream, its outputs handed back to it), so that
-  stream's workspaces are made by a step-by-step call, as the caller's stream's are by eager's
-  first call, and a capture allocates nothing beyond the plan.
+- Library workspaces. cuBLAS keeps a workspace (32 MiB on Hopper, one for cuBLAS and one for
+  cuBLASLt) per stream, made on the stream's first matmul and held for the process. A plan's first
+  call runs step by step on one fxcc stream per device (ordered after the caller's stream, its
+  outputs handed back to it), and captures run on that stream too. The workspaces are dropped
+  (torch._C._cuda_clearCublasWorkspaces, as Inductor's cudagraph trees do) before and after that
+  warm-up call and each capture: a capture then makes its workspace inside the shared pool, where
+  it is memory like a temporary (any later capture may take it once the call is over), and no
+  workspace is held outside the pool for the graphs' sake (the 66 MB a conv net's peak was above
+  Inductor's on the H200). Dropping one only frees it to the caching allocator; the stream's next
+  matmul makes another. Nothing of fxcc's runs a library call on another thread meanwhile
+  (prewarm.wait_all); a thread of the user's that does so at that moment has its workspace freed
+  under it, the same race Inductor's cudagraph trees accept.
 - Outputs. The graph writes its outputs into its private memory pool, which the next replay
   overwrites, so each replay's outputs are copied out (fresh tensors with the same strides) and
   the caller owns them as it owns eager outputs. That copy is why only outputs small beside the
@@ -288,6 +295,8 @@ class GraphedPlan:
         caller = torch.cuda.current_stream(self.device)
         stream = capture_stream(self.device)
         stream.wait_stream(caller)
+        prewarm.wait_all()  # no library call of fxcc's in flight while the workspaces are dropped
+        clear_library_workspaces()
         with torch.cuda.stream(stream):
             if hasattr(self.runner, "call_measured"):
                 # Extern results (mm, convolution, ...) are memory the plan allocates too: the
@@ -296,6 +305,7 @@ class GraphedPlan:
                 self.budget += extern_bytes
             else:
                 outputs = self.runner(args)
+        clear_library_workspaces()  # the capture makes its own, in the pool
         caller.wait_stream(stream)
         for t in flat_tensors(outputs):
             if t.is_cuda:
@@ -338,6 +348,7 @@ class GraphedPlan:
     def _capture(self, args: list[Any], key: tuple[Any, ...]) -> _Captured | None:
         assert self.shared is not None
         prewarm.wait_all()  # no other thread of fxcc's allocates or launches while this one captures
+        clear_library_workspaces()  # this capture's workspace is made in the pool (see module Note)
         try:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.device(self.device), \
@@ -352,11 +363,13 @@ class GraphedPlan:
                     self.runner.run_steps(env, 0, self.cut)  # type: ignore[attr-defined]
                     live = {n: env[n] for n in self.live}
                     outputs = tuple(live.values())
+            clear_library_workspaces()  # freed into the pool, where the next capture may take it
             grown = max(0, torch.cuda.memory_reserved(self.device) - before)
             self.pool_bytes += grown
             with stats.lock:
                 stats.pool_bytes += grown
         except Exception as e:  # noqa: BLE001 - the plan still runs step by step
+            clear_library_workspaces()  # a workspace made by the failed capture is pool memory
             self._disable(f"its capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
             return None
         reason = self._check_outputs(outputs, args) if self.cut is None else None
@@ -435,13 +448,21 @@ def shared_pool(device: torch.device) -> SharedPool:
         return _pools[index]
 
 
+def clear_library_workspaces() -> None:
+    """Drop cuBLAS's per-stream workspaces (every stream's; each is made again by its stream's next
+    matmul). A torch without the call keeps them: the graphs then cost one more workspace."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+
+
 _streams: dict[int, Any] = {}
 _streams_lock = threading.Lock()
 
 
 def capture_stream(device: torch.device) -> Any:
-    """The stream fxcc captures (and warms up) on for `device`: one per device and process, so
-    one cuBLAS workspace serves every graph (torch's default capture stream is one for all GPUs)."""
+    """The stream fxcc captures (and warms up) on for `device`: one per device and process (torch's
+    default capture stream is one for all GPUs)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     with _streams_lock:
         if index not in _streams:
