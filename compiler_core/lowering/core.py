@@ -35,7 +35,7 @@ from fxcc.compiler_core.ir.nodes import (
 )
 from fxcc.compiler_core.ir.ops import ops
 from fxcc.compiler_core.sizevars import contiguous_strides, numel
-from fxcc.compiler_core.symbolic import dense_strides_like, offset_of, sizes_of, strides_of
+from fxcc.compiler_core.symbolic import dense_strides_like, hint, offset_of, sizes_of, strides_of
 from fxcc.compiler_core.symexpr import dump
 from fxcc.compiler_core.wire import (
     Arg,
@@ -649,9 +649,13 @@ def _realize_view_base(g: GraphLowering, node: fx.Node) -> TensorValue:
     of the base (the residual add after it) recomputed it from all its sources. The base is
     written instead, in eager's layout, and the graph's view ops run again on its buffer, as
     Inductor realizes a view's storage. Only for views of as many elements as their base (no
-    slice or expand writes more than the extern reads), and only when a node not yet lowered
-    reads the base (a lone view keeps its own buffer, which a kernel may write in place of its
-    input: the GELU between two Linears).
+    slice writes more than the extern reads), and only when a node not yet lowered reads the
+    base (a lone view keeps its own buffer, which a kernel may write in place of its input: the
+    GELU between two Linears). A view of more elements than its base (an expand: an attention
+    mask [B, 1, S, S] broadcast over the heads for SDPA's bias) always reads its base written
+    once: the extern gets eager's broadcast view (stride 0) of it, as Inductor's realize does,
+    where writing the view would copy the base once per head (transformers' GPT-2 on the H200: a
+    50-MB bias written by a 0.136-ms kernel, and memory-efficient attention reading all of it).
     """
     value = g.env[node]
     chain: list[fx.Node] = []  # from `node` up to the base's reader
@@ -662,12 +666,15 @@ def _realize_view_base(g: GraphLowering, node: fx.Node) -> TensorValue:
     if not chain or base.op != "call_function":
         return value
     base_value, base_val = g.env[base], base.meta.get("val")
+    if not isinstance(base_val, torch.Tensor):
+        return value
     count = numel(base_value.sizes)
-    if not isinstance(base_val, torch.Tensor) or any(numel(g.env[n].sizes) != count for n in chain):
-        return value
-    along = {base, *chain}
-    if not any(u not in g.env for n in along - {node} for u in n.users if u not in along):
-        return value
+    if not _broadcasts(value, count):
+        if any(numel(g.env[n].sizes) != count for n in chain):
+            return value
+        along = {base, *chain}
+        if not any(u not in g.env for n in along - {node} for u in n.users if u not in along):
+            return value
     g.env[base] = g.realize(base_value, dense_strides_like(sizes_of(base_val), strides_of(base_val)))
     redone: dict[fx.Node, Any] = {}
     try:
@@ -683,6 +690,14 @@ def _realize_view_base(g: GraphLowering, node: fx.Node) -> TensorValue:
     g.env.update(redone)
     return redone[node]
 
+
+
+def _broadcasts(value: TensorValue, base_count: Any) -> bool:
+    """Whether `value`, a view, reads more elements than its base holds (it broadcasts some)."""
+    try:
+        return bool(hint(numel(value.sizes)) > hint(base_count))
+    except Exception:  # noqa: BLE001 - no hint: keep the view's own buffer
+        return False
 
 def _fresh_strides(node: fx.Node, val: Any) -> tuple[Any, ...] | None:
     """The strides eager gives `val`, a tensor result of `node`'s op, if that op returns fresh

@@ -86,3 +86,22 @@ def test_the_transformer_blocks_last_kernel_loads_the_first_layer_norm():
     assert x_name not in _buffers_of(last)
     reads = [s for s in kernel_steps(art) if x_name in _buffers_of(s)]
     assert len(reads) == 2, reads  # the attention's input copy and the first LayerNorm
+
+
+def _broadcast_bias_bmm(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    bias = torch.where(mask, 0.0, -1.0)  # [1, S, S]: an attention mask's additive bias
+    return torch.bmm(bias.expand(x.shape[0], -1, -1), x)  # an extern reads it broadcast over the batch
+
+
+def test_an_extern_reads_an_expanded_value_as_a_broadcast_view_of_its_base():
+    # The base is written once ([1, S, S]) and the extern gets eager's view of it (batch stride
+    # 0), not a [B, S, S] buffer holding B copies (transformers' GPT-2 wrote its mask bias once
+    # per head: a 50-MB kernel on the H200).
+    torch.manual_seed(0)
+    b, s = 6, 16
+    x, mask = torch.randn(b, s, 8), torch.rand(1, s, s) > 0.5
+    art = check(_broadcast_bias_bmm, x, mask)
+    written = [a.spec.sizes for a in alloc_steps(art) if a.spec.dtype == "float32" and a.spec.sizes != [b, s, 8]]
+    assert written == [[1, s, s]], written
+    views = [st for st in art.manifest.plan.steps if st.kind == "extern" and st.op == "aten.as_strided.default"]
+    assert [[a.value for a in v.args[2].items] for v in views] == [[0, s, 1]], views
