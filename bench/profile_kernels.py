@@ -11,7 +11,11 @@ a gap between fxcc and Inductor can be placed on the kernels that make it.
 forward, backward, AdamW) and also prints each compiler's device time per kind of kernel (Triton,
 GEMM, cuDNN, aten's own, copies). `--memory` adds, after the calls, the allocator's segments (torch's
 memory snapshot) by pool: how much fxcc's CUDA-graph pool reserved, how much of it is allocated at
-the end, and its largest blocks; with `--out` both go into DIR/profile-<model>.json.
+the end, and its largest blocks; and, before the profiled calls, the first five calls one by one
+(`calls`: each call's peak, what stays allocated and reserved after it, fxcc's captures, replays and
+step-by-step calls so far): which call makes the peak (the compile, the step-by-step warm-up, a
+capture, a recapture of a training backward). With `--out` all of it goes into
+DIR/profile-<model>.json.
 """
 
 from __future__ import annotations
@@ -95,6 +99,28 @@ def memory_by_pool() -> list[dict[str, Any]]:
     return sorted(pools.values(), key=lambda p: -p["reserved_mb"])
 
 
+def memory_trace(call: Any, base: int, calls: int = 5, grad: bool = False) -> list[dict[str, Any]]:
+    """The first `calls` calls one by one (the compile, the step-by-step warm-up, the captures, the
+    first replays): each call's peak and what stays allocated and reserved after it, in MB beyond
+    `base`, with fxcc's CUDA-graph counters so far (captures, replays, step-by-step calls): which
+    call makes a compiler's peak, and what each graph capture holds."""
+    from fxcc.client import cuda_graphs
+
+    out = []
+    with torch.set_grad_enabled(grad):
+        for i in range(calls):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            call()
+            torch.cuda.synchronize()
+            st = cuda_graphs.stats
+            out.append({"call": i + 1, "peak_mb": round((torch.cuda.max_memory_allocated() - base) / MB, 1),
+                        "allocated_mb": round((torch.cuda.memory_allocated() - base) / MB, 1),
+                        "reserved_mb": round(torch.cuda.memory_reserved() / MB, 1),
+                        "graphs": {"captures": st.captures, "replays": st.replays, "step_by_step": st.step_by_step}})
+    return out
+
+
 def profile_model(name: str, compilers: list[str], memory: bool) -> dict[str, Any]:
     """Top kernels, device time by kind and (with `memory`) the allocator's pools of a zoo model."""
     from bench.model_zoo import ZOO
@@ -127,14 +153,17 @@ def profile_model(name: str, compilers: list[str], memory: bool) -> dict[str, An
                 if mark:
                     torch.compiler.cudagraph_mark_step_begin()
                 return fn(*built.inputs)
+        trace = memory_trace(call, base, grad=spec.kind == "training") if memory else []
         rows = top_kernels(call, (), top=10_000, grad=spec.kind == "training")
         total = sum(r[1] for r in rows)
+        peak = max([(torch.cuda.max_memory_allocated() - base) / MB] + [t["peak_mb"] for t in trace])
         entry: dict[str, Any] = {"device_ms": round(total, 4), "launches": sum(r[2] for r in rows),
                                  "by_kind": by_kind(rows),
                                  "top": [{"name": n[:160], "ms": round(ms, 4), "count": c} for n, ms, c in rows[:25]],
-                                 "peak_mb": round((torch.cuda.max_memory_allocated() - base) / MB, 1)}
+                                 "peak_mb": round(peak, 1)}
         if memory:
             entry["pools"] = memory_by_pool()
+            entry["calls"] = trace
         if compiler == "fxcc":
             from fxcc.client import cuda_graphs
 
@@ -143,6 +172,9 @@ def profile_model(name: str, compilers: list[str], memory: bool) -> dict[str, An
               f"peak {entry['peak_mb']} MB; by kind {json.dumps(entry['by_kind'])}", flush=True)
         for r in entry["top"][:15]:
             print(f"{r['ms']:8.3f} ms  x{r['count']:<4d} {r['name'][:110]}", flush=True)
+        for t in entry.get("calls", []):
+            print(f"   call {t['call']}: peak {t['peak_mb']} MB, then {t['allocated_mb']} allocated, "
+                  f"{t['reserved_mb']} reserved; graphs {t.get('graphs')}", flush=True)
         for p in entry.get("pools", []):
             print(f"   pool {p['pool']}: {p['segments']} segments, {p['reserved_mb']} MB reserved, "
                   f"{p['allocated_mb']} allocated; largest {p['largest_blocks_mb'][:6]}", flush=True)
