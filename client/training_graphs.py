@@ -31,6 +31,17 @@ Note: what differs from inference graphs (client/cuda_graphs.py), and how each i
 - Outputs that are inputs. An output that is an input or a view of one (a weight saved for the
   backward) is made from the call's own input, as a step-by-step call would return it, never
   from the tensor of the capture (whose storage the class would otherwise keep alive).
+- Library workspaces. A capture drops cuBLAS's per-stream workspaces first (as inference
+  captures do, client/cuda_graphs.py), so the one it makes is memory of its own pool, and drops
+  them again after, which frees that workspace into the pool: no other capture allocates there,
+  and the pool lives as long as the graph, so the graph's scratch stays its own whatever else
+  clears the workspaces later (an inference capture of the same process does, around each of
+  its own). A graph that used a workspace made outside its pool (a capture stream's, made by a
+  warm-up call and kept) would have written over whatever took that memory once it was dropped.
+  So the first call runs step by step on the caller's stream, as any step-by-step call: nothing
+  is made for the capture stream ahead, and no output crosses streams (handed to the caller with
+  record_stream, a forward's saved activations would have been held by the allocator until the
+  GPU passed their free, while the backward's temporaries took new memory).
 - Static work: the plan has no size symbols and every extern op is capture-safe (the inference
   list plus backward ops, cuda_graphs.TRAINING_SAFE); a capture that fails anyway is reported
   once and the plan runs step by step from then on.
@@ -51,7 +62,7 @@ from fxcc.client.cuda_graphs import (
     _overlaps,
     _pointer_key,
     capture_stream,
-    flat_tensors,
+    clear_library_workspaces,
     shared_pool,
     stats,
 )
@@ -172,7 +183,7 @@ class TrainingGraphedPlan:
                     return self._step_by_step(args, why)
             elif previous is None:
                 stats.count("step_by_step")
-                return self._warm_up(args)
+                return self.runner(args)  # on the caller's stream, as eager (see module Note)
             moved = None if previous is None else self._moved(args, previous, addresses)
             both = None if moved is None or self.moving is None else sorted({*moved, *self.moving})
             if both is not None and self._fits(args, both):
@@ -214,18 +225,6 @@ class TrainingGraphedPlan:
             moved_bytes += a.numel() * a.element_size()
         return len(moving) <= MAX_MOVING or moved_bytes * DYNAMIC_SHARE <= total
 
-    def _warm_up(self, args: list[Any]) -> tuple[Any, ...]:
-        """Step by step on the capture stream (the libraries' per-stream workspaces are made now)."""
-        caller = torch.cuda.current_stream(self.device)
-        stream = capture_stream(self.device)
-        stream.wait_stream(caller)
-        with torch.cuda.stream(stream):
-            outputs = self.runner(args)
-        caller.wait_stream(stream)
-        for t in flat_tensors(outputs):
-            if t.is_cuda:
-                t.record_stream(caller)
-        return outputs
 
     def _capture(self, args: list[Any], moved: list[int], addresses: tuple[Any, ...]) -> _TrainingGraph | None:
         prewarm.wait_all()  # no other thread of fxcc's allocates or launches while this one captures
@@ -235,6 +234,7 @@ class TrainingGraphedPlan:
             a = args[i]
             g.buffers[i] = call[i] = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
         g.static = {i: addresses[i] for i in range(len(args)) if i not in g.buffers}
+        clear_library_workspaces()  # the capture makes its own workspace, in its pool (see module Note)
         try:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.device(self.device), \
@@ -242,8 +242,10 @@ class TrainingGraphedPlan:
                                      capture_error_mode="thread_local"):
                 outputs = self.runner(call)
         except Exception as e:  # noqa: BLE001 - the plan still runs step by step
+            clear_library_workspaces()
             self._disable(f"its capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
             return None
+        clear_library_workspaces()  # freed into this graph's pool, which no other capture takes
         g.graph = graph
         why = _describe_outputs(g, outputs, call)
         del outputs, call

@@ -157,3 +157,40 @@ def test_dropout_draws_new_numbers_at_every_replay():
     assert _runs()[0] > captures and _runs()[1] > replays
     for a, b in itertools.pairwise(outs):
         assert not torch.equal(a, b)
+
+
+def test_training_graphs_and_eval_graphs_of_one_process_keep_each_others_results():
+    """Training steps that replay graphs, then an eval pass under no_grad (an inference graph: its
+    warm-up and capture drop cuBLAS's workspaces), its outputs kept, then more training steps:
+    the kept eval outputs and the losses equal eager's. A training graph's matmul scratch is its
+    own pool's memory (client/training_graphs.py, "Library workspaces"), never memory that the
+    eval pass's drop handed back to the allocator."""
+    x = torch.randn(512, 256, device="cuda")
+    y = torch.randint(0, 4096, (512,), device="cuda")
+    base = _mlp()
+
+    def loop(model: nn.Module, compiled: bool):
+        fn = torch.compile(model, backend=fxcc_backend) if compiled else model
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, foreach=False)
+        losses, evals = [], []
+        xe = x[:64].clone()
+        for step in range(12):
+            if step in (5, 8):
+                with torch.no_grad():
+                    model.eval()
+                    evals += [fn(xe) for _ in range(3)]  # step by step, then a capture, then a replay
+                    model.train()
+            opt.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(fn(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        return torch.stack(losses).cpu(), [e.clone() for e in evals], evals
+
+    want, want_evals, _ = loop(copy.deepcopy(base), compiled=False)
+    captures, replays, _ = _runs()
+    got, _, kept = loop(copy.deepcopy(base), compiled=True)
+    assert _runs()[0] - captures >= 3 and _runs()[1] - replays >= 8, (_runs(), captures, replays)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for a, b in zip(kept, want_evals):  # held across later training replays
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
