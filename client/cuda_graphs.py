@@ -21,7 +21,10 @@ Note: what a captured graph assumes, and how each assumption is kept:
   Inductor's on the H200). Dropping one only frees it to the caching allocator; the stream's next
   matmul makes another. Nothing of fxcc's runs a library call on another thread meanwhile
   (prewarm.wait_all); a thread of the user's that does so at that moment has its workspace freed
-  under it, the same race Inductor's cudagraph trees accept.
+  under it, the same race Inductor's cudagraph trees accept; so does a CUDA graph the user captured
+  on their own whose matmuls used a workspace made before that capture (dropped, its memory goes
+  back to the allocator). fxcc's training graphs drop them around their captures as well
+  (client/training_graphs.py), so no graph of fxcc's uses a workspace outside its own pool.
 - Outputs. The graph writes its outputs into its private memory pool, which the next replay
   overwrites, so each replay's outputs are copied out (fresh tensors with the same strides) and
   the caller owns them as it owns eager outputs. That copy is why only outputs small beside the
