@@ -80,6 +80,7 @@ class GraphStats:
     step_by_step: int = 0  # calls of graphable plans that ran step by step (first sight, misses)
     pool_bytes: int = 0  # memory the shared pools reserved while capturing (held between calls)
     cut_plans: int = 0  # plans graphed up to a step, the rest step by step (outputs too large to copy)
+    workspace_drops: int = 0  # times cuBLAS's workspaces were dropped around a warm-up or a capture
     disabled: list[str] = field(default_factory=list)  # why a plan stopped trying
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -293,8 +294,8 @@ class GraphedPlan:
         return outputs
 
     def _warm_up(self, args: list[Any]) -> tuple[Any, ...]:
-        """Run step by step on the capture stream, after the caller's work and before its next:
-        the libraries' per-stream workspaces are made now, not inside the capture."""
+        """Run step by step on the capture stream, after the caller's work and before its next,
+        with cuBLAS's workspaces dropped before and after (see module Note)."""
         caller = torch.cuda.current_stream(self.device)
         stream = capture_stream(self.device)
         stream.wait_stream(caller)
@@ -457,6 +458,7 @@ def clear_library_workspaces() -> None:
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     if clear is not None:
         clear()
+        stats.count("workspace_drops")
 
 
 _streams: dict[int, Any] = {}

@@ -655,7 +655,9 @@ def _realize_view_base(g: GraphLowering, node: fx.Node) -> TensorValue:
     mask [B, 1, S, S] broadcast over the heads for SDPA's bias) always reads its base written
     once: the extern gets eager's broadcast view (stride 0) of it, as Inductor's realize does,
     where writing the view would copy the base once per head (transformers' GPT-2 on the H200: a
-    50-MB bias written by a 0.136-ms kernel, and memory-efficient attention reading all of it).
+    50-MB bias written by a 0.136-ms kernel, and memory-efficient attention reading all of it);
+    not where a view of the chain is also a graph output (it would share its base's storage, which
+    keeps an inference plan from replaying as a CUDA graph).
     """
     value = g.env[node]
     chain: list[fx.Node] = []  # from `node` up to the base's reader
@@ -669,7 +671,8 @@ def _realize_view_base(g: GraphLowering, node: fx.Node) -> TensorValue:
     if not isinstance(base_val, torch.Tensor):
         return value
     count = numel(base_value.sizes)
-    if not _broadcasts(value, count):
+    returned = any(u.op == "output" for n in chain for u in n.users)
+    if returned or not _broadcasts(value, count):  # a returned view stays a buffer of its own
         if any(numel(g.env[n].sizes) != count for n in chain):
             return value
         along = {base, *chain}
@@ -689,7 +692,6 @@ def _realize_view_base(g: GraphLowering, node: fx.Node) -> TensorValue:
         return value
     g.env.update(redone)
     return redone[node]
-
 
 
 def _broadcasts(value: TensorValue, base_count: Any) -> bool:

@@ -105,3 +105,21 @@ def test_an_extern_reads_an_expanded_value_as_a_broadcast_view_of_its_base():
     assert written == [[1, s, s]], written
     views = [st for st in art.manifest.plan.steps if st.kind == "extern" and st.op == "aten.as_strided.default"]
     assert [[a.value for a in v.args[2].items] for v in views] == [[0, s, 1]], views
+
+
+def _sliced_then_expanded(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    bias = torch.where(mask, 0.0, -1.0)[:, :16]  # [1, 16, 16] of a [1, 32, 16] value
+    return torch.bmm(bias.expand(x.shape[0], -1, -1), x)
+
+
+def _expanded_then_flattened(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    bias = torch.where(mask, 0.0, -1.0).expand(x.shape[0], -1, -1)  # [B, S, S]
+    return torch.mm(bias.reshape(-1, bias.shape[-1]), x[0])  # no strided view of [B * S, S]
+
+
+def test_views_around_an_expand_read_by_an_extern_match_eager():
+    torch.manual_seed(0)
+    x = torch.randn(6, 16, 8)
+    art = check(_sliced_then_expanded, x, torch.rand(1, 32, 16) > 0.5)
+    assert [a.spec.sizes for a in alloc_steps(art) if a.spec.sizes != [6, 16, 8]] == [[1, 32, 16]]
+    check(_expanded_then_flattened, x, torch.rand(1, 16, 16) > 0.5)
