@@ -15,7 +15,10 @@ def test_garbage_made_after_the_freeze_is_still_collected() -> None:
         other: Cell
 
     try:
-        assert subproc.freeze_heap() == gc.get_freeze_count() > 0
+        frozen = subproc.freeze_heap()
+        # frozen objects that lose their last reference are still freed (a pytest process's
+        # threads drop a few between the two reads), so the count can only fall
+        assert frozen > 0 and 0 < gc.get_freeze_count() <= frozen
         a, b = Cell(), Cell()
         a.other, b.other = b, a  # a cycle: only the collector frees it
         gone = weakref.ref(a)
