@@ -79,22 +79,28 @@ class AttentionBench:
 
         self.fn, self.timer, self.device = fn, timer, device
         self.sizes = int_args(step.args)
-        out_ref = step.args[3]
+        pointers = [a for a in step.args if isinstance(a, NodeRef)]
+        out_ref = pointers[-1]
         alloc = next(s for s in plan.steps if isinstance(s, AllocStep) and s.out == out_ref.name)
         dtype = getattr(torch, alloc.spec.dtype)
+        n = self.sizes
         spans: dict[str, int] = {}
-        for ref, p in zip(step.args[:3], ("q", "k", "v")):
-            rows = self.sizes["q_len" if p == "q" else "kv_len"]
-            s_row = self.sizes[f"{p}_sm" if p == "q" else f"{p}_sn"]
-            last = (self.sizes[f"{p}_off"] + (self.sizes["batch"] - 1) * self.sizes[f"{p}_sz"]
-                    + (self.sizes["heads"] - 1) * self.sizes[f"{p}_sh"] + (rows - 1) * s_row + max(HEAD_DIMS))
-            spans[ref.name] = max(spans.get(ref.name, 0), last)
+        for ref, p in zip(pointers[:-1], ("q", "k", "v", "b")):
+            if p == "b":  # the bias: [Z, H, L, S] by its strides (0 where broadcast)
+                last = n["b_off"] + sum((size - 1) * n[f"b_{d}"] for size, d in
+                                        ((n["batch"], "sz"), (n["heads"], "sh"), (n["q_len"], "sm"), (n["kv_len"], "sn")))
+            else:
+                rows = n["q_len" if p == "q" else "kv_len"]
+                s_row = n[f"{p}_sm" if p == "q" else f"{p}_sn"]
+                last = (n[f"{p}_off"] + (n["batch"] - 1) * n[f"{p}_sz"] + (n["heads"] - 1) * n[f"{p}_sh"]
+                        + (rows - 1) * s_row + max(HEAD_DIMS))
+            spans[ref.name] = max(spans.get(ref.name, 0), last + 1)
         gen = torch.Generator(device=device).manual_seed(0)
         storage = {name: torch.randn(span, device=device, generator=gen).to(dtype) for name, span in spans.items()}
         self.out = torch.empty_strided([int(x) for x in alloc.spec.sizes], [int(x) for x in alloc.spec.strides],
                                        dtype=dtype, device=device)
-        self.args = [storage[a.name] for a in step.args[:3] if isinstance(a, NodeRef)] + [self.out]
-        self.args += [getattr(a, "value", None) for a in step.args[4:]]
+        self.args = [storage[a.name] for a in pointers[:-1]] + [self.out]
+        self.args += [getattr(a, "value", None) for a in step.args[len(pointers):]]
 
     def launch(self, config: AttentionConfig) -> None:
         grid = tuple(launch_grid(self.sizes["q_len"], self.sizes["batch"] * self.sizes["heads"], config.block_m))

@@ -15,13 +15,20 @@ OPS = frozenset({"fxcc.flash_attention.default", "fxcc.aligned_rows.default"})
 
 @torch.library.custom_op("fxcc::flash_attention", mutates_args=())
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                    is_causal: bool, allow_tf32: bool, heads_outer: bool) -> torch.Tensor:
-    """softmax(q @ kᵀ · scale [causal: key j ≤ query i]) @ v over [Z, H, ·, ·] tensors, laid out
-    [Z, L, H, Dv] in memory (as aten's memory-efficient and flash kernels lay theirs out), or
-    contiguous with `heads_outer` (as aten's CPU kernel does).
+                    is_causal: bool, allow_tf32: bool, heads_outer: bool,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q @ kᵀ · scale + bias [causal: key j ≤ query i]) @ v over [Z, H, ·, ·] tensors, laid
+    out [Z, L, H, Dv] in memory (as aten's memory-efficient and flash kernels lay theirs out), or
+    contiguous with `heads_outer` (as aten's CPU kernel does). `bias`: an additive mask
+    broadcastable to [Z, H, L, S] (SDPA's float `attn_mask`); a row whose every score is -inf gives
+    zeros, as aten's fused kernels give.
     `allow_tf32`: fp32 products may round their inputs to TF32 (fxcc's kernel does; this
     eager form, the fallback, computes them as aten's SDPA does)."""
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+    if bias is not None and is_causal:
+        rows, cols = q.shape[-2], k.shape[-2]
+        keep = torch.ones(rows, cols, dtype=torch.bool, device=q.device).tril()
+        bias, is_causal = bias.masked_fill(~keep, float("-inf")), False
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=is_causal, scale=scale)
     laid_out = _empty_out(q, v, heads_outer)
     laid_out.copy_(out)
     return laid_out
@@ -29,7 +36,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
 
 @flash_attention.register_fake
 def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, is_causal: bool,
-      allow_tf32: bool, heads_outer: bool) -> torch.Tensor:
+      allow_tf32: bool, heads_outer: bool, bias: torch.Tensor | None = None) -> torch.Tensor:
     return _empty_out(q, v, heads_outer)
 
 

@@ -12,6 +12,14 @@ q, k, v and out are addressed as base pointer + element offset + z * s_z + h * s
 where they lie (no copies), and the innermost dim must be dense (stride 1, so loads vectorise).
 Rows past the query length and keys past the key length are masked (any length works);
 `causal` keeps key j for query i where j <= i (SDPA's `is_causal`, aligned top-left).
+
+With a bias (SDPA's additive float mask, as AOTAutograd leaves a boolean mask: 0 or -inf, or a
+model's own finfo.min mask), the kernel reads one more tensor, [Z, H, L, S] by four strides (0 on
+broadcast dims: GPT-2's [B, 1, S, S] mask is read once per head from the same memory). Its scores
+stay in natural units until the exponent (finfo.min · log2(e) would overflow to -inf, turning a
+row that eager's softmax spreads evenly over finfo.min scores into zeros), and a row whose every
+score is -inf gives zeros (its running maximum taken as 0, its sum as 1), as aten's memory-efficient
+and CPU flash kernels give.
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ DTYPES = ATTENTION_DTYPES
 # Positions of the KernelStep's integer arguments (after the four pointers q, k, v, out).
 INT_ARGS = ("q_off", "q_sz", "q_sh", "q_sm", "k_off", "k_sz", "k_sh", "k_sn",
             "v_off", "v_sz", "v_sh", "v_sn", "o_sz", "o_sh", "o_sm", "batch", "heads", "q_len", "kv_len")
+# With a bias, its pointer comes after V and these after v's integers.
+BIAS_INT_ARGS = ("b_off", "b_sz", "b_sh", "b_sm", "b_sn")
 KERNEL_PREFIX = "fxcc_flash_"
 
 
@@ -65,11 +75,14 @@ def heuristic_config(params: AttentionParams, q_len: Any, kv_len: Any, target: s
     TransformerBlock's attention (0.311 ms; 8 warps: 0.390) and 8% off the fastest for GPT-2's
     causal one (0.0686 ms against 3 stages on 8 warps, 0.0636). Short sequences (the hint's) get
     tiles no longer than they need; the interpreter takes the same tiles (its cost is per tile).
+    A bias tile is as large as the scores' and live beside them: at 128 × 64 on 4 warps ptxas
+    (Triton 3.6's, sm_90a, head dim 64, TF32) spills 304 bytes a thread with one (152 without),
+    at 128 × 32 none, so a biased kernel takes 32-key tiles (tuning may pick others).
     """
     del target
     wide = max(params.head_dim, params.value_dim) > 64
     block_m = min(64 if wide else 128, max(16, next_pow2(hint(q_len))))
-    block_n = min(64, max(16, next_pow2(hint(kv_len))))
+    block_n = min(32 if params.bias else 64, max(16, next_pow2(hint(kv_len))))
     return AttentionConfig(block_m, block_n, 4, 2)
 
 
@@ -85,8 +98,8 @@ def launch_grid(q_len: Any, batch_heads: Any, block_m: int) -> list[Any]:
 _BODY = '''\
 # fxcc-attention {facts}
 @triton.jit
-def {name}(Q, K, V, O,
-           q_off, q_sz, q_sh, q_sm, k_off, k_sz, k_sh, k_sn, v_off, v_sz, v_sh, v_sn,
+def {name}(Q, K, V, {bias_ptr}O,
+           q_off, q_sz, q_sh, q_sm, k_off, k_sz, k_sh, k_sn, v_off, v_sz, v_sh, v_sn,{bias_ints}
            o_sz, o_sh, o_sm, batch, heads, q_len, kv_len,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     tiles = tl.cdiv(q_len, BLOCK_M)
@@ -102,8 +115,9 @@ def {name}(Q, K, V, O,
     q_base = Q + q_off + z * q_sz + h * q_sh
     k_base = K + k_off + z * k_sz + h * k_sh
     v_base = V + v_off + z * v_sz + h * v_sh
+{bias_base}
     q = tl.load(q_base + rows[:, None] * q_sm + dq[None, :], mask=row_ok[:, None], other=0.0)
-    # running row maximum (of log2-scaled scores), row sum of exponentials, P @ V
+    # running row maximum (of {units} scores), row sum of exponentials, P @ V
     m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_run = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, {value_dim}], tl.float32)
@@ -112,20 +126,32 @@ def {name}(Q, K, V, O,
         cols = start + tl.arange(0, BLOCK_N)
         col_ok = cols < kv_len
         kt = tl.load(k_base + cols[None, :] * k_sn + dq[:, None], mask=col_ok[None, :], other=0.0)
-        s = tl.dot(q, kt{precision}) * {scale_log2e}
+        s = tl.dot(q, kt{precision}) * {scale}
 {keep}
-        s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_run, tl.max(s, 1))
-        alpha = tl.exp2(m_run - m_new)
-        p = tl.exp2(s - m_new[:, None])
+{softmax}
         l_run = l_run * alpha + tl.sum(p, 1)
         v = tl.load(v_base + cols[:, None] * v_sn + dv[None, :], mask=col_ok[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to({dot_dtype}), v{precision})
         m_run = m_new
-    out = acc / l_run[:, None]
+{finish}
     o_ptrs = O + z * o_sz + h * o_sh + rows[:, None] * o_sm + dv[None, :]
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
 '''
+
+_PLAIN_SOFTMAX = '''\
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_run, tl.max(s, 1))
+        alpha = tl.exp2(m_run - m_new)
+        p = tl.exp2(s - m_new[:, None])'''
+# Note: natural units; a row with no finite score yet exponentiates against 0 (all its terms 0).
+_BIAS_SOFTMAX = '''\
+        bias = tl.load(b_base + rows[:, None] * b_sm + cols[None, :] * b_sn,
+                       mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+        s = tl.where(keep, s + bias.to(tl.float32), float("-inf"))
+        m_new = tl.maximum(m_run, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2((m_run - m_use) * 1.4426950408889634)
+        p = tl.exp2((s - m_use[:, None]) * 1.4426950408889634)'''
 
 
 @dataclass(frozen=True)
@@ -156,12 +182,24 @@ def render_attention(params: AttentionParams, config: AttentionConfig) -> Render
         keep = "        keep = col_ok[None, :]"
     fields = {
         "head_dim": params.head_dim, "value_dim": params.value_dim, "key_end": key_end, "keep": keep,
-        "precision": precision, "scale_log2e": repr(float(params.scale) * math.log2(math.e)),
-        "dot_dtype": TL_DTYPES[params.dtype],
+        "precision": precision, "dot_dtype": TL_DTYPES[params.dtype],
     }
+    if params.bias:
+        fields |= {
+            "bias_ptr": "B, ", "bias_ints": "\n           b_off, b_sz, b_sh, b_sm, b_sn,",
+            "bias_base": "    b_base = B + b_off + z * b_sz + h * b_sh", "units": "natural",
+            "scale": repr(float(params.scale)), "softmax": _BIAS_SOFTMAX,
+            "finish": "    out = acc / tl.where(l_run == 0.0, 1.0, l_run)[:, None]",
+        }
+    else:
+        fields |= {
+            "bias_ptr": "", "bias_ints": "", "bias_base": "", "units": "log2-scaled",
+            "scale": repr(float(params.scale) * math.log2(math.e)), "softmax": _PLAIN_SOFTMAX,
+            "finish": "    out = acc / l_run[:, None]",
+        }
     fields["facts"] = (f"head_dim={params.head_dim} value_dim={params.value_dim} "
                        f"dtype={str(params.dtype).removeprefix('torch.')} precision={params.precision if fp32 else 'none'} "
-                       f"causal={int(params.causal)}")
+                       f"causal={int(params.causal)} bias={int(params.bias)}")
     body = _BODY.format(name="{name}", **fields)
     digest = hashlib.sha256(f"{body}\n{sorted(config.constexprs.items())}\n{config.num_warps}\n"
                             f"{config.num_stages}".encode()).hexdigest()[:16]
@@ -182,7 +220,7 @@ def render_template(item: Any, target: str) -> RenderedKernel:
 
 def source_facts(source: str) -> dict[str, str]:
     """What a rendered template's source says of itself (its `# fxcc-attention` line): head_dim,
-    value_dim, dtype, precision ("tf32", "ieee", "none" off fp32), causal."""
+    value_dim, dtype, precision ("tf32", "ieee", "none" off fp32), causal, bias."""
     for line in source.splitlines():
         if line.startswith("# fxcc-attention "):
             return dict(item.split("=", 1) for item in line.split()[2:])
@@ -190,8 +228,12 @@ def source_facts(source: str) -> dict[str, str]:
 
 
 def int_args(step_args: list[Any]) -> dict[str, Any]:
-    """A template launch's integer arguments by name (the values after its four pointers)."""
-    values = [getattr(a, "value", None) for a in step_args[4:]]
-    if len(values) != len(INT_ARGS):
-        raise ValueError(f"an attention launch takes {len(INT_ARGS)} integers, got {len(values)}")
-    return dict(zip(INT_ARGS, values))
+    """A template launch's integer arguments by name (the values after its pointers: q, k, v, the
+    bias where it has one, and out)."""
+    pointers = next((i for i, a in enumerate(step_args) if getattr(a, "kind", None) != "node"), len(step_args))
+    values = [getattr(a, "value", None) for a in step_args[pointers:]]
+    names = INT_ARGS[:12] + BIAS_INT_ARGS + INT_ARGS[12:] if pointers == 5 else INT_ARGS
+    if pointers not in (4, 5) or len(values) != len(names):
+        raise ValueError(f"an attention launch takes 4 or 5 pointers and {len(names)} integers, "
+                         f"got {pointers} and {len(values)}")
+    return dict(zip(names, values))

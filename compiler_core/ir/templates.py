@@ -17,3 +17,6 @@ class AttentionParams:
     scale: float
     dtype: torch.dtype
     precision: str  # tl.dot's input_precision for fp32 inputs: "tf32" or "ieee"
+    # An additive mask (SDPA's float attn_mask) read with strides of its own, broadcast dims at
+    # stride 0; rows whose every score is -inf give zeros, as aten's fused kernels give.
+    bias: bool = False

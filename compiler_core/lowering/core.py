@@ -611,13 +611,7 @@ def _extern(g: GraphLowering, node: fx.Node, wire: Any, env: dict[fx.Node, Any])
     for arg_node in node.all_input_nodes:
         value, val = env[arg_node], arg_node.meta.get("val")
         if isinstance(value, Lazy) and isinstance(val, torch.Tensor) and _nbytes(value.sizes, value.dtype):
-            # Note: written once for every later reader too, as Inductor's realize does: a later
-            # kernel loads this buffer instead of recomputing it from its sources, which would
-            # keep those alive (a ResNet's block outputs held every conv result of the stage).
-            value = _realize_view_base(g, arg_node)
-            if not isinstance(value, StridedView):
-                value = g.realize(value, dense_strides_like(sizes_of(val), strides_of(val)))
-            env[arg_node] = value
+            value = realize_for_reading(g, arg_node, env)
         refs[arg_node.name] = g.extern_ref(value, arg_node)
     by_wire_name = {n.name: refs[n.name] for n in node.all_input_nodes}
 
@@ -638,6 +632,24 @@ def _extern(g: GraphLowering, node: fx.Node, wire: Any, env: dict[fx.Node, Any])
     if isinstance(val, (tuple, list)):
         return ExternTuple(wire.name, tuple(val))
     return _extern_result(g, wire.name, val)
+
+
+def realize_for_reading(g: GraphLowering, node: fx.Node, env: dict[fx.Node, Any] | None = None) -> StridedView:
+    """`node`'s Lazy value in memory for a reader that takes buffers (an extern call, a template):
+    through its view's base where that base is worth writing (_realize_view_base), else written
+    itself in eager's layout; `env` (the graph's, by default) then holds the buffer.
+
+    Note: written once for every later reader too, as Inductor's realize does: a later kernel
+    loads this buffer instead of recomputing it from its sources, which would keep those alive (a
+    ResNet's block outputs held every conv result of the stage).
+    """
+    env = g.env if env is None else env
+    value = _realize_view_base(g, node)
+    if not isinstance(value, StridedView):
+        val = node.meta["val"]
+        value = g.realize(value, dense_strides_like(sizes_of(val), strides_of(val)))
+    env[node] = value
+    return value
 
 
 def _realize_view_base(g: GraphLowering, node: fx.Node) -> TensorValue:

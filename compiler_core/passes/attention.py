@@ -23,7 +23,11 @@ allows it: fp32 with TF32 allowed (`CompileOptions.allow_tf32`), static power-of
 `fxcc.flash_attention` node, which the lowering turns into a template kernel. Direct SDPA calls
 that AOTAutograd left in the graph (F.scaled_dot_product_attention: aten's memory-efficient op on
 CUDA, the CPU flash op in the interpreter) become that node too, where only their attention
-output is read, with no dropout and no mask.
+output is read, with no dropout; a float mask (attn_bias on CUDA, attn_mask on the CPU: what a
+model's boolean mask becomes in AOTAutograd's graph, 0 or -inf) is read by the kernel as an
+additive bias of its own strides. Both aten kernels give zeros for a row whose every score is -inf
+(torch's math path gives them too since its _safe_softmax), and so does the template: unlike the
+bmm-softmax-bmm chain, whose eager softmax gives NaN there, so a chain with a mask is left alone.
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ class SdpaMatch:
     causal: bool
     heads_outer: bool  # the op's output is laid out [Z, H, L, Ev] (else [Z, L, H, Ev])
     dead: tuple[fx.Node, ...] = ()  # getitems of its other results, which nothing reads
+    bias: fx.Node | None = None  # its float mask (attn_bias / attn_mask), added to the scaled scores
 
 
 def fuse_attention(gm: fx.GraphModule, target: str, allow_tf32: bool = False) -> bool:
@@ -168,7 +173,8 @@ def template_applies(dtypes: tuple[torch.dtype, ...], dims: tuple[object, ...], 
 
 def find_direct_sdpa(gm: fx.GraphModule, target: str, allow_tf32: bool) -> list[SdpaMatch]:
     """Direct SDPA calls of `gm` that fxcc's kernel computes: the target's op, only its output
-    read, no dropout, no mask, not asked for anything a kernel without them would not give."""
+    read, no dropout, a float mask or none, not asked for anything a kernel without them would
+    not give."""
     found: list[SdpaMatch] = []
     for node in gm.graph.nodes:
         if node.op != "call_function" or DIRECT_SDPA.get(node.target) != target:
@@ -176,7 +182,8 @@ def find_direct_sdpa(gm: fx.GraphModule, target: str, allow_tf32: bool) -> list[
         args = _bound_args(node)
         if args is None or args.get("dropout_p", 0.0) != 0.0:
             continue
-        if args.get("attn_bias") is not None or args.get("attn_mask") is not None:
+        bias = args.get("attn_bias", args.get("attn_mask"))
+        if bias is not None and not _takes_bias(bias, args["query"], args["key"]):
             continue
         users = list(node.users)
         if any(u.target is not operator.getitem for u in users):
@@ -201,8 +208,24 @@ def find_direct_sdpa(gm: fx.GraphModule, target: str, allow_tf32: bool) -> list[
         if out is None or out.dim() != 4:
             continue
         found.append(SdpaMatch(node, outs[0], q, k, v, scale, bool(args.get("is_causal", False)),
-                               _heads_outer(out), dead))
+                               _heads_outer(out), dead, bias))
     return found
+
+
+def _takes_bias(bias: object, q: object, k: object) -> bool:
+    """Whether fxcc's kernel reads this SDPA mask as it is: a float tensor of q's dtype (AOTAutograd
+    turns a boolean mask into 0 / -inf before the op), of at most 4 dims, each 1 or the size of
+    [Z, H, L, S] it lines up with (compared as expressions: no guard)."""
+    b, qv, kv = _val(bias), _val(q), _val(k)
+    if b is None or qv is None or kv is None or b.dtype != qv.dtype or b.dim() > 4:
+        return False
+    full = (qv.shape[0], qv.shape[1], qv.shape[2], kv.shape[2])
+    for size, want in zip(b.shape, full[4 - b.dim():]):
+        if isinstance(size, int) and size == 1:
+            continue
+        if not (size is want or str(size) == str(want)):
+            return False
+    return True
 
 
 def _heads_outer(out: torch.Tensor) -> bool:
@@ -372,6 +395,8 @@ def sdpa_node(edit: GraphEdit, m: AttentionMatch, target: str) -> fx.Node:
 def template_node(edit: GraphEdit, d: SdpaMatch) -> fx.Node:
     """fxcc's kernel on a direct SDPA call's q, k, v, before the call."""
     args = (d.q, d.k, d.v, d.scale, d.causal, True, d.heads_outer)
+    if d.bias is not None:
+        args += (d.bias,)
     return edit.add(d.call, resolve_target(TEMPLATE_OP), args, name=d.out.name)
 
 

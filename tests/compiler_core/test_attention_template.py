@@ -3,6 +3,7 @@ where they keep aten's (no TF32, other dtypes and head dims, masks, dropout, tra
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from fxcc.client.capture import capture_graph
 from fxcc.client.runtime import load_plan
 from fxcc.compiler_core.artifact import Artifact
 from fxcc.compiler_core.build import build_artifact, cuda_build_unavailable
-from fxcc.compiler_core.codegen.attention import is_template_kernel
+from fxcc.compiler_core.codegen.attention import int_args, is_template_kernel
 from fxcc.compiler_core.errors import InvalidGraph
 from fxcc.compiler_core.passes.attention import CPU_OP, CUDA_OP, TEMPLATE_OP
 from fxcc.compiler_core.pipeline import compile_request
@@ -72,18 +73,21 @@ def test_without_tf32_the_extern_stays(fn: Any) -> None:
     assert not templates(art) and CPU_OP in art.manifest.stats.extern_ops
 
 
-@pytest.mark.parametrize("case", ["float64", "head_dim_8", "head_dim_24", "mask", "dropout", "lse_used"])
+@pytest.mark.parametrize("case", ["float64", "head_dim_8", "head_dim_24", "dropout", "lse_used",
+                                  "masked_chain"])
 def test_the_template_is_not_used_where_it_does_not_apply(case: str) -> None:
     q, k, v = qkv(2, 2, 16, 8 if case == "head_dim_8" else 24 if case == "head_dim_24" else 16)
     mask = torch.rand(16, 16, generator=torch.Generator().manual_seed(1)) > 0.3
     fns = {
         "float64": causal_sdpa, "head_dim_8": causal_sdpa, "head_dim_24": chain,
-        "mask": lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
         "dropout": lambda q, k, v: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.5)[0],
         "lse_used": lambda q, k, v: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[1] + 1,
+        # eager's softmax gives NaN where a whole row is masked, the template zeros: left alone
+        "masked_chain": lambda q, k, v, m: torch.softmax((q @ k.transpose(-2, -1)).masked_fill(~m, float("-inf")),
+                                                         -1) @ v,
     }
     inputs = [q.double(), k.double(), v.double()] if case == "float64" else [q, k, v]
-    inputs += [mask] if case == "mask" else []
+    inputs += [mask] if case == "masked_chain" else []
     # (the CPU kernel refuses dropout: traced on FakeTensors, never run)
     art = compiled(traced(fns[case], *inputs, mode="fake" if case == "dropout" else "real"), tf32=True)
     assert not templates(art)
@@ -108,6 +112,52 @@ def test_views_of_a_fused_projection_are_read_in_place() -> None:
     assert [a.value for a in launch.args[4:5]] + [launch.args[8].value, launch.args[12].value] == [0, h * d, 2 * h * d]
     (got,) = load_plan(art)([x])
     torch.testing.assert_close(got, fn(x), atol=1e-5, rtol=1e-5)
+
+
+def _keep(z: int, rows: int, cols: int) -> torch.Tensor:
+    """A boolean mask [Z, 1, L, S] with row 5 of batch 0 masked whole."""
+    keep = torch.rand(z, 1, rows, cols, generator=torch.Generator().manual_seed(3)) > 0.3
+    keep[0, 0, 5] = False
+    return keep
+
+
+MASKED = {
+    "bool_4d": lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+    "bool_2d": lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m[1, 0]),
+    # transformers' float masks: finfo.min where masked, expanded over the heads
+    "finfo_min_expanded": lambda q, k, v, m: F.scaled_dot_product_attention(
+        q, k, v, attn_mask=torch.where(m, 0.0, torch.finfo(torch.float32).min).expand(-1, q.shape[1], -1, -1)),
+    # BERT's padding mask: one row of keys per batch
+    "per_key": lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=(m[:, :, :1] - 1.0) * 1e4),
+    "and_causal": lambda q, k, v, m: aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, is_causal=True, attn_mask=torch.where(m, 0.0, float("-inf")))[0],
+}
+
+
+@pytest.mark.parametrize("case", list(MASKED))
+def test_masked_sdpa_runs_the_template_with_its_mask_written_once(case: str) -> None:
+    z, h, rows = 2, 3, 37
+    q, k, v = qkv(z, h, rows, 16)
+    keep = _keep(z, rows, rows)
+    inputs = [q, k, v, keep.float() if case == "per_key" else keep]
+    fn = MASKED[case]
+    art = compiled(traced(fn, *inputs), tf32=True)
+    assert len(templates(art)) == 1 and CPU_OP not in art.manifest.stats.extern_ops
+    steps = art.manifest.plan.steps
+    (launch,) = [st for st in steps if st.kind == "kernel" and is_template_kernel(st.kernel)]
+    assert len([a for a in launch.args if a.kind == "node"]) == 5  # q, k, v, the mask, out
+    # the mask is never written once per head: no buffer holds more than its [Z, 1, L, S]
+    allocs = {st.out: st.spec for st in steps if st.kind == "alloc"}
+    mask_elems = [math.prod(int(x) for x in spec.sizes) for name, spec in allocs.items()
+                  if name == launch.args[3].name]
+    assert all(n <= z * rows * rows for n in mask_elems)
+    assert int_args(launch.args)["b_sh"] == 0
+    (got,) = load_plan(art)(inputs)
+    want = fn(*inputs)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert got.stride() == want.stride()
+    if case in ("bool_4d", "and_causal"):
+        assert torch.equal(got[0, :, 5], torch.zeros_like(got[0, :, 5]))  # a row masked whole: zeros
 
 
 def test_a_failing_template_lowering_runs_the_op_as_an_extern_call(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -144,22 +194,29 @@ def test_tf32_is_part_of_the_key() -> None:
 # ---------------------------------------------------------------- CUDA targets (FakeTensors; no GPU needed)
 
 
-def _cuda_spec(dtype: torch.dtype = torch.float32, head_dim: int = 16) -> GraphSpec:
+def _cuda_spec(dtype: torch.dtype = torch.float32, head_dim: int = 16, mask: bool = False) -> GraphSpec:
     """GPT-2's attention as AOTAutograd leaves it on a GPU: aten's memory-efficient op on views of
-    the fused projection (a CPU-only torch decomposes SDPA on fake CUDA tensors, so it is called here)."""
+    the fused projection (a CPU-only torch decomposes SDPA on fake CUDA tensors, so it is called here);
+    with `mask`, as transformers' GPT-2 runs under torch.compile: a [B, 1, S, S] boolean mask made
+    0 / -inf and expanded over the heads as the op's bias."""
     h = 4
     width = h * head_dim
 
-    def fn(x: torch.Tensor) -> torch.Tensor:
+    def fn(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         q, k, v = (t.view(b, s, h, head_dim).transpose(1, 2) for t in x.split(width, dim=2))
-        out = aten._scaled_dot_product_efficient_attention(q, k, v, None, False, is_causal=True)[0]
+        if mask:
+            bias = torch.where(keep, 0.0, float("-inf")).to(dtype).expand(b, h, s, s)
+            out = aten._scaled_dot_product_efficient_attention(q, k, v, bias, False)[0]
+        else:
+            out = aten._scaled_dot_product_efficient_attention(q, k, v, None, False, is_causal=True)[0]
         return out.transpose(1, 2).reshape(b, s, width) * 2
 
     with FakeTensorMode(allow_non_fake_inputs=True):
         x = torch.empty(2, 40, 3 * width, device="cuda", dtype=dtype)
-        gm = make_fx(fn)(x)
-    return capture_graph(gm, [x]).spec
+        keep = torch.empty(2, 1, 40, 40, device="cuda", dtype=torch.bool)
+        gm = make_fx(fn)(x, keep)
+    return capture_graph(gm, [x, keep]).spec
 
 
 @pytest.mark.parametrize(("dtype", "head_dim", "tf32", "fires"), [
@@ -171,9 +228,24 @@ def test_cuda_direct_sdpa(dtype: torch.dtype, head_dim: int, tf32: bool, fires: 
     assert (CUDA_OP in art.manifest.stats.extern_ops) != fires
 
 
+def test_cuda_masked_sdpa_reads_the_mask_once_for_every_head() -> None:
+    """transformers' GPT-2 under torch.compile on a GPU: its mask's bias goes to fxcc's kernel,
+    read at stride 0 over the heads from a [B, 1, S, S] buffer written once."""
+    art = compiled(_cuda_spec(head_dim=64, mask=True), True, Target(kind="cuda", arch=90))
+    assert len(templates(art)) == 1 and CUDA_OP not in art.manifest.stats.extern_ops
+    steps = art.manifest.plan.steps
+    (launch,) = [st for st in steps if st.kind == "kernel" and is_template_kernel(st.kernel)]
+    ints = int_args(launch.args)
+    assert (ints["b_sz"], ints["b_sh"], ints["b_sm"], ints["b_sn"]) == (40 * 40, 0, 40, 1)
+    (alloc,) = [st for st in steps if st.kind == "alloc" and st.out == launch.args[3].name]
+    assert [int(x) for x in alloc.spec.sizes] == [2, 1, 40, 40]
+    assert not art.manifest.stats.extern_ops  # nothing else left to aten
+
+
 @pytest.mark.skipif(cuda_build_unavailable() is not None, reason="cannot cross-compile for CUDA")
-def test_cuda_template_builds_a_cubin() -> None:
-    spec = _cuda_spec(head_dim=64)
+@pytest.mark.parametrize("mask", [False, True], ids=["causal", "mask"])
+def test_cuda_template_builds_a_cubin(mask: bool) -> None:
+    spec = _cuda_spec(head_dim=64, mask=mask)
     request = CompileRequest(graph=spec, options=CompileOptions(allow_tf32=True, target=Target(kind="cuda", arch=90)))
     art = build_artifact(compile_request(request), request, 90)
     (info,) = [k for k in art.manifest.kernels if is_template_kernel(k.name)]

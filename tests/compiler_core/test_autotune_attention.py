@@ -131,3 +131,28 @@ def test_a_wrong_candidate_never_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     (info,) = [k for k in out.manifest.kernels if is_template_kernel(k.name)]
     assert info.tuning is not None and "n32" not in info.tuning.winner
     assert any("n32" in label for label in info.tuning.rejected)
+
+
+def test_a_masked_template_is_tuned_with_its_mask_and_matches_eager() -> None:
+    """The bench of a biased kernel gives it a bias of the launch's strides (0 over the heads)."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 2, 40, 16, generator=g) for _ in range(3))
+    keep = torch.rand(2, 1, 40, 40, generator=g) > 0.3
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep).cos()
+
+    inputs = (q, k, v, keep)
+    with torch.no_grad():
+        gm = make_fx(fn, decomposition_table=decomposition_table())(*inputs)
+    request = CompileRequest(graph=capture_graph(gm, list(inputs)).spec, options=CompileOptions(allow_tf32=True))
+    art = compile_request(request)
+    out = autotune_artifact(art, request, "cpu", timer=lambda c, f: 0.0 if getattr(c, "block_n", 0) == 64 else 1.0)
+    (info,) = [k for k in out.manifest.kernels if is_template_kernel(k.name)]
+    assert info.tuning is not None and info.tuning.heuristic == "m64_n32_w4_s2" and not info.tuning.rejected
+    assert info.constexprs["BLOCK_N"] == 64
+    assert len(info.tuning.timings_ms) >= 4
+    (step,) = [s for s in out.manifest.plan.steps if s.kind == "kernel" and s.kernel == info.name]
+    assert int_args(step.args)["b_sh"] == 0
+    (got,) = load_plan(out)(list(inputs))
+    torch.testing.assert_close(got, fn(*inputs), atol=1e-5, rtol=1e-5)

@@ -19,20 +19,26 @@ from fxcc.compiler_core.codegen.attention import (
 )
 
 
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
     scores = q.double() @ k.double().transpose(-2, -1) * scale
+    if bias is not None:
+        scores = scores + bias.double()
     if causal:
         rows, cols = scores.shape[-2:]
         scores = scores.masked_fill(torch.ones(rows, cols, dtype=torch.bool).triu(1), float("-inf"))
-    return torch.softmax(scores, -1) @ v.double()
+    out = torch.softmax(scores, -1) @ v.double()
+    return out.nan_to_num(0.0)  # a row with no finite score: zeros, as aten's fused kernels give
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, causal: bool, precision: str,
-           tmp: Path, config: AttentionConfig | None = None, heads_outer: bool = False) -> torch.Tensor:
-    """The template run by the interpreter on [Z, H, ·, ·] views, as a plan would launch it."""
+           tmp: Path, config: AttentionConfig | None = None, heads_outer: bool = False,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The template run by the interpreter on [Z, H, ·, ·] views, as a plan would launch it (a
+    bias: [Z, H, L, S] by its strides, an expanded one's 0 as they are)."""
     z, h, rows, e = q.shape
     cols, ev = k.shape[2], v.shape[3]
-    params = AttentionParams(e, ev, causal, scale, q.dtype, precision)
+    params = AttentionParams(e, ev, causal, scale, q.dtype, precision, bias is not None)
     config = config or heuristic_config(params, rows, cols, "interpret")
     r = render_attention(params, config)
     fn = load_jit(r.source, r.name, tmp, interpret=True)
@@ -43,8 +49,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, c
         base = t._base if t._base is not None else t
         ints += [t.storage_offset() - base.storage_offset(), *t.stride()[:3]]
         assert t.stride(3) == 1
-    ints += [*out.stride()[:3], z, h, rows, cols]
     bases = [t._base if t._base is not None else t for t in (q, k, v)]
+    if bias is not None:
+        assert bias.dim() == 4
+        ints += [0, *bias.stride()]  # the kernel gets the view's own data pointer
+        bases.append(bias)
+    ints += [*out.stride()[:3], z, h, rows, cols]
     grid = tuple(launch_grid(rows, z * h, config.block_m))
     fn[grid](*bases, out, *ints, **config.constexprs, num_warps=config.num_warps, num_stages=config.num_stages)
     return out
@@ -87,6 +97,41 @@ def test_strided_views_of_a_fused_projection_are_read_in_place(tmp_path: Path) -
     assert (got.double() - want).abs().max() < 2e-6
     torch.testing.assert_close(got, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
                                atol=1e-5, rtol=1e-5)
+
+
+def _mask_bias(z: int, rows: int, cols: int, fill: float) -> torch.Tensor:
+    """A [Z, 1, L, S] additive mask: 0 where kept, `fill` elsewhere; row 3 of batch 0 masked whole."""
+    keep = torch.rand(z, 1, rows, cols, generator=torch.Generator().manual_seed(7)) > 0.4
+    keep[0, 0, 3] = False
+    return torch.zeros(z, 1, rows, cols).masked_fill(~keep, fill)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("fill", [float("-inf"), torch.finfo(torch.float32).min], ids=["neg_inf", "finfo_min"])
+def test_an_additive_mask_broadcast_over_heads(fill: float, causal: bool, tmp_path: Path) -> None:
+    """A boolean mask as AOTAutograd hands it to SDPA (0 / -inf), or a model's own finfo.min mask,
+    read at stride 0 over the heads, over several key tiles (the online rescaling with a mask)."""
+    q, k, v = qkv(2, 3, 37, 45, 16, 16, seed=6)
+    bias = _mask_bias(2, 37, 45, fill).expand(2, 3, 37, 45)
+    assert bias.stride(1) == 0
+    got = attend(q, k, v, scale=0.25, causal=causal, precision="ieee", tmp=tmp_path, config=SMALL_TILES, bias=bias)
+    want = reference(q, k, v, 0.25, causal, bias)
+    assert (got.double() - want).abs().max() < 2e-6
+    row = got[0, :, 3]
+    if fill == float("-inf"):
+        assert torch.equal(row, torch.zeros_like(row))  # every score -inf: zeros, not NaN
+    else:  # every score finfo.min: eager's softmax spreads evenly (no -inf from the log2 scaling)
+        assert torch.allclose(row.double(), v[0].double().mean(1) if not causal else want[0, :, 3], atol=1e-5)
+        assert row.abs().max() > 0
+
+
+def test_a_real_valued_bias_of_its_own_strides(tmp_path: Path) -> None:
+    """A T5-style bias, one per head and position pair, laid out transposed (any strides)."""
+    q, k, v = qkv(1, 2, 20, 33, 32, 16, seed=8)
+    bias = torch.randn(1, 33, 2, 20, generator=torch.Generator().manual_seed(9)).permute(0, 2, 3, 1)
+    assert not bias.is_contiguous()
+    got = attend(q, k, v, scale=0.2, causal=False, precision="ieee", tmp=tmp_path, config=SMALL_TILES, bias=bias)
+    assert (got.double() - reference(q, k, v, 0.2, False, bias)).abs().max() < 2e-6
 
 
 def test_tf32_source_and_a_loose_tolerance(tmp_path: Path) -> None:
