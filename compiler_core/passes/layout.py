@@ -103,24 +103,30 @@ def channels_last_convs(gm: fx.GraphModule, target: str) -> bool:
 def wants_channels_last(gm: fx.GraphModule, free: frozenset[int] = frozenset()) -> bool:
     """Whether the graph is a CUDA conv net whose convs (forward or backward) cuDNN runs faster
     channels-last: every conv a plain 2-D one (float, not transposed), channels-last paying by
-    Inductor's measured ratios (`pays_channels_last`), most of the matmul work in convs, no op
-    that reads memory layout or writes a tensor (but AOTAutograd's write-backs into inputs), and
-    no conv operand returned except as an output of `free` layout (a training forward's saved
-    activations, which its backward then reads channels-last)."""
+    Inductor's measured ratios (`pays_channels_last`), no op that reads memory layout or writes
+    a tensor (but AOTAutograd's write-backs into inputs), no conv operand returned except as an
+    output of `free` layout (a training forward's saved activations, which its backward then
+    reads channels-last), and, with a single conv, most of the matmul work in it."""
     convs = [n for n in gm.graph.nodes if _is_conv(n) or _is_conv_backward(n)]
     training = bool(free) or any(_is_conv_backward(n) for n in convs)
     if not convs or not all(_plain_conv(n) for n in convs) or not pays_channels_last(convs, training):
         return False
     if len(gm.graph.nodes) >= MAX_NODES_PER_CONV * len(convs):
         return False  # a few convs in a large graph (a vision transformer's patch embedding)
-    if any(n.target in LAYOUT_READERS or (_mutates(n) and not _input_write(n)) for n in _calls(gm)):
+    if any(_reads_layout(n) or (_mutates(n) and not _input_write(n)) for n in _calls(gm)):
         return False  # other bytes under a new layout; a copy read after its source is written
     operands = {a for n in convs for a in _operands(n)}
     if operands.intersection(a for i, a in enumerate(_output_args(gm)) if i not in free):
         return False  # a forward returning its convs' operands for a backward that reads them as traced
+    if len({_conv_of(n) for n in convs}) > 1:
+        # Note: as Inductor decides (no matmul rule): in a net of convs and matmuls (ConvNeXt's
+        # depthwise convs between MLPs, a tenth of its FLOPs) NHWC is also the layout the
+        # matmuls read ([N·H·W, C] rows), so the permutes around them cost nothing, its layer
+        # norms reduce along rows, and a depthwise conv goes to cuDNN's NHWC kernels.
+        return True
     conv_flops = sum(_conv_flops(n) for n in convs)
     mm_flops = sum(_mm_flops(n) for n in _calls(gm) if n.target in MATMULS)
-    return conv_flops >= mm_flops
+    return conv_flops >= mm_flops  # one conv (a stem, a patch embedding): when it is most of the work
 
 
 # Time channels-last over NCHW per class of conv, as Inductor measured it over torchbench's convs
@@ -152,6 +158,29 @@ def pays_channels_last(convs: list[fx.Node], training: bool = False) -> bool:
         return not any(conv_class(n) in ("grouped", "in_out") for n in convs)
     flops = [(_conv_flops(n), CHANNELS_LAST_RATIO[conv_class(n)]) for n in convs]
     return sum(f * r for f, r in flops) <= sum(f for f, _ in flops)
+
+
+def _reads_layout(node: fx.Node) -> bool:
+    """Whether `node` reads its input's memory by a layout the pass may change.
+
+    Note: a [N, C, 1, 1] value lies at n·C + c in either layout (a global pool's result, which
+    ConvNeXt's head restrides with as_strided), and graph inputs keep theirs.
+    """
+    if node.target not in LAYOUT_READERS:
+        return False
+    src = node.args[0] if node.args else None
+    if not isinstance(src, fx.Node):
+        return True
+    val = src.meta.get("val")
+    if src.op == "placeholder" or (isinstance(val, torch.Tensor) and val.dim() == 4 and val.shape[2] == 1
+                                   and val.shape[3] == 1):
+        return False
+    return True
+
+
+def _conv_of(node: fx.Node) -> Any:
+    """The weight a conv or conv backward uses: one conv's forward and backward count once."""
+    return _operands(node)[-1]
 
 
 def _operands(node: fx.Node) -> tuple[Any, ...]:

@@ -433,3 +433,106 @@ def test_grouped_convs_with_wide_groups_stay_nchw():
     gm = rebuild_graph(spec)
     assert conv_class(nodes(gm, aten.convolution.default)[0]) == "grouped"
     assert not channels_last_convs(gm, "cuda")
+
+
+class _ConvNeXtBlock(nn.Module):
+    """torchvision's ConvNeXt block: depthwise 7x7, to NHWC, LayerNorm, an MLP (4x), layer scale,
+    back to NCHW, residual. Its matmuls do most of the work."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.up, self.down = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.rand(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(self.dw(x).permute(0, 2, 3, 1))
+        y = self.down(nn.functional.gelu(self.up(y))) * self.gamma
+        return x + y.permute(0, 3, 1, 2)
+
+
+def _convnext_like(pool_view: bool) -> nn.Module:
+    """A stem, two blocks, a downsampling conv; the head's global pool (restrided by as_strided,
+    as ConvNeXt's head is in AOTAutograd's graph, where `pool_view`), a Linear."""
+
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(64, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            pooled = x.mean((2, 3), keepdim=True)
+            if pool_view:
+                pooled = pooled.as_strided(pooled.shape, (pooled.shape[1], 1, pooled.shape[1], pooled.shape[1]))
+            return self.fc(pooled.flatten(1))
+
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 32, 4, 4), _ConvNeXtBlock(32), _ConvNeXtBlock(32),
+                         nn.Conv2d(32, 64, 2, 2), _ConvNeXtBlock(64), Head()).eval()
+
+
+@pytest.mark.parametrize("pool_view", [False, True], ids=["head", "head_as_strided"])
+def test_a_convnext_goes_channels_last_though_its_matmuls_do_most_of_the_work(pool_view: bool) -> None:
+    """Several convs between MLPs (as Inductor decides: no matmul rule): every conv reads and gives
+    NHWC, each block's permute to [N, H, W, C] is then a view of contiguous rows (the LayerNorm
+    reads them whole, the Linear as they are), and an as_strided of the [N, C, 1, 1] pool, which
+    lies alike in either layout, does not stop it."""
+    model = _convnext_like(pool_view)
+    x = torch.randn(2, 3, 32, 32)
+    spec, inputs = cuda_spec(model, x)
+    gm = rebuild_graph(spec)
+    new_gm, _ = run_pass(channels_last_convs, spec, "cuda")
+    convs = nodes(new_gm, aten.convolution.default)
+    assert len(convs) == 5
+    for conv in convs:
+        assert is_cl(conv.args[0]) and is_cl(conv), conv.name
+    rows = [p for p in nodes(new_gm, aten.permute.default) if p.args[1] == [0, 2, 3, 1]]
+    assert len(rows) == 3 and all(p.meta["val"].is_contiguous() for p in rows)
+    assert_same_outputs(gm, new_gm, inputs)
+
+
+def test_an_as_strided_view_of_a_feature_map_still_stops_the_pass() -> None:
+    """as_strided reads memory by strides: of a spatial map, the pass would change what it reads."""
+
+    def fn(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.conv2d(torch.nn.functional.conv2d(x, w1, padding=1).relu(), w2, padding=1)
+        return y.as_strided((2, 8, 4, 4), (512, 64, 8, 1))
+
+    spec, _ = cuda_spec(fn, torch.randn(2, 8, 8, 8), torch.randn(8, 8, 3, 3), torch.randn(8, 8, 3, 3))
+    assert not channels_last_convs(rebuild_graph(spec), "cuda")
+
+
+def test_a_convnext_plan_runs_channels_last_with_no_conversion_inside() -> None:
+    """The rewritten ConvNeXt-like graph, compiled for the interpreter and run: eager's values and
+    strides, no extern result re-laid; compiled for sm_90, every conv reads NHWC and the kernels
+    are those of the plan without the pass but for the one-time conversions of graph inputs."""
+    model = _convnext_like(pool_view=True)
+    x = torch.randn(2, 3, 32, 32)
+    spec, inputs = cuda_spec(model, x)
+    _, new_spec = run_pass(channels_last_convs, spec, "cuda")
+    art = compile_request(CompileRequest(graph=on_device(new_spec, "cpu")))
+    runtime._relaid.clear()
+    (got,) = load_plan(art)(inputs)
+    with torch.no_grad():
+        want = model(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert not runtime._relaid
+    plans = {"spec": spec, "art": compile_cuda(spec), "baseline": compile_cuda(spec, layout_pass=False)}
+    check_conv_plan(plans, convs=5, conversions=4)  # image, the stem's and the downsampler's weights
+
+
+def test_a_wide_convnext_block_normalizes_rows_in_one_kernel() -> None:
+    """ConvNeXt-T's third stage (384 channels): NCHW, its LayerNorm reduced along columns in two
+    stages plus a normalizing pass (three kernels, torchvision's model on the H200: 146 against
+    Inductor's 128); channels-last, one persistent row reduction that normalizes too."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(384, 384, 1), _ConvNeXtBlock(384)).eval()
+    spec, _ = cuda_spec(model, torch.randn(2, 384, 14, 14))
+    art, baseline = compile_cuda(spec), compile_cuda(spec, layout_pass=False)
+
+    def reductions(a: Artifact) -> int:
+        return sum(1 for s in a.manifest.plan.steps if s.kind == "kernel" and s.kernel.startswith("fxcc_red_"))
+
+    assert reductions(baseline) == 2 and reductions(art) == 1
+    assert art.manifest.stats.kernels - conversion_kernels(art) < baseline.manifest.stats.kernels
