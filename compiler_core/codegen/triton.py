@@ -278,10 +278,12 @@ class TritonHandler(OpsHandler):
     def where(self, cond: TVal, a: TVal, b: TVal) -> TVal:
         return self.emit(f"tl.where({cond.text}, {a.text}, {b.text})", a.dtype)
 
-    def indirect_indexing(self, x: TVal, size: int) -> sympy.Symbol:
+    def indirect_indexing(self, x: TVal, size: Expr | int) -> sympy.Symbol:
         v = self.to_dtype(x, torch.int64)
-        wrapped = self.emit(f"tl.where({v.text} < 0, {v.text} + {int(size)}, {v.text})", torch.int64)
-        valid = self.emit(f"(({wrapped.text} >= 0) & ({wrapped.text} < {int(size)}))", torch.bool)
+        # Note: a symbolic size (an embedding table sliced to the sequence length) is a kernel parameter.
+        bound = str(int(size)) if not is_symbolic(size) else f"({render_index(self.index(sympy.sympify(size)))})"
+        wrapped = self.emit(f"tl.where({v.text} < 0, {v.text} + {bound}, {v.text})", torch.int64)
+        valid = self.emit(f"(({wrapped.text} >= 0) & ({wrapped.text} < {bound}))", torch.bool)
         sym = sympy.Symbol(wrapped.text, integer=True, nonnegative=True)
         self.indirect_masks[sym] = valid.text
         return sym

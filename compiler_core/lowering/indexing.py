@@ -138,6 +138,20 @@ def _cheap(value: TensorValue) -> TensorValue:
     return value
 
 
+def _broadcast_sizes(*shapes: Sequence[Any]) -> tuple[Any, ...]:
+    """numpy's broadcast of sizes that may be expressions (torch.broadcast_shapes takes ints):
+    compared as expressions, so no guard; sizes that differ (neither 1) are not broadcast here."""
+    rank = max(len(s) for s in shapes)
+    out: list[Any] = []
+    for k in range(rank):
+        dims = [s[len(s) - rank + k] for s in shapes if len(s) - rank + k >= 0]
+        wide = [d for d in dims if sympy.sympify(d) != 1]
+        if any(sympy.sympify(d) != sympy.sympify(wide[0]) for d in wide[1:]):
+            raise UnsupportedOp(f"index shapes {[list(s) for s in shapes]} do not broadcast")
+        out.append(wide[0] if wide else 1)
+    return tuple(out)
+
+
 def _nothing(val: torch.Tensor) -> Lazy:
     """An empty result: it reads no index, so none can be out of range."""
     check_dtypes(val.dtype)
@@ -287,7 +301,7 @@ def _index(x: TensorValue, indices: Sequence[TensorValue | None]) -> Lazy:
     if not indexed:
         raise UnsupportedOp("index with no index tensors")
     _check_indexable(*(x.sizes[d] for d in indexed))
-    bshape = tuple(torch.broadcast_shapes(*(tuple(indices[d].sizes) for d in indexed)))
+    bshape = _broadcast_sizes(*(tuple(indices[d].sizes) for d in indexed))
     loaders = {d: _index_loader(indices[d], bshape) for d in indexed}
     adjacent = indexed == list(range(indexed[0], indexed[-1] + 1))
     rest = [d for d in range(rank) if d not in loaders]

@@ -12,7 +12,7 @@ from fxcc.compiler_core.ir.nodes import Lazy, TensorValue
 from fxcc.compiler_core.ir.ops import compute_dtype, ops
 from fxcc.compiler_core.lowering.common import Kind, check_dtypes, is_tensor, operand, pointwise, require
 from fxcc.compiler_core.lowering.core import aten, current_graph, node_val, prims, register_lowering
-from fxcc.compiler_core.symbolic import sizes_of
+from fxcc.compiler_core.symbolic import is_symbolic, sizes_of
 from fxcc.compiler_core.target import capabilities
 
 _FLOAT_UNARY = {
@@ -616,11 +616,16 @@ def _fill(*args: Any, **kwargs: Any) -> Lazy:
 @register_lowering(aten.arange.start_step, aten.arange.start, aten.arange.default)
 def _arange(*args: Any, dtype: Any = None, layout: Any = None, device: Any = None,
             pin_memory: Any = None) -> Lazy:
-    if not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args):
-        raise UnsupportedOp("arange with symbolic bounds")
     start, step = (0, 1) if len(args) == 1 else (args[0], args[2] if len(args) > 2 else 1)
+    # Note: the end only sizes the result (the node's FakeTensor has that size, maybe symbolic:
+    # arange(seq_len)); start and step are in every element.
+    if not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in (start, step)):
+        raise UnsupportedOp("arange with a symbolic start or step")
     val = node_val()
     check_dtypes(val.dtype)
+    if is_symbolic(*sizes_of(val)) and (val.dtype.is_floating_point or isinstance(start, float)
+                                        or isinstance(step, float)):
+        raise UnsupportedOp("float arange of a symbolic length")
     if isinstance(start, float) or isinstance(step, float):
         if not val.dtype.is_floating_point:
             raise UnsupportedOp("integer arange with float bounds")

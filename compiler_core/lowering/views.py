@@ -18,8 +18,8 @@ from fxcc.compiler_core.ir.nodes import Lazy, StridedView, TensorValue, make_loa
 from fxcc.compiler_core.ir.ops import compute_dtype, ops
 from fxcc.compiler_core.lowering.common import remap_view
 from fxcc.compiler_core.lowering.core import aten, current_graph, node_val, prims, register_lowering
-from fxcc.compiler_core.sizevars import Expr, ModularIndexing, flatten, numel, unflatten
-from fxcc.compiler_core.symbolic import sizes_of, strides_of
+from fxcc.compiler_core.sizevars import Expr, FloorDiv, ModularIndexing, flatten, numel, unflatten
+from fxcc.compiler_core.symbolic import is_symbolic, sizes_of, strides_of, sym_value
 
 
 def _dim(d: int, rank: int) -> int:
@@ -59,19 +59,54 @@ def _expand(x: TensorValue, sizes: Sequence[int], *, implicit: bool = False) -> 
 
 
 @register_lowering(aten.slice.Tensor)
-def _slice(x: TensorValue, dim: int = 0, start: int | None = None, end: int | None = None,
-           step: int = 1) -> TensorValue:
+def _slice(x: TensorValue, dim: int = 0, start: Any = None, end: Any = None, step: Any = 1) -> TensorValue:
     dim = _dim(dim, len(x.sizes))
-    r = range(x.sizes[dim])[slice(start, end, step)]
+    size = x.sizes[dim]
+    bounds = [None if b is None else _size_value(b) for b in (start, end)]
+    step = _size_value(step)
     out = list(x.sizes)
-    out[dim] = len(r)
-    first = r.start if len(r) else 0
+    if is_symbolic(size, *bounds, step):
+        first, out[dim] = _symbolic_slice(size, *bounds, step, sizes_of(node_val())[dim])
+    else:
+        r = range(int(size))[slice(*bounds, step)]
+        out[dim], first = len(r), (r.start if len(r) else 0)
 
     def remap(idx: Sequence[Expr]) -> list[Expr]:
         idx = list(idx)
-        idx[dim] = first + idx[dim] * r.step
+        idx[dim] = first + idx[dim] * step
         return idx
     return remap_view(x, out, remap)
+
+
+def _size_value(v: Any) -> Any:
+    """A slice argument as a size expression (an int, or a SymInt's expression: no guard)."""
+    return v if isinstance(v, sympy.Basic) else sym_value(v)
+
+
+def _symbolic_slice(size: Any, start: Any, end: Any, step: Any, length: Any) -> tuple[Any, Any]:
+    """(first index, length) of a slice with a symbolic size or bound, without a guard.
+
+    Note: Python's range() would make every SymInt an int, a guard that specializes the plan to
+    one size (BERT's position ids sliced to the sequence length: a plan per length). Eager's
+    clamping is the ShapeEnv's: the result's length, from the node's FakeTensor, is checked
+    against the unclamped bounds as expressions (a negative bound counts from the end); where
+    they differ (a bound that clamping moved), the slice is an extern call.
+    """
+    if not isinstance(step, int) or step < 1:
+        raise UnsupportedOp(f"slice with step {step}")
+    big = 1 << 62  # `x[a:]` arrives as end = sys.maxsize
+
+    def bound(b: Any, default: Any) -> Any:
+        if b is None or (isinstance(b, int) and b >= big):
+            return default
+        return size + b if isinstance(b, int) and b < 0 else b
+
+    first, stop = bound(start, 0), bound(end, size)
+    count = stop - first if step == 1 else FloorDiv(stop - first + step - 1, step)
+    if sympy.expand(sympy.sympify(count) - sympy.sympify(length)) != 0:
+        raise UnsupportedOp(f"slice [{start}:{end}:{step}] of a size-{size} dim gives {length}, "
+                            f"not {count}: eager clamped it")
+    return first, length
 
 
 @register_lowering(aten.select.int)

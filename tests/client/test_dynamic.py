@@ -375,3 +375,54 @@ def test_attention_fused_under_its_guard_refuses_sizes_beyond_it(monkeypatch):
     variant = compile_request(requests[0].model_copy(update={"hints": hints, "variant": True}))
     assert CPU_OP not in variant.manifest.stats.extern_ops
     assert f"s0*s1 > {MAX_HEADS}" in variant.manifest.plan.guards, variant.manifest.plan.guards
+
+
+class Positions(nn.Module):
+    """What transformers' encoders do with a sequence length: a position-id buffer sliced to it
+    (`ids[:, :s]`), embedded, and a padding mask gathered by index tensors whose sizes are it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("ids", torch.arange(64)[None], persistent=False)
+        self.emb = nn.Embedding(64, 16)
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        b, s = pad.shape
+        pos = self.emb(self.ids[:, :s])  # a slice with a symbolic end
+        keep = pad[torch.arange(b)[:, None], torch.arange(s)[None, :]]  # indices into a symbolic dim
+        return (x + pos) * keep[..., None]
+
+
+def test_slices_and_gathers_of_a_sequence_length_stay_symbolic():
+    """One dynamic plan serves every length: no guard pins the length (Python's range() on a
+    SymInt slice bound did, so each new length compiled a variant), and the slice, the aranges
+    of the length and the gather into it are lowered (each was an extern call or a guard)."""
+    torch.manual_seed(0)
+    model = Positions().eval()
+    compiled = torch.compile(model, backend="fxcc")
+    with torch.no_grad():
+        for s in (20, 13, 7, 41):
+            x, pad = torch.randn(3, s, 16), torch.rand(3, s) > 0.2
+            torch.testing.assert_close(compiled(x, pad), model(x, pad))
+    compiles = _compiles()
+    assert [e.source for e in compiles] == ["compiled-in-process"] * 2, [e.source for e in compiles]
+    dynamic = compiles[-1]
+    assert all(e.error is None for e in events())
+    assert dynamic.stats.nodes_extern == 0 and dynamic.stats.kernels >= 1
+
+
+def test_symbolic_slices_match_eager_however_their_bounds_are_given():
+    """Bounds from the end, steps, bounds of the length's expression, and one that eager clamps
+    (end past the size: an extern call, still right), over lengths the dynamic plan serves."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        s = x.shape[1]
+        return torch.cat([x[:, -3:], x[:, 1:s - 1:2], x[:, s // 2:], x[:, :100].flip(1)[:, :3]], dim=1) * 2
+
+    compiled = torch.compile(fn, backend="fxcc")
+    for s in (9, 12, 17, 30):
+        x = torch.randn(2, s)
+        torch.testing.assert_close(compiled(x), fn(x))
+    compiles = _compiles()
+    assert [e.source for e in compiles] == ["compiled-in-process"] * 2, [e.source for e in compiles]
+    assert all(e.error is None for e in events())
