@@ -4,6 +4,8 @@ render to Triton text inlined into the template (compiler_core.flex, codegen.fle
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from functorch.compile import make_boxed_func
@@ -135,6 +137,24 @@ def test_the_template_inlines_both_mods_and_reads_the_captured_tensor(spec):
     assert "(m_idx - n_idx)" in source  # q_idx - kv_idx over the tile
     assert "(m_idx >= n_idx)" in source  # causal's mask_mod, in the partial blocks' loop only
     assert source.count("(m_idx >= n_idx)") == 1 and source.count("for it in range") == 2
+
+
+def test_a_static_launch_reads_its_strides_and_lengths_as_literals(spec):
+    """As Inductor specializes its templates on static strides: the body names no integer
+    parameter (the launch still passes them all, in order)."""
+    from fxcc.compiler_core.codegen.flex_attention import FWD_INTS
+
+    art = compile_request(CompileRequest(graph=spec))
+    (info,) = [k for k in art.manifest.kernels if k.name.startswith("fxcc_flex_")]
+    source = art.blobs[info.source.digest].decode()
+    body = source[source.index("):\n", source.index(f"def {info.name}(")):]
+    (launch,) = [st for st in art.manifest.plan.steps if st.kind == "kernel" and st.kernel == info.name]
+    signature = source[source.index(f"def {info.name}("):source.index("BLOCK_M: tl.constexpr")]
+    names = [n for n in FWD_INTS if re.search(rf"\b{n}\b", signature)]
+    assert [a.kind for a in launch.args].count("int") == len(names) > 20  # still passed, in order
+    for name in names:
+        assert re.search(rf"\b{name}\b", body) is None, name
+    assert "tl.cdiv(64, BLOCK_M)" in body  # q_len
 
 
 def test_the_mods_are_in_the_key(spec):
