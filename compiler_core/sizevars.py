@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import sympy
 
@@ -93,8 +94,17 @@ def contiguous_strides(sizes: Sequence[int]) -> tuple[int, ...]:
     out, acc = [], 1
     for s in reversed(sizes):
         out.append(acc)
-        acc *= max(s, 1)
+        acc *= _at_least_one(s)
     return tuple(reversed(out))
+
+
+def _at_least_one(size: Any) -> Any:
+    """max(size, 1), as torch strides past an empty dim; a symbolic size whose value may be 0
+    (`s0 - 2`, a slice's) counts as itself: asking would need a guard, and where it is 0 the
+    tensor is empty, so no stride of it addresses anything."""
+    if isinstance(size, sympy.Basic) and not size.is_Integer:
+        return size
+    return max(int(size), 1)
 
 
 def linear_index(index: Sequence[Expr], strides: Sequence[int], offset: int = 0) -> Expr:
@@ -103,7 +113,7 @@ def linear_index(index: Sequence[Expr], strides: Sequence[int], offset: int = 0)
 
 @functools.lru_cache(maxsize=1 << 15)  # pure, and asked again in every layer (simplify_index says why)
 def _linear_index(index: tuple[Expr, ...], strides: tuple[int, ...], offset: int) -> Expr:
-    return sympy.Add(sympy.Integer(offset), *[i * s for i, s in zip(index, strides) if s != 0])
+    return sympy.Add(sympy.sympify(offset), *[i * s for i, s in zip(index, strides) if s != 0])
 
 
 def unflatten(flat: Expr, sizes: Sequence[int]) -> list[Expr]:

@@ -12,14 +12,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import sympy
+import torch
+from torch import fx
 
 from fxcc.compiler_core.errors import UnsupportedOp
 from fxcc.compiler_core.ir.nodes import Lazy, StridedView, TensorValue, make_loader
 from fxcc.compiler_core.ir.ops import compute_dtype, ops
 from fxcc.compiler_core.lowering.common import remap_view
-from fxcc.compiler_core.lowering.core import aten, current_graph, node_val, prims, register_lowering
+from fxcc.compiler_core.lowering.core import aten, current_graph, current_node, node_val, prims, register_lowering
 from fxcc.compiler_core.sizevars import Expr, FloorDiv, ModularIndexing, flatten, numel, unflatten
-from fxcc.compiler_core.symbolic import is_symbolic, sizes_of, strides_of, sym_value
+from fxcc.compiler_core.symbolic import hint, is_symbolic, offset_of, sizes_of, strides_of, sym_value
 
 
 def _dim(d: int, rank: int) -> int:
@@ -67,6 +69,7 @@ def _slice(x: TensorValue, dim: int = 0, start: Any = None, end: Any = None, ste
     out = list(x.sizes)
     if is_symbolic(size, *bounds, step):
         first, out[dim] = _symbolic_slice(size, *bounds, step, sizes_of(node_val())[dim])
+        _check_first(dim, first, out[dim])
     else:
         r = range(int(size))[slice(*bounds, step)]
         out[dim], first = len(r), (r.start if len(r) else 0)
@@ -99,7 +102,13 @@ def _symbolic_slice(size: Any, start: Any, end: Any, step: Any, length: Any) -> 
     def bound(b: Any, default: Any) -> Any:
         if b is None or (isinstance(b, int) and b >= big):
             return default
-        return size + b if isinstance(b, int) and b < 0 else b
+        if isinstance(b, int):
+            return size + b if b < 0 else b
+        if b.is_negative:  # -s1: counts from the end (size symbols are positive)
+            return size + b
+        if b.is_nonnegative:
+            return b
+        raise UnsupportedOp(f"slice bound {b} of unknown sign")
 
     first, stop = bound(start, 0), bound(end, size)
     count = stop - first if step == 1 else FloorDiv(stop - first + step - 1, step)
@@ -107,6 +116,18 @@ def _symbolic_slice(size: Any, start: Any, end: Any, step: Any, length: Any) -> 
         raise UnsupportedOp(f"slice [{start}:{end}:{step}] of a size-{size} dim gives {length}, "
                             f"not {count}: eager clamped it")
     return first, length
+
+
+def _check_first(dim: int, first: Any, length: Any) -> None:
+    """The slice's first index against its FakeTensor's storage offset (the ShapeEnv's own
+    reading of the bounds), compared as expressions: a slice that reads elsewhere is an extern."""
+    node = current_node()
+    src, out = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None, node_val()
+    if not isinstance(src, torch.Tensor) or hint(length) == 0:
+        return
+    moved = sympy.sympify(offset_of(out)) - sympy.sympify(offset_of(src))
+    if sympy.expand(moved - sympy.sympify(first) * sympy.sympify(strides_of(src)[dim])) != 0:
+        raise UnsupportedOp(f"slice starts at {first}, its FakeTensor at offset {moved}")
 
 
 @register_lowering(aten.select.int)

@@ -163,19 +163,27 @@ def pays_channels_last(convs: list[fx.Node], training: bool = False) -> bool:
 def _reads_layout(node: fx.Node) -> bool:
     """Whether `node` reads its input's memory by a layout the pass may change.
 
-    Note: a [N, C, 1, 1] value lies at n·C + c in either layout (a global pool's result, which
-    ConvNeXt's head restrides with as_strided), and graph inputs keep theirs.
+    Note: a [N, C, 1, 1] value of its own storage (not a view: a slice of a feature map lies in
+    that map's storage, which the pass re-lays) lies at n·C + c in either layout (a global
+    pool's result, which ConvNeXt's head restrides with as_strided); graph inputs keep theirs.
     """
     if node.target not in LAYOUT_READERS:
         return False
     src = node.args[0] if node.args else None
     if not isinstance(src, fx.Node):
         return True
-    val = src.meta.get("val")
-    if src.op == "placeholder" or (isinstance(val, torch.Tensor) and val.dim() == 4 and val.shape[2] == 1
-                                   and val.shape[3] == 1):
+    if src.op == "placeholder":
         return False
-    return True
+    val = src.meta.get("val")
+    own = (isinstance(val, torch.Tensor) and src.op == "call_function" and not _is_view_op(src)
+           and not val._is_view() and val.storage_offset() == 0)
+    return not (own and val.dim() == 4 and val.shape[2] == 1 and val.shape[3] == 1)
+
+
+def _is_view_op(node: fx.Node) -> bool:
+    """Whether `node`'s op returns a view of an input (its schema's result aliases one)."""
+    schema = getattr(node.target, "_schema", None)
+    return schema is None or any(r.alias_info is not None for r in schema.returns)
 
 
 def _conv_of(node: fx.Node) -> Any:

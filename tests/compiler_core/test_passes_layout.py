@@ -492,12 +492,17 @@ def test_a_convnext_goes_channels_last_though_its_matmuls_do_most_of_the_work(po
     assert_same_outputs(gm, new_gm, inputs)
 
 
-def test_an_as_strided_view_of_a_feature_map_still_stops_the_pass() -> None:
-    """as_strided reads memory by strides: of a spatial map, the pass would change what it reads."""
+@pytest.mark.parametrize("view", ["map", "corner", "inner_pixel"])
+def test_an_as_strided_view_of_a_feature_map_still_stops_the_pass(view: str) -> None:
+    """as_strided reads memory by strides: of a spatial map, or of a [N, C, 1, 1] slice of one
+    (which lies in the map's storage), the pass would change what it reads."""
 
     def fn(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
         y = torch.nn.functional.conv2d(torch.nn.functional.conv2d(x, w1, padding=1).relu(), w2, padding=1)
-        return y.as_strided((2, 8, 4, 4), (512, 64, 8, 1))
+        if view == "map":
+            return y.as_strided((2, 8, 4, 4), (512, 64, 8, 1))
+        p = y[:, :, :1, :1] if view == "corner" else y[:, :, 1:2, 1:2]
+        return p.as_strided(p.shape, (512, 64, 8, 1)) * 2
 
     spec, _ = cuda_spec(fn, torch.randn(2, 8, 8, 8), torch.randn(8, 8, 3, 3), torch.randn(8, 8, 3, 3))
     assert not channels_last_convs(rebuild_graph(spec), "cuda")
