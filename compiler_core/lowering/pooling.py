@@ -78,17 +78,31 @@ def _avg_pool2d(x: TensorValue, kernel_size: Sequence[int], stride: Sequence[int
     acc = compute_dtype(val.dtype)
     load = make_loader(x)
 
-    def inner(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
-        h = index[lead] * sh - ph + rindex[0]
-        w = index[lead + 1] * sw - pw + rindex[1]
+    def tap(index: Sequence[Expr], i: Any, j: Any) -> Any:
+        h = index[lead] * sh - ph + i
+        w = index[lead + 1] * sw - pw + j
         return ops.masked(_inside(h, w, ih, iw), lambda: ops.to_dtype(load([*index[:lead], h, w]), acc), 0.0)
-    total = current_graph().add_computed(Reduction(acc, sizes_of(val), (kh, kw), "sum", inner))
-    total_load = make_loader(total)
+
+    if kh * kw <= MAX_TAPS:
+        # Note: unrolled, a pointwise value, which a kernel walks in its output's memory order:
+        # as a reduction over the window its outputs were walked in NCHW order, so a channels-last
+        # pool (timm's ResNet-50d shortcuts, 2x2) read and wrote 256 elements apart per thread.
+        def total(index: Sequence[Expr]) -> Any:
+            out = None
+            for i in range(kh):
+                for j in range(kw):
+                    v = tap(index, i, j)
+                    out = v if out is None else ops.add(out, v)
+            return out
+    else:
+        window = current_graph().add_computed(
+            Reduction(acc, sizes_of(val), (kh, kw), "sum", lambda index, rindex: tap(index, rindex[0], rindex[1])))
+        total = make_loader(window)
     out = compute_dtype(val.dtype)
 
     def mean(index: Sequence[Expr]) -> Any:
         d = _divisor(index[lead], index[lead + 1], geometry, count_include_pad, divisor_override, acc)
-        return ops.to_dtype(ops.truediv(total_load(index), d), out)
+        return ops.to_dtype(ops.truediv(total(index), d), out)
     return Lazy(val.dtype, sizes_of(val), mean)
 
 

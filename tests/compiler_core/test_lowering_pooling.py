@@ -73,3 +73,18 @@ def test_max_pool2d_backward_of_channels_last_gradients() -> None:
     art = check(lambda gg, t, i: aten.max_pool2d_with_indices_backward(gg, t, [3, 3], [2, 2], [1, 1], [1, 1],
                                                                        False, i), g, x, idx, decompose=False)
     assert art.manifest.stats.nodes_extern == 0
+
+
+def test_a_channels_last_avg_pool_walks_its_output_in_memory_order() -> None:
+    """timm's ResNet-50d shortcut pool (2x2, ceil_mode, no padding counted) of a channels-last map:
+    an unrolled pointwise kernel that stores at its flat index (as a window reduction it walked
+    its outputs in NCHW order, each thread reading and writing a channel apart); a window larger
+    than the unrolling bound is still a reduction, and both match eager."""
+    x = _x(torch.bfloat16, (2, 16, 9, 8)).to(memory_format=torch.channels_last)
+    art = check(lambda t: aten.avg_pool2d(t, [2, 2], [2, 2], [0, 0], True, False), x, decompose=False,
+                atol=2e-2, rtol=2e-2)
+    (info,) = art.manifest.kernels
+    source = art.blobs[info.source.digest].decode()
+    assert info.name.startswith("fxcc_pw_") and "tl.store(out_ptr0 + (xindex)" in source
+    big = check(lambda t: aten.avg_pool2d(t.float(), [6, 5], [1, 1]), x, decompose=False)
+    assert [k.name[:9] for k in big.manifest.kernels].count("fxcc_red_") == 1
