@@ -19,7 +19,14 @@ from fxcc.compiler_core.errors import UnsupportedOp
 from fxcc.compiler_core.ir.nodes import Lazy, StridedView, TensorValue, make_loader
 from fxcc.compiler_core.ir.ops import compute_dtype, ops
 from fxcc.compiler_core.lowering.common import remap_view
-from fxcc.compiler_core.lowering.core import aten, current_graph, current_node, node_val, prims, register_lowering
+from fxcc.compiler_core.lowering.core import (
+    aten,
+    current_graph,
+    current_node,
+    node_val,
+    prims,
+    register_lowering,
+)
 from fxcc.compiler_core.sizevars import Expr, FloorDiv, ModularIndexing, flatten, numel, unflatten
 from fxcc.compiler_core.symbolic import hint, is_symbolic, offset_of, sizes_of, strides_of, sym_value
 

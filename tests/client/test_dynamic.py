@@ -440,7 +440,7 @@ def test_symbolic_slices_are_lowered_and_match_eager(case):
 
 def test_a_slice_between_negated_sizes_reads_from_the_end():
     """x[-a:-b] with a, b sizes: the bounds count from the end, as eager's (it read at -a before)."""
-    fn = lambda x, y, w: x[-w.shape[0]:-y.shape[0]][:1] * 3  # noqa: E731
+    fn = lambda x, y, w: x[-w.shape[0]:-y.shape[0]][:1] * 3
     compiled = torch.compile(fn, backend="fxcc", dynamic=True)
     for s in (10, 12, 15):
         args = (torch.arange(1.0, s + 1), torch.zeros(3), torch.zeros(7))

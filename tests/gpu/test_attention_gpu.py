@@ -188,3 +188,41 @@ def test_workloads_through_torch_compile_use_the_template_and_match_eager(name: 
     launches = [st for st in art.manifest.plan.steps if st.kind == "kernel" and is_template_kernel(st.kernel)]
     assert len(launches) == (1 if name == "transformer_block" else 2)
     _ran_from_cubins(art, x.device.index)
+
+
+@pytest.mark.parametrize("fill", ["bool", "finfo_min"])
+@pytest.mark.parametrize("tune", [False, True], ids=["untuned", "tuned"])
+def test_a_masked_sdpa_runs_the_template_with_its_mask_as_a_bias(fill: str, tune: bool) -> None:
+    """GPT-2 under torch.compile: a [B, 1, S, S] causal-and-padding mask (boolean, or a model's
+    finfo.min float one) broadcast over the heads; the template reads it once per head from cubins.
+    A row masked whole gives zeros as aten's memory-efficient kernel does (checked here too, the
+    template's assumption), a finfo.min row spreads evenly as eager's softmax does."""
+    b, h, s, d = 4, 12, 300, 64
+    keep = torch.ones(s, s, dtype=torch.bool, device="cuda").tril().expand(b, 1, s, s).clone()
+    keep[1, :, :, 250:] = False  # padding
+    keep[2, :, 7] = False  # one row masked whole
+
+    def fn(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        q, k, v = _split_heads(x, h)
+        mask = m if fill == "bool" else torch.where(m, 0.0, torch.finfo(torch.float32).min)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    x = _fused_qkv(b, s, h, d, seed=3)
+    art = _compiled(fn, [x, keep], allow_tf32=True, tune=tune)
+    assert CUDA_SDPA not in art.manifest.stats.extern_ops
+    (launch,) = [st for st in art.manifest.plan.steps if st.kind == "kernel" and is_template_kernel(st.kernel)]
+    assert int_args(launch.args)["b_sh"] == 0
+    (got,) = load_plan(art)([x, keep])
+    torch.cuda.synchronize()
+    _ran_from_cubins(art, x.device.index)
+    with torch.no_grad():
+        want = fn(x, keep)  # aten's memory-efficient kernel, exact fp32
+    if fill == "bool":
+        assert torch.equal(want[2, :, 7], torch.zeros_like(want[2, :, 7]))
+    q, k, v = (t.double() for t in _split_heads(x, h))
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(~keep, float("-inf"))
+    ref = (torch.softmax(scores, -1) @ v).nan_to_num(0.0)
+    if fill == "finfo_min":  # every score of the masked row is finfo.min: eager spreads it evenly
+        ref[2, :, 7] = v[2].mean(1)
+    assert (got.double() - ref).abs().max().item() < 1e-2
+    torch.testing.assert_close(got[2, :, 7], want[2, :, 7], atol=1e-2, rtol=0)
