@@ -195,8 +195,8 @@ def test_workloads_through_torch_compile_use_the_template_and_match_eager(name: 
 def test_a_masked_sdpa_runs_the_template_with_its_mask_as_a_bias(fill: str, tune: bool) -> None:
     """GPT-2 under torch.compile: a [B, 1, S, S] causal-and-padding mask (boolean, or a model's
     finfo.min float one) broadcast over the heads; the template reads it once per head from cubins.
-    A row masked whole gives zeros as aten's memory-efficient kernel does (checked here too, the
-    template's assumption), a finfo.min row spreads evenly as eager's softmax does."""
+    A boolean row masked whole gives zeros as aten's memory-efficient kernel does (checked here too,
+    the template's assumption), a finfo.min row spreads evenly as eager's math softmax does."""
     b, h, s, d = 4, 12, 300, 64
     keep = torch.ones(s, s, dtype=torch.bool, device="cuda").tril().expand(b, 1, s, s).clone()
     keep[1, :, :, 250:] = False  # padding
@@ -225,4 +225,7 @@ def test_a_masked_sdpa_runs_the_template_with_its_mask_as_a_bias(fill: str, tune
     if fill == "finfo_min":  # every score of the masked row is finfo.min: eager spreads it evenly
         ref[2, :, 7] = v[2].mean(1)
     assert (got.double() - ref).abs().max().item() < 1e-2
-    torch.testing.assert_close(got[2, :, 7], want[2, :, 7], atol=1e-2, rtol=0)
+    if fill == "bool":  # a finfo.min row masked whole is implementation-defined: the math path spreads
+        # it evenly (fxcc does too), aten's memory-efficient kernel does not (H200, session 24: 667 of
+        # its 768 values differ from the even spread)
+        torch.testing.assert_close(got[2, :, 7], want[2, :, 7], atol=1e-2, rtol=0)
