@@ -76,13 +76,21 @@ def heuristic_config(params: AttentionParams, q_len: Any, kv_len: Any, target: s
     causal one (0.0686 ms against 3 stages on 8 warps, 0.0636). Short sequences (the hint's) get
     tiles no longer than they need; the interpreter takes the same tiles (its cost is per tile).
     A bias tile is as large as the scores' and live beside them: at 128 × 64 on 4 warps ptxas
-    (Triton 3.6's, sm_90a, head dim 64, TF32) spills 304 bytes a thread with one (152 without),
-    at 128 × 32 none, so a biased kernel takes 32-key tiles (tuning may pick others).
+    (Triton 3.6's, sm_90a, head dim 64, TF32) spills over 500 bytes a thread with one (152
+    without), on 8 warps none; GPT-2's masked attention (B8 H12 S512 D64, a [B, 1, S, S] bias,
+    bench.attention_mask, H100, session 24) ran fastest at 128 × 64 on 8 warps with 3 stages for
+    a causal mask, no mask and a padding mask alike (0.086, 0.089, 0.076 ms; 128 × 32 on 4 warps
+    with 2 stages: 0.097, 0.107, 0.082), so a biased kernel takes that; shorter query tiles keep 4
+    warps (two warp groups over 64 rows leave the MMA units half fed, autotune_attention's note),
+    and head dims over 64 with a bias keep 32-key tiles (ptxas: 104 bytes spilled at 64 × 32,
+    340 at 64 × 64; not timed).
     """
     del target
     wide = max(params.head_dim, params.value_dim) > 64
     block_m = min(64 if wide else 128, max(16, next_pow2(hint(q_len))))
-    block_n = min(32 if params.bias else 64, max(16, next_pow2(hint(kv_len))))
+    block_n = min(32 if params.bias and wide else 64, max(16, next_pow2(hint(kv_len))))
+    if params.bias and block_m == 128:
+        return AttentionConfig(block_m, block_n, 8, 3)
     return AttentionConfig(block_m, block_n, 4, 2)
 
 
@@ -122,7 +130,7 @@ def {name}(Q, K, V, {bias_ptr}O,
     l_run = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, {value_dim}], tl.float32)
 {key_end}
-    for start in range(0, key_end, BLOCK_N):
+    for start in range({loop_range}, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         col_ok = cols < kv_len
         kt = tl.load(k_base + cols[None, :] * k_sn + dq[:, None], mask=col_ok[None, :], other=0.0)
@@ -138,6 +146,31 @@ def {name}(Q, K, V, {bias_ptr}O,
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
 '''
 
+# Note: a key tile whose every bias (of this program's rows) is -inf adds nothing (p = 0, m and l
+# unchanged): the loop runs from the first tile holding a kept key to the last one (found by loading
+# the bias tiles from either end, until one keeps a key). A causal mask's tiles past the diagonal,
+# a padding mask's padded keys and a sliding window's keys outside it are never computed; tiles
+# between the bounds are computed as they are. A NaN bias counts as kept (eager's NaN comes out);
+# a NaN or inf in K or V at keys of a skipped tile does not come out (0 · NaN is NaN in eager's
+# math path), as in any flash kernel that skips masked blocks.
+_BIAS_BOUNDS = '''\
+    hi = tl.full([], 0, tl.int32) + tl.cdiv(key_end, BLOCK_N)
+    live = tl.full([], 0, tl.int32)
+    while (live == 0) & (hi > 0):
+        cols = (hi - 1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        bias = tl.load(b_base + rows[:, None] * b_sm + {b_cols},
+                       mask=row_ok[:, None] & (cols < kv_len)[None, :], other=float("-inf"))
+        live = tl.sum(tl.sum((bias != float("-inf")).to(tl.int32), 1), 0)
+        hi = tl.where(live == 0, hi - 1, hi)
+    lo = tl.full([], 0, tl.int32)
+    live = tl.full([], 0, tl.int32)
+    while (live == 0) & (lo < hi):
+        cols = lo * BLOCK_N + tl.arange(0, BLOCK_N)
+        bias = tl.load(b_base + rows[:, None] * b_sm + {b_cols},
+                       mask=row_ok[:, None] & (cols < kv_len)[None, :], other=float("-inf"))
+        live = tl.sum(tl.sum((bias != float("-inf")).to(tl.int32), 1), 0)
+        lo = tl.where(live == 0, lo + 1, lo)'''
+
 _PLAIN_SOFTMAX = '''\
         s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_run, tl.max(s, 1))
@@ -145,7 +178,7 @@ _PLAIN_SOFTMAX = '''\
         p = tl.exp2(s - m_new[:, None])'''
 # Note: natural units; a row with no finite score yet exponentiates against 0 (all its terms 0).
 _BIAS_SOFTMAX = '''\
-        bias = tl.load(b_base + rows[:, None] * b_sm + cols[None, :] * b_sn,
+        bias = tl.load(b_base + rows[:, None] * b_sm + {b_cols},
                        mask=row_ok[:, None] & col_ok[None, :], other=0.0)
         s = tl.where(keep, s + bias.to(tl.float32), float("-inf"))
         m_new = tl.maximum(m_run, tl.max(s, 1))
@@ -185,21 +218,25 @@ def render_attention(params: AttentionParams, config: AttentionConfig) -> Render
         "precision": precision, "dot_dtype": TL_DTYPES[params.dtype],
     }
     if params.bias:
+        b_cols = "cols[None, :]" if params.bias_dense else "cols[None, :] * b_sn"
         fields |= {
             "bias_ptr": "B, ", "bias_ints": "\n           b_off, b_sz, b_sh, b_sm, b_sn,",
-            "bias_base": "    b_base = B + b_off + z * b_sz + h * b_sh", "units": "natural",
-            "scale": repr(float(params.scale)), "softmax": _BIAS_SOFTMAX,
+            # the loop's bounds found before q and the accumulators take their registers
+            "bias_base": "    b_base = B + b_off + z * b_sz + h * b_sh\n" + key_end + "\n" + _BIAS_BOUNDS.format(b_cols=b_cols),
+            "units": "natural",
+            "scale": repr(float(params.scale)), "softmax": _BIAS_SOFTMAX.format(b_cols=b_cols),
             "finish": "    out = acc / tl.where(l_run == 0.0, 1.0, l_run)[:, None]",
+            "key_end": "", "loop_range": "lo * BLOCK_N, hi * BLOCK_N",
         }
     else:
         fields |= {
             "bias_ptr": "", "bias_ints": "", "bias_base": "", "units": "log2-scaled",
             "scale": repr(float(params.scale) * math.log2(math.e)), "softmax": _PLAIN_SOFTMAX,
-            "finish": "    out = acc / l_run[:, None]",
+            "finish": "    out = acc / l_run[:, None]", "loop_range": "0, key_end",
         }
     fields["facts"] = (f"head_dim={params.head_dim} value_dim={params.value_dim} "
                        f"dtype={str(params.dtype).removeprefix('torch.')} precision={params.precision if fp32 else 'none'} "
-                       f"causal={int(params.causal)} bias={int(params.bias)}")
+                       f"causal={int(params.causal)} bias={int(params.bias)} bias_dense={int(params.bias_dense)}")
     body = _BODY.format(name="{name}", **fields)
     digest = hashlib.sha256(f"{body}\n{sorted(config.constexprs.items())}\n{config.num_warps}\n"
                             f"{config.num_stages}".encode()).hexdigest()[:16]

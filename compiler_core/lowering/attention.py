@@ -48,14 +48,17 @@ def flash_attention(q: TensorValue, k: TensorValue, v: TensorValue, scale: float
     ints: list[Any] = []
     for t in views:
         ints += [t.offset, *t.strides[:3]]
+    bias_dense = False
     if bias is not None:
         b = _broadcast_view(g, bias, 7)
         views.append(b)
-        ints += [b.offset, *_broadcast_strides(b, (z, h, q_len, kv_len))]
+        b_strides = _broadcast_strides(b, (z, h, q_len, kv_len))
+        ints += [b.offset, *b_strides]
+        bias_dense = not is_symbolic(b_strides[3]) and int(b_strides[3]) == 1
     ints += [*out.strides[:3], z, h, q_len, kv_len]
     precision = "tf32" if allow_tf32 else "ieee"
     params = AttentionParams(int(head_dim), int(value_dim), bool(is_causal), float(scale), q.dtype, precision,
-                             bias is not None)
+                             bias is not None, bias_dense)
     g.program.append(TemplateKernel(
         out.buffer.name, target_name(_flash_attention_op()), [NodeRef(name=t.buffer.name) for t in views],
         params=params, int_args=tuple(ints), sizes={"q_len": q_len, "kv_len": kv_len, "batch_heads": z * h}))

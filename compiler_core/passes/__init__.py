@@ -12,6 +12,7 @@ def run_passes(gm: fx.GraphModule, target: str, allow_tf32: bool = False) -> boo
     """Every pass, in order, on `gm` in place; whether any rewrote it (graph.wire_graph then derives
     its wire form). `allow_tf32`: the request's CompileOptions.allow_tf32 (fp32 kernels may use TF32)."""
     from fxcc.compiler_core.passes.attention import fuse_attention
+    from fxcc.compiler_core.passes.bias import peel_biases
     from fxcc.compiler_core.passes.index_add import index_puts_as_index_add
     from fxcc.compiler_core.passes.layout import channels_last_convs
     from fxcc.compiler_core.passes.pad_mm import pad_matmuls
@@ -19,4 +20,5 @@ def run_passes(gm: fx.GraphModule, target: str, allow_tf32: bool = False) -> boo
     changed = fuse_attention(gm, target, allow_tf32)
     changed = pad_matmuls(gm, target) or changed
     changed = index_puts_as_index_add(gm, target) or changed
+    changed = peel_biases(gm, target) or changed
     return channels_last_convs(gm, target) or changed

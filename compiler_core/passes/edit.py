@@ -101,6 +101,23 @@ class GraphEdit:
         self.gm.recompile()
 
 
+def rewrite_each(gm: fx.GraphModule, nodes: Iterable[fx.Node], build: Any, log: Any, what: str) -> int:
+    """Each of `nodes` replaced by the node `build(edit, node)` adds before it; a node whose rewrite
+    fails is left as it was (its new nodes taken back, the failure logged as `what` left alone).
+    The edit finished; how many nodes were rewritten."""
+    edit = GraphEdit(gm)
+    rewritten = 0
+    for node in nodes:
+        try:
+            edit.replace(node, build(edit, node))
+            rewritten += 1
+        except Exception as e:  # noqa: BLE001 - this node's new nodes are taken back
+            edit.rollback()
+            log.warning("%s left as it is at %s: %s: %s", what, node.name, type(e).__name__, e)
+    edit.finish()
+    return rewritten
+
+
 def fresh_name(taken: set[str], stem: str) -> str:
     """`stem` (cut to a wire name's length), numbered where `taken` has it; then taken too."""
     base = stem[:120]

@@ -26,7 +26,7 @@ import logging
 import torch
 from torch import fx
 
-from fxcc.compiler_core.passes.edit import GraphEdit
+from fxcc.compiler_core.passes.edit import GraphEdit, rewrite_each
 
 log = logging.getLogger("fxcc.passes.index_add")
 aten = torch.ops.aten
@@ -41,16 +41,7 @@ def index_puts_as_index_add(gm: fx.GraphModule, target: str) -> bool:
     found = [n for n in gm.graph.nodes if rewritable(n)]
     if not found:
         return False
-    edit = GraphEdit(gm)
-    rewritten = 0
-    for node in found:
-        try:
-            edit.replace(node, index_add_node(edit, node))
-            rewritten += 1
-        except Exception as e:  # noqa: BLE001 - this node's new nodes are taken back
-            edit.rollback()
-            log.warning("index_put left as it is at %s: %s: %s", node.name, type(e).__name__, e)
-    edit.finish()
+    rewritten = rewrite_each(gm, found, index_add_node, log, "index_put")
     log.info("%d accumulating index_put(s) run as index_add", rewritten)
     return rewritten > 0
 

@@ -16,8 +16,8 @@ from fxcc.client.backend import decomposition_table
 from fxcc.client.capture import capture_graph
 from fxcc.client.runtime import load_plan
 from fxcc.compiler_core.artifact import Artifact
-from fxcc.compiler_core.build import build_artifact, cuda_build_unavailable
-from fxcc.compiler_core.codegen.attention import int_args, is_template_kernel
+from fxcc.compiler_core.build import build_artifact, build_tasks, compile_task, cuda_build_unavailable
+from fxcc.compiler_core.codegen.attention import int_args, is_template_kernel, source_facts
 from fxcc.compiler_core.errors import InvalidGraph
 from fxcc.compiler_core.passes.attention import CPU_OP, CUDA_OP, TEMPLATE_OP
 from fxcc.compiler_core.pipeline import compile_request
@@ -194,7 +194,7 @@ def test_tf32_is_part_of_the_key() -> None:
 # ---------------------------------------------------------------- CUDA targets (FakeTensors; no GPU needed)
 
 
-def _cuda_spec(dtype: torch.dtype = torch.float32, head_dim: int = 16, mask: bool = False) -> GraphSpec:
+def _cuda_spec(dtype: torch.dtype = torch.float32, head_dim: int = 16, mask: bool = False, seq: int = 40) -> GraphSpec:
     """GPT-2's attention as AOTAutograd leaves it on a GPU: aten's memory-efficient op on views of
     the fused projection (a CPU-only torch decomposes SDPA on fake CUDA tensors, so it is called here);
     with `mask`, as transformers' GPT-2 runs under torch.compile: a [B, 1, S, S] boolean mask made
@@ -213,8 +213,8 @@ def _cuda_spec(dtype: torch.dtype = torch.float32, head_dim: int = 16, mask: boo
         return out.transpose(1, 2).reshape(b, s, width) * 2
 
     with FakeTensorMode(allow_non_fake_inputs=True):
-        x = torch.empty(2, 40, 3 * width, device="cuda", dtype=dtype)
-        keep = torch.empty(2, 1, 40, 40, device="cuda", dtype=torch.bool)
+        x = torch.empty(2, seq, 3 * width, device="cuda", dtype=dtype)
+        keep = torch.empty(2, 1, seq, seq, device="cuda", dtype=torch.bool)
         gm = make_fx(fn)(x, keep)
     return capture_graph(gm, [x, keep]).spec
 
@@ -237,6 +237,8 @@ def test_cuda_masked_sdpa_reads_the_mask_once_for_every_head() -> None:
     (launch,) = [st for st in steps if st.kind == "kernel" and is_template_kernel(st.kernel)]
     ints = int_args(launch.args)
     assert (ints["b_sz"], ints["b_sh"], ints["b_sm"], ints["b_sn"]) == (40 * 40, 0, 40, 1)
+    source = art.blobs[next(k for k in art.manifest.kernels if k.name == launch.kernel).source.digest].decode()
+    assert source_facts(source)["bias_dense"] == "1" and "* b_sn" not in source  # key stride 1 in the source
     (alloc,) = [st for st in steps if st.kind == "alloc" and st.out == launch.args[3].name]
     assert [int(x) for x in alloc.spec.sizes] == [2, 1, 40, 40]
     assert not art.manifest.stats.extern_ops  # nothing else left to aten
@@ -245,10 +247,14 @@ def test_cuda_masked_sdpa_reads_the_mask_once_for_every_head() -> None:
 @pytest.mark.skipif(cuda_build_unavailable() is not None, reason="cannot cross-compile for CUDA")
 @pytest.mark.parametrize("mask", [False, True], ids=["causal", "mask"])
 def test_cuda_template_builds_a_cubin(mask: bool) -> None:
-    spec = _cuda_spec(head_dim=64, mask=mask)
+    spec = _cuda_spec(head_dim=64, mask=mask, seq=64)  # rows of 64 keys: 16-divisible strides, as GPT-2's 512
     request = CompileRequest(graph=spec, options=CompileOptions(allow_tf32=True, target=Target(kind="cuda", arch=90)))
     art = build_artifact(compile_request(request), request, 90)
     (info,) = [k for k in art.manifest.kernels if is_template_kernel(k.name)]
     assert "sm_90" in info.binaries, info.metadata
     assert info.metadata["sm_90.num_warps"] == info.num_warps and info.num_stages >= 2
     assert info.metadata["sm_90.signature"].startswith("*fp32,*fp32,*fp32,*fp32,")
+    if mask:  # the mask's rows load as vectors (its key stride is 1 in the source, not an argument)
+        (task,) = [t for t in build_tasks(compile_request(request), request, 90) if t.name == info.name]
+        ptx = compile_task(task).asm["ptx"]
+        assert "ld.global.v4.b32" in ptx and "ld.global.b32" not in ptx

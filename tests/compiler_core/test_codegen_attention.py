@@ -38,7 +38,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, c
     bias: [Z, H, L, S] by its strides, an expanded one's 0 as they are)."""
     z, h, rows, e = q.shape
     cols, ev = k.shape[2], v.shape[3]
-    params = AttentionParams(e, ev, causal, scale, q.dtype, precision, bias is not None)
+    params = AttentionParams(e, ev, causal, scale, q.dtype, precision, bias is not None,
+                             bias is not None and bias.stride(3) == 1)  # as the lowering says
     config = config or heuristic_config(params, rows, cols, "interpret")
     r = render_attention(params, config)
     fn = load_jit(r.source, r.name, tmp, interpret=True)
@@ -125,6 +126,46 @@ def test_an_additive_mask_broadcast_over_heads(fill: float, causal: bool, tmp_pa
         assert row.abs().max() > 0
 
 
+@pytest.mark.parametrize("mask", ["causal", "padding", "window", "dead_rows"])
+def test_key_tiles_masked_whole_by_the_bias_are_skipped(mask: str, tmp_path: Path) -> None:
+    """A boolean mask's bias (0 / -inf) that masks whole key tiles: a causal one (as transformers'
+    GPT-2 passes it: a bias, not is_causal), padded keys, a sliding window, a query tile masked whole.
+    The loop runs from the first tile with a kept key to the last: the result is float64's, and
+    values of keys in tiles past every query's last kept one are never read (NaN there stays out)."""
+    z, rows, cols = 2, 64, 80  # 16-row, 16-key tiles: 4 query tiles, 5 key tiles
+    i, j = torch.arange(rows)[:, None], torch.arange(cols)[None, :]
+    keep = {"causal": j <= i, "padding": j < 40, "window": (j <= i + 8) & (j > i - 24),
+            "dead_rows": (j >= 0) & ((i < 16) | (i >= 32))}[mask].expand(z, 1, rows, cols).clone()
+    if mask == "padding":
+        keep[1] = j < 75  # another length in batch 1
+    bias = torch.zeros(z, 1, rows, cols).masked_fill(~keep, float("-inf")).expand(z, 3, rows, cols)
+    q, k, v = qkv(z, 3, rows, cols, 16, 16, seed=11)
+    v_read = v.clone()
+    unread = {"causal": slice(64, 80), "padding": slice(48, 80)}.get(mask)  # whole tiles of batch 0
+    if unread is not None:
+        v_read[0, :, unread] = float("nan")
+    got = attend(q, k, v_read, scale=0.25, causal=False, precision="ieee", tmp=tmp_path, config=SMALL_TILES,
+                 bias=bias)
+    want = reference(q, k, v, 0.25, False, bias)
+    assert torch.isfinite(got).all()
+    assert (got.double() - want).abs().max() < 2e-6
+    if mask == "dead_rows":
+        assert torch.equal(got[:, :, 16:32], torch.zeros_like(got[:, :, 16:32]))
+
+
+def test_a_nan_in_a_tile_otherwise_masked_still_comes_out(tmp_path: Path) -> None:
+    """A NaN bias counts as a kept key: its tile is computed and the row is NaN, as eager's is."""
+    q, k, v = qkv(1, 1, 16, 64, 16, 16, seed=12)
+    bias = torch.zeros(1, 1, 16, 64)
+    bias[..., 32:] = float("-inf")
+    bias[0, 0, 5, 60] = float("nan")
+    got = attend(q, k, v, scale=0.25, causal=False, precision="ieee", tmp=tmp_path, config=SMALL_TILES, bias=bias)
+    eager = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.25)
+    assert torch.isnan(got[0, 0, 5]).all() and torch.isnan(eager[0, 0, 5]).all()
+    others = [r for r in range(16) if r != 5]
+    torch.testing.assert_close(got[0, 0, others], eager[0, 0, others], atol=1e-5, rtol=1e-5)
+
+
 def test_a_real_valued_bias_of_its_own_strides(tmp_path: Path) -> None:
     """A T5-style bias, one per head and position pair, laid out transposed (any strides)."""
     q, k, v = qkv(1, 2, 20, 33, 32, 16, seed=8)
@@ -174,3 +215,8 @@ def test_heuristic_for_hopper_head_dim_64() -> None:
     assert heuristic_config(params, 512, 512, "cuda") == AttentionConfig(128, 64, 4, 2)
     small = heuristic_config(params, 20, 9, "cuda")
     assert (small.block_m, small.block_n) == (32, 16)
+    masked = AttentionParams(64, 64, False, 0.125, torch.float32, "tf32", True)  # the sweep's best with a bias
+    assert heuristic_config(masked, 512, 512, "cuda") == AttentionConfig(128, 64, 8, 3)
+    assert heuristic_config(masked, 40, 40, "cuda") == AttentionConfig(64, 64, 4, 2)  # 8 warps over 128 rows only
+    wide = AttentionParams(128, 128, False, 0.125, torch.float32, "tf32", True)
+    assert heuristic_config(wide, 512, 512, "cuda") == AttentionConfig(64, 32, 4, 2)

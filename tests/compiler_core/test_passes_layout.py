@@ -349,7 +349,7 @@ def check_conv_plan(plans: dict[str, Any], convs: int, conversions: int) -> None
     share one kernel); no other copy anywhere."""
     art, baseline, spec = plans["art"], plans["baseline"], plans["spec"]
     layouts = plan_layouts(art, spec)
-    new_gm, _ = run_pass(channels_last_convs, spec, "cuda")
+    new_gm, _ = run_pass(run_passes, spec, "cuda")  # the names of every pass's nodes (a peeled conv bias's)
     sizes = {n.name: list(n.meta["val"].shape) for n in new_gm.graph.nodes
              if isinstance(n.meta.get("val"), torch.Tensor)}
     sizes |= {s.out: list(s.spec.sizes) for s in art.manifest.plan.steps if s.kind == "alloc"}
