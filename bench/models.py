@@ -53,9 +53,15 @@ NOTES = {
     "device_ms": "GPU time of one call or step: every kernel, memcpy and memset torch.profiler saw over 3 "
                  "steps, summed, / 3; kernels: kernel launches per step (memcpy/memset excluded)",
     "peak_mb": "torch.cuda.max_memory_allocated over compile + 3 calls (5 steps for training) after "
-               "clearing cuBLAS's workspaces (session 24: each mode pays its own), empty_cache and reset_peak_memory_stats, minus memory_allocated before: CUDA-graph pools "
-               "(fxcc's, Inductor's cudagraph trees) included; weights and inputs excluded; training: "
-               "gradients and AdamW's state included in every mode",
+               "clearing cuBLAS's workspaces (session 24: each mode pays its own), empty_cache and "
+               "reset_peak_memory_stats, minus memory_allocated before; weights and inputs excluded; training: "
+               "gradients and AdamW's state included in every mode. Inductor's cudagraph trees hand out a "
+               "replay's outputs as storages made from pool pointers (torch._C._construct_storage_from_data_pointer), "
+               "which the allocator does not count: reduce-overhead's peak_mb leaves out what its pool holds "
+               "during replays; reserved_mb (max_memory_reserved, same window) counts every mode's pools",
+    "reserved_mb": "torch.cuda.max_memory_reserved over the same window, minus memory_reserved before: what "
+                   "the allocator held from the device (its pools and cached free blocks); fxcc_vs_inductor_reserved "
+                   "and the summary's reserved_* compare it",
     "inductor": "inference: inductor_ms is the faster of inductor_default_ms and inductor_reduce_overhead_ms "
                 "(inductor_mode says which) and inductor_peak_mb that mode's; training: Inductor's default "
                 "(fxcc replays static training plans as CUDA graphs unless FXCC_CUDA_GRAPHS_TRAINING=0)",
@@ -293,6 +299,9 @@ def summarize_row(row: dict[str, Any]) -> None:
         row["fxcc_vs_inductor"] = round(row["fxcc_ms"] / row["inductor_ms"], 3)
     if row.get("fxcc_peak_mb") and row.get("inductor_peak_mb"):
         row["fxcc_vs_inductor_peak"] = round(row["fxcc_peak_mb"] / row["inductor_peak_mb"], 3)
+    reserved = row.get(f"{mode}_reserved_mb")
+    if row.get("fxcc_reserved_mb") and reserved:
+        row["fxcc_vs_inductor_reserved"] = round(row["fxcc_reserved_mb"] / reserved, 3)
 
 
 def measure_model(spec: ModelSpec, device: str, tiny: bool, modes: tuple[str, ...] | None) -> dict[str, Any]:
@@ -355,12 +364,16 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         these = [r for r in rows if r.get("kind") == kind]
         ratios = [r["fxcc_vs_inductor"] for r in these if r.get("fxcc_vs_inductor")]
         peaks = [r["fxcc_vs_inductor_peak"] for r in these if r.get("fxcc_vs_inductor_peak")]
+        reserved = [r["fxcc_vs_inductor_reserved"] for r in these if r.get("fxcc_vs_inductor_reserved")]
         out[kind] = {
             "rows": len(these), "measured": len(ratios), "fxcc_vs_inductor_geomean": geomean(ratios),
             "slower_than_inductor": sorted(r["name"] for r in these if (r.get("fxcc_vs_inductor") or 0) > 1.0),
             "peak_ratio_geomean": geomean(peaks),
             "peak_above_inductor_2pct": sorted(r["name"] for r in these
                                                if (r.get("fxcc_vs_inductor_peak") or 0) > 1.02),
+            "reserved_ratio_geomean": geomean(reserved),
+            "reserved_above_inductor_2pct": sorted(r["name"] for r in these
+                                                   if (r.get("fxcc_vs_inductor_reserved") or 0) > 1.02),
             "not_matching_eager": sorted(r["name"] for r in these if r.get("matches_eager") is False),
             "failed": sorted(r["name"] for r in these if r.get("error")),
         }

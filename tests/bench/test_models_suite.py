@@ -70,14 +70,17 @@ def test_the_suite_covers_the_issue():
 
 
 def test_the_summary_compares_with_inductor_and_flags_rows():
-    rows = [{"name": "a", "kind": "inference", "fxcc_vs_inductor": 0.5, "fxcc_vs_inductor_peak": 1.0},
+    rows = [{"name": "a", "kind": "inference", "fxcc_vs_inductor": 0.5, "fxcc_vs_inductor_peak": 1.0,
+             "fxcc_vs_inductor_reserved": 1.1},
             {"name": "b", "kind": "inference", "fxcc_vs_inductor": 2.0, "fxcc_vs_inductor_peak": 1.05,
-             "matches_eager": False},
+             "fxcc_vs_inductor_reserved": 0.9, "matches_eager": False},
             {"name": "c", "kind": "training", "error": "exit 1"}]
     s = summary(rows)
     assert s["inference"]["fxcc_vs_inductor_geomean"] == 1.0
     assert s["inference"]["slower_than_inductor"] == ["b"] and s["inference"]["peak_above_inductor_2pct"] == ["b"]
     assert s["inference"]["not_matching_eager"] == ["b"] and s["training"]["failed"] == ["c"]
+    assert s["inference"]["reserved_above_inductor_2pct"] == ["a"]
+    assert s["inference"]["reserved_ratio_geomean"] == pytest.approx((1.1 * 0.9) ** 0.5, abs=1e-3)
 
 
 def test_the_h200_results_hold_a_row_of_every_model_with_the_issues_fields():
