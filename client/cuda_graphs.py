@@ -81,12 +81,19 @@ class GraphStats:
     pool_bytes: int = 0  # memory the shared pools reserved while capturing (held between calls)
     cut_plans: int = 0  # plans graphed up to a step, the rest step by step (outputs too large to copy)
     workspace_drops: int = 0  # times cuBLAS's workspaces were dropped around a warm-up or a capture
+    copied_in: int = 0  # tensors a training graph copied into its buffers before its replays (moving inputs)
     disabled: list[str] = field(default_factory=list)  # why a plan stopped trying
+    # why graphable calls ran step by step (training plans), how many times each
+    step_by_step_why: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def count(self, name: str) -> None:
+    def count(self, name: str, n: int = 1) -> None:
         with self.lock:
-            setattr(self, name, getattr(self, name) + 1)
+            setattr(self, name, getattr(self, name) + n)
+
+    def because(self, why: str) -> None:
+        with self.lock:
+            self.step_by_step_why[why] = self.step_by_step_why.get(why, 0) + 1
 
 
 stats = GraphStats()

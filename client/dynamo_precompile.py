@@ -449,13 +449,31 @@ def _packaged_guards_class(base: type, torch_guards: Any) -> type | None:
             except Exception as e:  # noqa: BLE001 - torch lets more than PackageError out (an op it cannot pickle)
                 log_once(f"guards:{type(e).__name__}", "a frame's guards cannot be saved (%s); it stays out of "
                          "the package", _first_line(e))
-                with contextlib.suppress(Exception):  # nothing to keep out
-                    output_graph.bypass_package(f"fxcc: guards not serializable: {_first_line(e)}")
+                _bypass_quietly(output_graph, f"fxcc: guards not serializable: {_first_line(e)}")
                 return None
 
     _PackagedGuards.__name__ = _PackagedGuards.__qualname__ = base.__name__
     _PackagedGuards.__module__ = base.__module__
     return _PackagedGuards
+
+
+class _NoBypassWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Detected a package bypass")
+
+
+def _bypass_quietly(output_graph: Any, reason: str) -> None:
+    """Keep a frame out of torch's package without torch's warning for it: fxcc has said so once
+    (log_once, at INFO), where torch warns for every frame and compile (transformers' LLaMA: each
+    compile printed "Detected a package bypass"); the frame compiles as it would without the cache."""
+    torch_log = logging.getLogger("torch._dynamo.output_graph")
+    quiet = _NoBypassWarning()
+    torch_log.addFilter(quiet)
+    try:
+        with contextlib.suppress(Exception):  # nothing to keep out
+            output_graph.bypass_package(reason)
+    finally:
+        torch_log.removeFilter(quiet)
 
 
 def _guards_twice(original: Any, bound: dict[str, Any]) -> Any:
@@ -474,8 +492,7 @@ def _guards_twice(original: Any, bound: dict[str, Any]) -> Any:
         saved = None
         log_once(f"guards:{type(e).__name__}", "a frame's guards cannot be saved (%s); it stays out of "
                  "the package", _first_line(e))
-        with contextlib.suppress(Exception):  # nothing to keep out
-            bound["output_graph"].bypass_package(f"fxcc: guards not serializable: {_first_line(e)}")
+        _bypass_quietly(bound["output_graph"], f"fxcc: guards not serializable: {_first_line(e)}")
     with dynamo_config.patch(caching_precompile=False):
         whole = original(**{**bound, "save_guards": False})
     whole.guards_state = _with_identities(None if saved is None else saved.guards_state, identities)

@@ -183,6 +183,7 @@ class TrainingGraphedPlan:
                     return self._step_by_step(args, why)
             elif previous is None:
                 stats.count("step_by_step")
+                stats.because("first call")
                 return self.runner(args)  # on the caller's stream, as eager (see module Note)
             moved = None if previous is None else self._moved(args, previous, addresses)
             both = None if moved is None or self.moving is None else sorted({*moved, *self.moving})
@@ -198,6 +199,7 @@ class TrainingGraphedPlan:
             if self.observed >= MAX_OBSERVED:
                 self._disable(f"its inputs move between calls ({MAX_OBSERVED} calls seen)")
         stats.count("step_by_step")
+        stats.because("inputs watched before a capture")
         return self.runner(args)
 
     def _moved(self, args: list[Any], previous: tuple[Any, ...], addresses: tuple[Any, ...]) -> list[int] | None:
@@ -271,6 +273,7 @@ class TrainingGraphedPlan:
 
     def _step_by_step(self, args: list[Any], why: str) -> tuple[Any, ...]:
         stats.count("step_by_step")
+        stats.because(why)
         self.busy += 1
         if not self.told_busy:
             self.told_busy = True
@@ -288,6 +291,7 @@ class TrainingGraphedPlan:
             stream.wait_event(g.done)  # its last replay may still run on another stream
         for i, buffer in g.buffers.items():
             buffer.copy_(args[i])
+        stats.count("copied_in", len(g.buffers))
         g.graph.replay()
         out: list[Any] = []
         for o in g.outputs:

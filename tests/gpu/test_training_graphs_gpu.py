@@ -116,12 +116,16 @@ def test_an_output_kept_past_its_step_is_never_overwritten():
 
 
 def test_a_batch_that_moves_every_step_is_copied_in():
+    from fxcc.client.cuda_graphs import stats
+
     data = [(torch.randn(8, 3, 32, 32, device="cuda"), torch.randint(0, 10, (8,), device="cuda")) for _ in range(8)]
     base = _convnet(10)
     want, _ = _train(copy.deepcopy(base), lambda i: (data[i][0].clone(), data[i][1]), 8, compiled=False)
     captures, replays, _ = _runs()
+    copied, first = stats.copied_in, stats.step_by_step_why.get("first call", 0)
     got, _ = _train(copy.deepcopy(base), lambda i: (data[i][0].clone(), data[i][1]), 8, compiled=True)
     assert _runs()[0] > captures and _runs()[1] > replays
+    assert stats.copied_in > copied and stats.step_by_step_why["first call"] > first  # the counters bench reads
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
