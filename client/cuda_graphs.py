@@ -12,11 +12,12 @@ Note: what a captured graph assumes, and how each assumption is kept:
   first call also warms cuDNN/cuBLAS, loads cubins), at most MAX_GRAPHS sets per plan.
 - Library workspaces. cuBLAS keeps a workspace (32 MiB on Hopper, one for cuBLAS and one for
   cuBLASLt) per stream, made on the stream's first matmul and held for the process. A plan's first
-  call runs step by step on one fxcc stream per device (ordered after the caller's stream, its
-  outputs handed back to it), and captures run on that stream too. The workspaces are dropped
-  (torch._C._cuda_clearCublasWorkspaces, as Inductor's cudagraph trees do) before and after that
-  warm-up call and each capture: a capture then makes its workspace inside the shared pool, where
-  it is memory like a temporary (any later capture may take it once the call is over), and no
+  call runs step by step on the caller's stream, as eager (since session 24, as training plans'
+  first calls since session 22: run on fxcc's stream, its temporaries' blocks stayed cached for
+  that stream alone and its outputs went back with record_stream); captures run on one fxcc
+  stream per device. The workspaces are dropped (torch._C._cuda_clearCublasWorkspaces, as
+  Inductor's cudagraph trees do) before and after each capture: a capture then makes its
+  workspace inside the shared pool, where it is memory like a temporary (any later capture may take it once the call is over), and no
   workspace is held outside the pool for the graphs' sake (the 66 MB a conv net's peak was above
   Inductor's on the H200). Dropping one only frees it to the caching allocator; the stream's next
   matmul makes another. Nothing of fxcc's runs a library call on another thread meanwhile
@@ -80,7 +81,7 @@ class GraphStats:
     step_by_step: int = 0  # calls of graphable plans that ran step by step (first sight, misses)
     pool_bytes: int = 0  # memory the shared pools reserved while capturing (held between calls)
     cut_plans: int = 0  # plans graphed up to a step, the rest step by step (outputs too large to copy)
-    workspace_drops: int = 0  # times cuBLAS's workspaces were dropped around a warm-up or a capture
+    workspace_drops: int = 0  # times cuBLAS's workspaces were dropped around a capture
     copied_in: int = 0  # tensors a training graph copied into its buffers before its replays (moving inputs)
     disabled: list[str] = field(default_factory=list)  # why a plan stopped trying
     # why graphable calls ran step by step (training plans), how many times each
@@ -265,7 +266,7 @@ class GraphedPlan:
         self.device: torch.device | None = None
         self.shared: SharedPool | None = None  # the device's pool, its lock and last replay (see module)
         self.pool_bytes = 0  # bytes the shared pool grew by while this plan captured
-        self.warmed = False  # whether the plan ran once on the capture stream
+        self.warmed = False  # whether the plan's first call (step by step, measured) ran
 
     def __call__(self, args: list[Any]) -> tuple[Any, ...]:
         if self.disabled is not None:
@@ -301,27 +302,15 @@ class GraphedPlan:
         return outputs
 
     def _warm_up(self, args: list[Any]) -> tuple[Any, ...]:
-        """Run step by step on the capture stream, after the caller's work and before its next,
-        with cuBLAS's workspaces dropped before and after (see module Note)."""
-        caller = torch.cuda.current_stream(self.device)
-        stream = capture_stream(self.device)
-        stream.wait_stream(caller)
-        prewarm.wait_all()  # no library call of fxcc's in flight while the workspaces are dropped
-        clear_library_workspaces()
-        with torch.cuda.stream(stream):
-            if hasattr(self.runner, "call_measured"):
-                # Extern results (mm, convolution, ...) are memory the plan allocates too: the
-                # budget its outputs are weighed against counts them from this call on.
-                outputs, extern_bytes = self.runner.call_measured(args)
-                self.budget += extern_bytes
-            else:
-                outputs = self.runner(args)
-        clear_library_workspaces()  # the capture makes its own, in the pool
-        caller.wait_stream(stream)
-        for t in flat_tensors(outputs):
-            if t.is_cuda:
-                t.record_stream(caller)  # made on the capture stream, used and freed on the caller's
-        return outputs
+        """Run step by step on the caller's stream, as eager (see module Note), measuring what the
+        plan's extern results allocate."""
+        if hasattr(self.runner, "call_measured"):
+            # Extern results (mm, convolution, ...) are memory the plan allocates too: the
+            # budget its outputs are weighed against counts them from this call on.
+            outputs, extern_bytes = self.runner.call_measured(args)
+            self.budget += extern_bytes
+            return outputs
+        return self.runner(args)
 
     def _check_outputs(self, outputs: Any, args: list[Any]) -> str | None:
         """Why these outputs keep the plan from replaying (None: it may, perhaps cut)."""
@@ -473,7 +462,7 @@ _streams_lock = threading.Lock()
 
 
 def capture_stream(device: torch.device) -> Any:
-    """The stream fxcc captures (and warms up) on for `device`: one per device and process (torch's
+    """The stream fxcc captures on for `device`: one per device and process (torch's
     default capture stream is one for all GPUs)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     with _streams_lock:

@@ -205,7 +205,7 @@ with torch.no_grad():
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    graphed(x)  # step by step, on the capture stream
+    graphed(x)  # step by step, on the caller's stream
     graphed(x)  # captures
     out = graphed(x)  # replays
     torch.cuda.synchronize()
@@ -221,7 +221,7 @@ print(json.dumps(res))
 def test_graphs_hold_no_library_workspace_outside_their_pool(tmp_path):
     """In a fresh process whose stream already has cuBLAS's workspace (eager ran first), a graphed
     model's calls peak no higher than its step-by-step twin's, and between calls it holds no more:
-    the workspaces are dropped around the warm-up call and the capture, whose own workspace is pool
+    the workspaces are dropped around the capture (the first call runs as eager), whose own workspace is pool
     memory (client/cuda_graphs.py, "Library workspaces"; before, each process held one workspace
     more for its graphs, the 66 MB by which conv nets' peaks were above Inductor's)."""
     import json
