@@ -12,10 +12,10 @@ Note: what a captured graph assumes, and how each assumption is kept:
   first call also warms cuDNN/cuBLAS, loads cubins), at most MAX_GRAPHS sets per plan.
 - Library workspaces. cuBLAS keeps a workspace (32 MiB on Hopper, one for cuBLAS and one for
   cuBLASLt) per stream, made on the stream's first matmul and held for the process. A plan's first
-  call runs step by step on the caller's stream, as eager (since session 24, as training plans'
-  first calls since session 22: run on fxcc's stream, its temporaries' blocks stayed cached for
-  that stream alone and its outputs went back with record_stream); captures run on one fxcc
-  stream per device. The workspaces are dropped (torch._C._cuda_clearCublasWorkspaces, as
+  call runs step by step on the caller's stream, as eager and as training plans' first calls do
+  (until session 24 it ran on fxcc's stream: its temporaries' blocks stayed cached for that
+  stream alone and its outputs went back with record_stream); captures run on one fxcc stream
+  per device. The workspaces are dropped (torch._C._cuda_clearCublasWorkspaces, as
   Inductor's cudagraph trees do) before and after each capture: a capture then makes its
   workspace inside the shared pool, where it is memory like a temporary (any later capture may take it once the call is over), and no
   workspace is held outside the pool for the graphs' sake (the 66 MB a conv net's peak was above
@@ -302,15 +302,16 @@ class GraphedPlan:
         return outputs
 
     def _warm_up(self, args: list[Any]) -> tuple[Any, ...]:
-        """Run step by step on the caller's stream, as eager (see module Note), measuring what the
-        plan's extern results allocate."""
-        if hasattr(self.runner, "call_measured"):
-            # Extern results (mm, convolution, ...) are memory the plan allocates too: the
-            # budget its outputs are weighed against counts them from this call on.
-            outputs, extern_bytes = self.runner.call_measured(args)
-            self.budget += extern_bytes
-            return outputs
-        return self.runner(args)
+        """Run step by step on the caller's stream of the plan's device (its current device made
+        that one, as the capture and replays do), measuring what the plan's extern results allocate."""
+        with torch.cuda.device(self.device):
+            if hasattr(self.runner, "call_measured"):
+                # Extern results (mm, convolution, ...) are memory the plan allocates too: the
+                # budget its outputs are weighed against counts them from this call on.
+                outputs, extern_bytes = self.runner.call_measured(args)
+                self.budget += extern_bytes
+                return outputs
+            return self.runner(args)
 
     def _check_outputs(self, outputs: Any, args: list[Any]) -> str | None:
         """Why these outputs keep the plan from replaying (None: it may, perhaps cut)."""

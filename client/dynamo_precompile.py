@@ -466,12 +466,17 @@ def _bypass_quietly(output_graph: Any, reason: str) -> None:
     """Keep a frame out of torch's package without torch's warning for it: fxcc has said so once
     (log_once, at INFO), where torch warns for every frame and compile (transformers' LLaMA: each
     compile printed "Detected a package bypass"); the frame compiles as it would without the cache."""
+    import torch._dynamo.config as dynamo_config
+
     torch_log = logging.getLogger("torch._dynamo.output_graph")
     quiet = _NoBypassWarning()
     torch_log.addFilter(quiet)
     try:
-        with contextlib.suppress(Exception):  # nothing to keep out
-            output_graph.bypass_package(reason)
+        if getattr(dynamo_config, "strict_precompile", False):
+            output_graph.bypass_package(reason)  # torch raises PackageError: strict mode asked for it
+        else:
+            with contextlib.suppress(Exception):  # nothing to keep out
+                output_graph.bypass_package(reason)
     finally:
         torch_log.removeFilter(quiet)
 

@@ -165,8 +165,8 @@ def test_dropout_draws_new_numbers_at_every_replay():
 
 def test_training_graphs_and_eval_graphs_of_one_process_keep_each_others_results():
     """Training steps that replay graphs, then an eval pass under no_grad whose plan is graphable
-    (static sizes, enough launches: its warm-up call drops cuBLAS's workspaces), its first
-    outputs (made on fxcc's capture stream, 4 MiB each) kept, then more training steps: the kept
+    (static sizes, enough launches: its capture, on the second call, drops cuBLAS's workspaces
+    before and after), its outputs (4 MiB each) kept, then more training steps: the kept
     eval outputs and the losses equal eager's. A training graph's matmul scratch is its own pool's
     memory (client/training_graphs.py, "Library workspaces"), never a workspace that the eval
     pass's drop handed back to the allocator, where those outputs may now live."""
@@ -203,7 +203,7 @@ def test_training_graphs_and_eval_graphs_of_one_process_keep_each_others_results
     captures, replays, _ = _runs()
     got, _, kept, drops = loop(copy.deepcopy(base), compiled=True)
     assert _runs()[0] - captures >= 2 and _runs()[1] - replays >= 8, (_runs(), captures, replays)
-    assert drops[0] >= 2, (drops, stats.disabled)  # the eval plan's warm-up dropped them (before and after)
+    assert drops[0] >= 2, (drops, stats.disabled)  # the eval plan's capture dropped them (before and after)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     for a, b in zip(kept, want_evals):  # held across later training replays
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
