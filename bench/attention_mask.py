@@ -59,7 +59,7 @@ def main() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(b, h, s, d, device="cuda", generator=g) for _ in range(3))
     params = AttentionParams(d, d, False, 1 / math.sqrt(d), torch.float32, "tf32", True)
-    heuristic = heuristic_config(params, s, s, "cuda")
+    heuristic = heuristic_config(params, s, s, "cuda", b * h)
     configs = candidate_configs(heuristic, s, s, 2 * d, 4)
     out = torch.empty(b, h, s, d, device="cuda")
     rows: list[dict[str, Any]] = []

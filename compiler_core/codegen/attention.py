@@ -67,7 +67,13 @@ def is_template_kernel(name: str) -> bool:
     return name.startswith(KERNEL_PREFIX)
 
 
-def heuristic_config(params: AttentionParams, q_len: Any, kv_len: Any, target: str) -> AttentionConfig:
+# Streaming multiprocessors of the Hopper cards fxcc tunes for (H100 SXM, H200): a biased kernel
+# whose 128-row programs fill fewer than two waves of them takes 64-row tiles (see heuristic_config).
+HOPPER_SMS = 132
+
+
+def heuristic_config(params: AttentionParams, q_len: Any, kv_len: Any, target: str,
+                     batch_heads: Any = None) -> AttentionConfig:
     """The launch config before tuning (and of symbolic plans, which are never tuned).
 
     Note: on the H200 with head dim 64 in TF32 (bench.attention_kernel's sweep), 128-row query
@@ -83,13 +89,19 @@ def heuristic_config(params: AttentionParams, q_len: Any, kv_len: Any, target: s
     with 2 stages: 0.097, 0.107, 0.082), so a biased kernel takes that; shorter query tiles keep 4
     warps (two warp groups over 64 rows leave the MMA units half fed, autotune_attention's note),
     and head dims over 64 with a bias keep 32-key tiles (ptxas: 104 bytes spilled at 64 × 32,
-    340 at 64 × 64; not timed).
+    340 at 64 × 64; not timed). At GPT-2's batch of 4 (192 programs of 128 rows for 132 SMs, under
+    two waves) 64 × 32 on 4 warps was the fastest (0.051, 0.057, 0.044 ms against 0.056, 0.061,
+    0.051 at 128 × 64 on 8 warps), so a biased kernel with fewer programs than that (`batch_heads`
+    given) takes it.
     """
     del target
     wide = max(params.head_dim, params.value_dim) > 64
     block_m = min(64 if wide else 128, max(16, next_pow2(hint(q_len))))
     block_n = min(32 if params.bias and wide else 64, max(16, next_pow2(hint(kv_len))))
     if params.bias and block_m == 128:
+        programs = -(-hint(q_len) // 128) * hint(batch_heads) if batch_heads is not None else None
+        if programs is not None and programs < 2 * HOPPER_SMS:
+            return AttentionConfig(64, min(32, block_n), 4, 2)
         return AttentionConfig(block_m, block_n, 8, 3)
     return AttentionConfig(block_m, block_n, 4, 2)
 
@@ -248,7 +260,7 @@ def render_attention(params: AttentionParams, config: AttentionConfig) -> Render
 def render_template(item: Any, target: str) -> RenderedKernel:
     """The kernel of a lowering.TemplateKernel, with its heuristic launch config and grid."""
     sizes = item.sizes
-    config = heuristic_config(item.params, sizes["q_len"], sizes["kv_len"], target)
+    config = heuristic_config(item.params, sizes["q_len"], sizes["kv_len"], target, sizes["batch_heads"])
     r = render_attention(item.params, config)
     grid = launch_grid(sizes["q_len"], sizes["batch_heads"], config.block_m)
     return RenderedKernel(r.name, r.source, [], None, None, grid, config.constexprs, config.num_warps,

@@ -217,6 +217,8 @@ def test_heuristic_for_hopper_head_dim_64() -> None:
     assert (small.block_m, small.block_n) == (32, 16)
     masked = AttentionParams(64, 64, False, 0.125, torch.float32, "tf32", True)  # the sweep's best with a bias
     assert heuristic_config(masked, 512, 512, "cuda") == AttentionConfig(128, 64, 8, 3)
+    assert heuristic_config(masked, 512, 512, "cuda", 8 * 12) == AttentionConfig(128, 64, 8, 3)  # 384 programs
+    assert heuristic_config(masked, 512, 512, "cuda", 4 * 12) == AttentionConfig(64, 32, 4, 2)  # 192: under 2 waves
     assert heuristic_config(masked, 40, 40, "cuda") == AttentionConfig(64, 64, 4, 2)  # 8 warps over 128 rows only
     wide = AttentionParams(128, 128, False, 0.125, torch.float32, "tf32", True)
     assert heuristic_config(wide, 512, 512, "cuda") == AttentionConfig(64, 32, 4, 2)
