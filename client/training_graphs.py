@@ -178,7 +178,7 @@ class TrainingGraphedPlan:
                     grown = self._grown(captured, args, addresses)
                     if grown is not None:  # a few more inputs move: copy them in too
                         fresh = self._capture(args, grown, addresses)
-                        return self.runner(args) if fresh is None else self._replay(fresh, args)
+                        return self._after_failed_capture(args) if fresh is None else self._replay(fresh, args)
                 if why is not MOVED or self.captures >= MAX_CAPTURES:
                     return self._step_by_step(args, why)
             elif previous is None:
@@ -191,7 +191,7 @@ class TrainingGraphedPlan:
                 fresh = self._capture(args, both, addresses)
                 if fresh is not None:
                     return self._replay(fresh, args)
-                return self.runner(args)
+                return self._after_failed_capture(args)
             self.moving = moved
             if why is not None:
                 return self._step_by_step(args, why)
@@ -270,6 +270,11 @@ class TrainingGraphedPlan:
         if not g.free():
             return "an output of its last replay is still held (its memory would be overwritten)"
         return None
+
+    def _after_failed_capture(self, args: list[Any]) -> tuple[Any, ...]:
+        stats.count("step_by_step")
+        stats.because("no graph: its capture failed or was refused")
+        return self.runner(args)
 
     def _step_by_step(self, args: list[Any], why: str) -> tuple[Any, ...]:
         stats.count("step_by_step")
