@@ -28,6 +28,11 @@ model's boolean mask becomes in AOTAutograd's graph, 0 or -inf) is read by the k
 additive bias of its own strides. Both aten kernels give zeros for a row whose every score is -inf
 (torch's math path gives them too since its _safe_softmax), and so does the template: unlike the
 bmm-softmax-bmm chain, whose eager softmax gives NaN there, so a chain with a mask is left alone.
+Torch's own math path is the exception (AOTAutograd's decomposition of an SDPA call for which no
+fused kernel was chosen at trace time: transformers' BERT on CUDA, with its boolean padding mask):
+`_safe_softmax(q·√c @ (kᵀ·√c) + mask) @ v` over [Z, H] batches, whose `_safe_softmax` gives zeros
+for a row masked whole, as the template does. Where the template applies, that chain becomes the
+template with the mask as its bias (`find_masked_math`), its scores never written.
 """
 
 from __future__ import annotations
@@ -99,6 +104,21 @@ class SdpaMatch:
     bias: fx.Node | None = None  # its float mask (attn_bias / attn_mask), added to the scaled scores
 
 
+@dataclass(frozen=True)
+class MaskedMatch:
+    """Torch's math SDPA with an additive mask over [Z, H] batches (see module Note); `removed`
+    dies with the rewrite."""
+
+    out: fx.Node  # the second bmm's result viewed as [Z, H, L, Ev]: the template's output replaces it
+    q: fx.Node  # [Z, H, L, E]
+    k: fx.Node | None  # [Z, H, S, E] where the graph has it, else None: a transpose of `kt` is added
+    kt: fx.Node  # [Z, H, E, S]
+    v: fx.Node  # [Z, H, S, Ev]
+    scale: float
+    bias: fx.Node  # broadcastable to [Z, H, L, S], q's dtype
+    removed: tuple[fx.Node, ...]
+
+
 def fuse_attention(gm: fx.GraphModule, target: str, allow_tf32: bool = False) -> bool:
     """Each matched attention chain of `gm` replaced in place by one SDPA call, or fxcc's kernel
     where it applies, and direct SDPA calls by fxcc's kernel where it applies; whether any was.
@@ -113,15 +133,23 @@ def fuse_attention(gm: fx.GraphModule, target: str, allow_tf32: bool = False) ->
     except Exception as e:  # noqa: BLE001 - correctness first: an unsure rewrite is no rewrite
         log.warning("attention pass skipped: %s: %s", type(e).__name__, e)
         return False
-    if not matches and not direct:
+    try:
+        masked = find_masked_math(gm, target, allow_tf32)
+    except Exception as e:  # noqa: BLE001 - the other matches stand
+        log.warning("attention pass: masked math chains skipped: %s: %s", type(e).__name__, e)
+        masked = []
+    if not matches and not direct and not masked:
         return False
     edit = GraphEdit(gm)
-    done = {"chain": 0, "template": 0, "direct": 0}
-    for m in [*matches, *direct]:
+    done = {"chain": 0, "template": 0, "direct": 0, "masked": 0}
+    for m in [*matches, *direct, *masked]:
         try:
             if isinstance(m, AttentionMatch):
                 edit.replace(m.out, sdpa_node(edit, m, target), erase=m.removed)
                 done["template" if m.template else "chain"] += 1
+            elif isinstance(m, MaskedMatch):
+                edit.replace(m.out, masked_node(edit, m), erase=m.removed)
+                done["masked"] += 1
             else:
                 edit.replace(m.out, template_node(edit, m), erase=(m.call, *m.dead))
                 done["direct"] += 1
@@ -129,8 +157,9 @@ def fuse_attention(gm: fx.GraphModule, target: str, allow_tf32: bool = False) ->
             edit.rollback()
             log.warning("attention pass skipped %s: %s: %s", m.out.name, type(e).__name__, e)
     edit.finish()
-    log.info("attention pass: %d chain(s) → %s, %d → %s; %d direct SDPA call(s) → %s", done["chain"],
-             CUDA_OP if target == "cuda" else CPU_OP, done["template"], TEMPLATE_OP, done["direct"], TEMPLATE_OP)
+    log.info("attention pass: %d chain(s) → %s, %d → %s; %d direct SDPA call(s) and %d masked math chain(s) → %s",
+             done["chain"], CUDA_OP if target == "cuda" else CPU_OP, done["template"], TEMPLATE_OP, done["direct"],
+             done["masked"], TEMPLATE_OP)
     return any(done.values())
 
 
@@ -183,7 +212,7 @@ def find_direct_sdpa(gm: fx.GraphModule, target: str, allow_tf32: bool) -> list[
         if args is None or args.get("dropout_p", 0.0) != 0.0:
             continue
         bias = args.get("attn_bias", args.get("attn_mask"))
-        if bias is not None and not _takes_bias(bias, args["query"], args["key"]):
+        if bias is not None and not _takes_bias(bias, args["query"], _kv_len(args["key"])):
             continue
         users = list(node.users)
         if any(u.target is not operator.getitem for u in users):
@@ -212,20 +241,31 @@ def find_direct_sdpa(gm: fx.GraphModule, target: str, allow_tf32: bool) -> list[
     return found
 
 
-def _takes_bias(bias: object, q: object, k: object) -> bool:
+def _kv_len(k: object) -> object:
+    """The key length S of a [Z, H, S, E] key (None if it has no FakeTensor)."""
+    kv = _val(k)
+    return None if kv is None else kv.shape[2]
+
+
+def _takes_bias(bias: object, q: object, kv_len: object) -> bool:
     """Whether fxcc's kernel reads this SDPA mask as it is: a float tensor of q's dtype (AOTAutograd
     turns a boolean mask into 0 / -inf before the op), of at most 4 dims, each 1 or the size of
     [Z, H, L, S] it lines up with (compared as expressions: no guard)."""
-    b, qv, kv = _val(bias), _val(q), _val(k)
-    if b is None or qv is None or kv is None or b.dtype != qv.dtype or b.dim() > 4:
+    b, qv = _val(bias), _val(q)
+    if b is None or qv is None or kv_len is None or b.dtype != qv.dtype or b.device != qv.device or b.dim() > 4:
         return False
-    full = (qv.shape[0], qv.shape[1], qv.shape[2], kv.shape[2])
+    full = (qv.shape[0], qv.shape[1], qv.shape[2], kv_len)
     for size, want in zip(b.shape, full[4 - b.dim():]):
         if isinstance(size, int) and size == 1:
             continue
-        if not (size is want or str(size) == str(want)):
+        if not _same_size(size, want):
             return False
     return True
+
+
+def _same_size(a: object, b: object) -> bool:
+    """Sizes equal as numbers or as expressions (a symbolic compare would record a guard)."""
+    return a is b or str(a) == str(b)
 
 
 def _heads_outer(out: torch.Tensor) -> bool:
@@ -398,6 +438,197 @@ def template_node(edit: GraphEdit, d: SdpaMatch) -> fx.Node:
     if d.bias is not None:
         args += (d.bias,)
     return edit.add(d.call, resolve_target(TEMPLATE_OP), args, name=d.out.name)
+
+
+def find_masked_math(gm: fx.GraphModule, target: str, allow_tf32: bool) -> list[MaskedMatch]:
+    """Every chain of torch's math SDPA with an additive mask (see module Note) that fxcc's kernel
+    computes; none overlap."""
+    found: list[MaskedMatch] = []
+    taken: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not aten._softmax.default:
+            continue
+        m = match_masked_math(node)
+        if m is None or taken.intersection(m.removed):
+            continue
+        q, kt, v = _val(m.q), _val(m.kt), _val(m.v)
+        dense = q.stride(-1) == 1 and kt.stride(-2) == 1 and v.stride(-1) == 1
+        if not template_applies((q.dtype, kt.dtype, v.dtype), (q.shape[-1], kt.shape[-2], v.shape[-1]), dense,
+                                target, allow_tf32) or not _takes_bias(m.bias, m.q, kt.shape[-1]):
+            continue
+        found.append(m)
+        taken.update(m.removed)
+    return found
+
+
+def match_masked_math(softmax: fx.Node) -> MaskedMatch | None:
+    """The math SDPA chain around one `_softmax` node: `where(row masked whole, 0, softmax(x))`
+    (the decomposed `_safe_softmax`), x = scores · scale + bias over [Z, H, L, S], read by a bmm
+    whose result is viewed back to [Z, H, L, Ev]; None where it is anything else."""
+    if len(softmax.args) != 3 or softmax.kwargs:
+        return None
+    x, dim, half_to_float = softmax.args
+    if half_to_float or not isinstance(x, fx.Node) or _ndim(x) != 4 or dim not in (-1, 3):
+        return None
+    chain: list[fx.Node] = [softmax]
+    sel = _safe_select(softmax, x, chain)
+    if sel is None:
+        return None
+    chain.append(sel)
+    after = _follow_users(sel, chain)
+    bmm2 = None if after is None else _only_user(after)
+    if bmm2 is None or bmm2.target is not aten.bmm.default or bmm2.args[0] is not after:
+        return None
+    out = _only_user(bmm2)
+    xv, ov = _val(x), None if out is None else _val(out)
+    if out is None or out.target not in _RESHAPES or ov is None or ov.dim() != 4 \
+            or not all(_same_size(a, b) for a, b in zip(ov.shape[:3], xv.shape[:3])):
+        return None
+    chain.append(bmm2)
+    if x.target is not aten.add.Tensor or len(x.args) != 2 or x.kwargs:
+        return None
+    chain.append(x)
+    for side in (0, 1):
+        found = _masked_scores(x.args[side], x.args[1 - side], xv, chain)
+        if found is None:
+            continue
+        scores, scale, bias = found
+        z, h = xv.shape[:2]
+        inputs: list[fx.Node] = []  # q's, k's and v's views, copies and scales: removed where only the chain reads them
+        q = _unflatten(scores.args[0], z, h, inputs, scale=True)
+        kt = _unflatten(scores.args[1], z, h, inputs, scale=True)
+        v = _unflatten(bmm2.args[1], z, h, inputs, scale=False)
+        if q is None or kt is None or v is None:
+            return None
+        scale *= q[1] * kt[1]
+        if not (math.isfinite(scale) and scale > 0):
+            return None
+        k = _untransposed(kt[0])
+        if k is not None:
+            inputs.append(kt[0])
+        removed = _removable(chain, inputs, out)
+        return None if removed is None else MaskedMatch(out, q[0], k, kt[0], v[0], scale, bias, removed + (out,))
+    return None
+
+
+def _removable(chain: list[fx.Node], inputs: list[fx.Node], out: fx.Node) -> tuple[fx.Node, ...] | None:
+    """The chain and those of `inputs` that nothing outside them reads (layers that share a key's
+    views keep them); None when a node of the chain itself is read outside it."""
+    gone = {*chain, out}
+    grown = True
+    while grown:
+        grown = False
+        for node in inputs:
+            if node not in gone and all(u in gone for u in node.users):
+                gone.add(node)
+                grown = True
+    if any(u not in gone for node in chain for u in node.users):
+        return None
+    return tuple(n for n in [*chain, *inputs] if n in gone and n is not out)
+
+
+def _safe_select(softmax: fx.Node, x: fx.Node, chain: list[fx.Node]) -> fx.Node | None:
+    """`where(not any(x != -inf, -1), zeros_like(s), s)` of softmax s of x (the decomposed
+    `_safe_softmax`): the `where`, its other nodes added to `chain`; None where the graph differs."""
+    users = set(softmax.users)
+    sel = next((u for u in users if u.target is aten.where.self), None)
+    zeros = next((u for u in users if u.target is aten.full_like.default), None)
+    if len(users) != 2 or sel is None or zeros is None or set(zeros.users) != {sel}:
+        return None
+    if len(zeros.args) != 2 or zeros.args[1] != 0 or zeros.kwargs.get("dtype") not in (None, _val(softmax).dtype):
+        return None
+    if len(sel.args) != 3 or sel.args[1] is not zeros or sel.args[2] is not softmax:
+        return None
+    cond = sel.args[0]
+    none_kept = _one_arg_op(cond, aten.logical_not.default)
+    some_kept = _one_arg_op(none_kept, aten.any.dim)
+    if some_kept is None or none_kept.args[1:] not in ((-1, True), (3, True)):
+        return None
+    kept = _one_arg_op(some_kept, aten.logical_not.default)
+    if kept is None or kept.target is not aten.eq.Scalar or kept.args[0] is not x \
+            or kept.args[1] != float("-inf") or set(x.users) != {softmax, kept}:
+        return None
+    chain.extend([zeros, cond, none_kept, some_kept, kept])
+    return sel
+
+
+def _one_arg_op(node: object, target: object) -> fx.Node | None:
+    """The single-use `node`'s first argument when `node` is a call of `target` (else None)."""
+    if not isinstance(node, fx.Node) or node.target is not target or len(node.users) != 1 or not node.args:
+        return None
+    arg = node.args[0]
+    return arg if isinstance(arg, fx.Node) else None
+
+
+def _masked_scores(scored: object, bias: object, xv: torch.Tensor,
+                   chain: list[fx.Node]) -> tuple[fx.Node, float, fx.Node] | None:
+    """(the scores' bmm, the scale on its way, the bias) where `scored` holds all of x's [Z, H, L, S]
+    scores (no broadcast) from a single-use bmm through scales and batch reshapes, and `bias` is a
+    tensor of x's dtype; None otherwise."""
+    if not isinstance(scored, fx.Node) or not isinstance(bias, fx.Node) or _val(bias) is None:
+        return None
+    sv = _val(scored)
+    if sv is None or sv.dim() != 4 or not all(_same_size(a, b) for a, b in zip(sv.shape, xv.shape)) \
+            or _val(bias).dtype != xv.dtype:
+        return None
+    walked: list[fx.Node] = []
+    scores, scale = _scale_chain(scored, walked)
+    if scores is None or scores.target is not aten.bmm.default or len(scores.users) != 1:
+        return None
+    chain.extend([*walked, scores])
+    return scores, scale, bias
+
+
+def _unflatten(t3: object, z: object, h: object, chain: list[fx.Node], scale: bool) -> tuple[fx.Node, float] | None:
+    """The 4-D [Z, H, ·, ·] tensor whose [Z·H, ·, ·] view a bmm reads (math SDPA: a view of a
+    contiguous clone of a no-op expand of a scaled input), with the factor of the scalar scales
+    passed through where `scale`; the nodes passed through go into `chain`."""
+    if not isinstance(t3, fx.Node) or t3.target not in _RESHAPES:
+        return None
+    src, tv = t3.args[0], _val(t3)
+    sv = _val(src) if isinstance(src, fx.Node) else None
+    if sv is None or tv is None or sv.dim() != 4 or tv.dim() != 3 or not _same_size(sv.shape[0], z) \
+            or not _same_size(sv.shape[1], h) or tuple(sv.shape[-2:]) != tuple(tv.shape[-2:]):
+        return None
+    # Note: a view keeps the row-major element order, so element (z·H + h, i, j) of the bmm's
+    # operand is element (z, h, i, j) of `src`, whatever either's strides.
+    walked, node, factor = [t3], src, 1.0
+    while isinstance(node.args[0] if node.args else None, fx.Node):
+        f = _scalar_scale(node) if scale else None
+        same = _val(node.args[0]) is not None and tuple(_val(node.args[0]).shape) == tuple(_val(node).shape)
+        if f is not None:
+            factor *= f
+        elif not (same and (node.target is aten.expand.default or _is_plain_clone(node))):
+            break
+        walked.append(node)
+        node = node.args[0]
+    chain.extend(walked)
+    return node, factor
+
+
+def _is_plain_clone(node: fx.Node) -> bool:
+    """A clone that changes nothing but the layout."""
+    return node.target is aten.clone.default and len(node.args) == 1 and set(node.kwargs) <= {"memory_format"}
+
+
+def _untransposed(kt: fx.Node) -> fx.Node | None:
+    """The [Z, H, S, E] key whose last two dims `kt` swaps (a permute or transpose of it), else None."""
+    if kt.op != "call_function" or not kt.args or not isinstance(kt.args[0], fx.Node):
+        return None
+    if kt.target is aten.permute.default and list(kt.args[1]) in ([0, 1, 3, 2], [0, 1, -1, -2]):
+        return kt.args[0]
+    if kt.target is aten.transpose.int and sorted(d % 4 for d in kt.args[1:3]) == [2, 3]:
+        return kt.args[0]
+    return None
+
+
+def masked_node(edit: GraphEdit, m: MaskedMatch) -> fx.Node:
+    """fxcc's kernel on a masked math chain's q, k, v and mask, before the view it replaces, laid
+    out as that view of the bmm's result is (contiguous [Z, H, L, Ev]): the rest of the plan and
+    the graph's outputs keep the layouts eager gives them."""
+    k = m.k if m.k is not None else edit.add(m.out, aten.transpose.int, (m.kt, 2, 3), name=f"{m.out.name}_k")
+    return edit.add(m.out, resolve_target(TEMPLATE_OP), (m.q, k, m.v, m.scale, False, True, True, m.bias),
+                    name=m.out.name)
 
 
 def _only_user(node: fx.Node) -> fx.Node | None:

@@ -61,7 +61,12 @@ class GraphEdit:
 
     def replace(self, old: fx.Node, new: fx.Node, erase: Iterable[fx.Node] = ()) -> None:
         """`old`'s readers read `new`, which takes old's name; `old` and `erase` (which nothing
-        else reads by then) leave the graph; the rewrite's added nodes are kept."""
+        else reads by then) leave the graph; the rewrite's added nodes are kept. Raises before it
+        changes anything (the rewrite may be rolled back) when a node of `erase` is read elsewhere."""
+        gone = {old, *erase}
+        read = [n.name for n in gone if n is not old and any(u not in gone for u in n.users)]
+        if read:
+            raise RuntimeError(f"nodes {read} are read outside the rewrite")
         old.replace_all_uses_with(new)
         if not same_value(old.meta.get("val"), new.meta.get("val")):
             self.changed.add(new)

@@ -160,6 +160,93 @@ def test_masked_sdpa_runs_the_template_with_its_mask_written_once(case: str) -> 
         assert torch.equal(got[0, :, 5], torch.zeros_like(got[0, :, 5]))  # a row masked whole: zeros
 
 
+def math_traced(fn: Any, *inputs: torch.Tensor) -> GraphSpec:
+    """`fn` traced as AOTAutograd traces an SDPA call for which no fused kernel was chosen (transformers'
+    BERT on CUDA): torch's math path, `_safe_softmax` decomposed."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.MATH]):
+        return traced(fn, *inputs)
+
+
+MATH_MASKED = {
+    "bool_4d": lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+    "float_per_key": lambda q, k, v, m: F.scaled_dot_product_attention(
+        q, k, v, attn_mask=torch.where(m[:, :, :1], 0.0, float("-inf"))),
+    "scaled": lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3),
+}
+
+
+@pytest.mark.parametrize("case", list(MATH_MASKED))
+def test_torch_math_sdpa_with_a_mask_runs_the_template(case: str) -> None:
+    z, h, rows = 2, 3, 37
+    q, k, v = qkv(z, h, rows, 16)
+    keep = _keep(z, rows, rows)
+    keep[1, 0, :, 3] = False  # a key masked for every query (a padded token)
+    fn = MATH_MASKED[case]
+    spec = math_traced(fn, q, k, v, keep)
+    assert {"aten._softmax.default", "aten.bmm.default", "aten.any.dim"} <= {n.target for n in spec.nodes}
+    art = compiled(spec, tf32=True)
+    assert len(templates(art)) == 1 and not art.manifest.stats.extern_ops  # no bmm left, no scores written
+    scores = z * h * rows * rows
+    assert all(math.prod(int(x) for x in st.spec.sizes) < scores for st in art.manifest.plan.steps if st.kind == "alloc")
+    (got,) = load_plan(art)([q, k, v, keep])
+    want = fn(q, k, v, keep)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert got.stride() == want.stride()
+    if case != "float_per_key":
+        assert torch.equal(got[0, :, 5], torch.zeros_like(got[0, :, 5]))  # a row masked whole: zeros, as eager
+
+
+def test_math_sdpa_layers_share_one_mask_buffer() -> None:
+    """Each math SDPA call turns the boolean mask into a float one; the graph's equal nodes are
+    merged (passes/cse.py), so every layer's template reads one mask buffer, written once."""
+    z, h, rows = 2, 2, 24
+    q, k, v = qkv(z, h, rows, 16)
+    keep = _keep(z, rows, rows)
+
+    def layers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        x = q
+        for _ in range(3):
+            x = F.scaled_dot_product_attention(x, k, v, attn_mask=m) + x
+        return x
+
+    art = compiled(math_traced(layers, q, k, v, keep), tf32=True)
+    launches = [st for st in art.manifest.plan.steps if st.kind == "kernel" and is_template_kernel(st.kernel)]
+    assert len(launches) == 3 and len({st.args[3].name for st in launches}) == 1
+    (got,) = load_plan(art)([q, k, v, keep])
+    torch.testing.assert_close(got, layers(q, k, v, keep), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["softmax_read_twice", "plain_softmax", "scaled_v"])
+def test_masked_chains_the_template_would_change_are_left_alone(case: str) -> None:
+    q, k, v = qkv(2, 2, 16, 16)
+    keep = _keep(2, 16, 16)
+
+    def softmax_read_twice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor) -> Any:
+        s = torch.where(m, q @ k.transpose(-2, -1), float("-inf"))
+        p = aten._safe_softmax(s, -1)
+        return p @ v, p.sum()
+
+    fns = {
+        "softmax_read_twice": softmax_read_twice,
+        # eager's plain softmax gives NaN for a row masked whole; the template would give zeros
+        "plain_softmax": lambda q, k, v, m: torch.softmax((q @ k.transpose(-2, -1)).masked_fill(~m, float("-inf")),
+                                                          -1) @ v,
+        "scaled_v": lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v * 2, attn_mask=m),
+    }
+    art = compiled(math_traced(fns[case], q, k, v, keep), tf32=True)
+    if case == "scaled_v":  # a scale on v is its own kernel; the attention still fuses
+        assert len(templates(art)) == 1
+    else:
+        assert not templates(art)
+    got = load_plan(art)([q, k, v, keep])
+    want = fns[case](q, k, v, keep)
+    want = want if isinstance(want, tuple) else (want,)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5, equal_nan=True)
+
+
 def test_a_failing_template_lowering_runs_the_op_as_an_extern_call(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fxcc op's eager kernel (aten SDPA) is the fallback: the plan stays correct."""
     from fxcc.compiler_core import lowering
