@@ -556,7 +556,12 @@ def _welford_tile(h: TritonHandler, value: TVal | tuple[TVal, TVal, TVal],
     centred = mean.text if shift is None else f"{mean.text} - {shift.text}"
     m = h.emit(f"tl.where(xmask & rmask, {centred}, 0.0)", dt)
     q = None if m2 is None else h.emit(f"tl.where(xmask & rmask, {m2.text}, 0.0)", dt)
-    stats = _welford_rows(h, m, q, w)
+    # Note: values of weight 1 each (a layer norm's): every row stored (xmask) holds rnumel of
+    # them, so the count is rnumel, not a third reduction across the lanes (as Inductor's
+    # persistent Welford divides by its static length; a ConvNeXt layer norm over 96 channels
+    # took 0.044 ms against Inductor's 0.029 on an H100).
+    count = None if weight is not None else h.emit(f"tl.full([XBLOCK, 1], {_rnumel_text(h)}, {typ})", dt)
+    stats = _welford_rows(h, m, q, w, count)
     return stats if shift is None else _unshift(h, stats, shift)
 
 
@@ -565,11 +570,19 @@ def _unshift(h: TritonHandler, stats: tuple[TVal, TVal, TVal], shift: TVal) -> t
     return h.emit(f"({shift.text} + {mean.text})", mean.dtype), m2, weight
 
 
-def _welford_rows(h: TritonHandler, mean: TVal, m2: TVal | None, weight: TVal) -> tuple[TVal, TVal, TVal]:
+def _rnumel_text(h: TritonHandler) -> str:
+    """The kernel's reduction length: a literal where it is static, else its argument."""
+    r = h.kernel.rnumel
+    return str(int(r)) if not is_symbolic(r) else "rnumel"
+
+
+def _welford_rows(h: TritonHandler, mean: TVal, m2: TVal | None, weight: TVal,
+                  count: TVal | None = None) -> tuple[TVal, TVal, TVal]:
     """(mean, m2, weight) per row from per-lane ones over an [XBLOCK, RBLOCK] tile, lanes outside
-    the rows weighing 0 (and holding 0): Chan's formula across the lanes."""
+    the rows weighing 0 (and holding 0): Chan's formula across the lanes. `count`: each stored
+    row's total weight where it is known (else summed across the lanes)."""
     dt = mean.dtype
-    total = h.emit(f"tl.sum({weight.text}, 1)[:, None]", dt)
+    total = count if count is not None else h.emit(f"tl.sum({weight.text}, 1)[:, None]", dt)
     safe = h.emit(f"tl.where({total.text} == 0, 1.0, {total.text})", dt)
     row_mean = h.emit(f"(tl.sum({weight.text} * {mean.text}, 1)[:, None] / {safe.text})", dt)
     dev = h.emit(f"({mean.text} - {row_mean.text})", dt)

@@ -86,3 +86,15 @@ def test_native_group_norm_outputs_match_eager(shape, groups, dtype):
     assert art.manifest.stats.nodes_extern == 0
     art = check(lambda p: torch.nn.functional.group_norm(p.transpose(0, 1).transpose(0, 1), groups), x)
     assert art.manifest.stats.nodes_extern == 0
+
+
+def test_a_persistent_layer_norm_reduces_twice_and_matches_eager():
+    """A row held in one tile of values that weigh 1 each (a ConvNeXt layer norm over 96 channels):
+    its count is the row's length, so the kernel reduces across the lanes only for the mean and the
+    squared deviations, as Inductor's; rows and lanes past the ends still ignored."""
+    x = torch.randn(37, 96, dtype=torch.float64) * 3 + 1
+    w, b = torch.randn(96, dtype=torch.float64), torch.randn(96, dtype=torch.float64)
+    art = check(lambda x, w, b: torch.nn.functional.layer_norm(x, (96,), w, b), x, w, b)
+    (kernel,) = [k for k in art.manifest.kernels if k.name.startswith("fxcc_red")]
+    source = art.blobs[kernel.source.digest].decode()
+    assert source.count("tl.sum(") == 2 and "tl.full([XBLOCK, 1], 96," in source
