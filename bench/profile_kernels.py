@@ -118,7 +118,7 @@ def memory_trace(call: Any, base: int, calls: int = 5, grad: bool = False) -> li
                         "allocated_mb": round((torch.cuda.memory_allocated() - base) / MB, 1),
                         "reserved_mb": round(torch.cuda.memory_reserved() / MB, 1),
                         "graphs": {"captures": st.captures, "replays": st.replays, "step_by_step": st.step_by_step,
-                                   "copied_in": st.copied_in, "step_by_step_why": dict(st.step_by_step_why)}})
+                                   "copied_in": st.copied_in, "copied_out": st.copied_out, "step_by_step_why": dict(st.step_by_step_why)}})
     return out
 
 
@@ -171,7 +171,7 @@ def profile_model(name: str, compilers: list[str], memory: bool) -> dict[str, An
             st = cuda_graphs.stats
             entry["graph_pool_mb"] = round(st.pool_bytes / MB, 1)
             entry["graphs"] = {"captures": st.captures, "replays": st.replays, "step_by_step": st.step_by_step,
-                               "copied_in": st.copied_in, "step_by_step_why": dict(st.step_by_step_why),
+                               "copied_in": st.copied_in, "copied_out": st.copied_out, "step_by_step_why": dict(st.step_by_step_why),
                                "disabled": sorted(set(st.disabled))[:6]}
             print(f"   fxcc graphs: {json.dumps(entry['graphs'])}", flush=True)
         print(f"== {name} {compiler}: {total:.3f} ms of device time a call, {entry['launches']} launches; "

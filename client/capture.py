@@ -48,6 +48,9 @@ class Capture:
     hints: dict[str, int] = field(default_factory=dict)  # example values of the size symbols
     # process groups and inputs only handed on, bound by the caller (client/process_groups.py)
     bindings: Bindings = field(default_factory=Bindings)
+    # a training graph's outputs that its CUDA graph hands out from its pool whatever their size
+    # (client/training_graphs.py; set by client/graphs.py while AOTAutograd compiles it)
+    pool_outputs: frozenset[int] = frozenset()
 
 
 class Symbols:

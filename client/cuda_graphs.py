@@ -83,6 +83,7 @@ class GraphStats:
     cut_plans: int = 0  # plans graphed up to a step, the rest step by step (outputs too large to copy)
     workspace_drops: int = 0  # times cuBLAS's workspaces were dropped around a capture
     copied_in: int = 0  # tensors a training graph copied into its buffers before its replays (moving inputs)
+    copied_out: int = 0  # outputs replays copied out of their pool (a training graph's small outputs, an inference graph's)
     disabled: list[str] = field(default_factory=list)  # why a plan stopped trying
     # why graphable calls ran step by step (training plans), how many times each
     step_by_step_why: dict[str, int] = field(default_factory=dict)
@@ -405,6 +406,7 @@ class GraphedPlan:
         captured.graph.replay()
         if captured.live is None:
             out = tuple(_copy_out(o, layout) for o, layout in zip(captured.outputs, captured.layouts))
+            stats.count("copied_out", sum(layout is not None for layout in captured.layouts))
         else:  # the steps after the cut, on what the graph left; outputs in the pool are copied
             env = self.runner.begin(args)  # type: ignore[attr-defined]
             env.update(captured.live)

@@ -157,6 +157,8 @@ class GraphCompiler:
             graph = capture.spec
             if strides is not None:
                 graph = graph.model_copy(update={"free_layout_outputs": saved_outputs(capture)})
+            if not self.inference:
+                capture.pool_outputs = pool_outputs(gm, capture)
             request = CompileRequest(
                 graph=graph,
                 options=CompileOptions(mode=self.settings.mode, target=target_for(example_inputs, gm),
@@ -253,7 +255,7 @@ class GraphCompiler:
         elif runs_as.startswith("cuda graph"):
             from fxcc.client.training_graphs import TrainingGraphedPlan, written_inputs
 
-            runner = TrainingGraphedPlan(runner, art.manifest, written_inputs(capture.spec),
+            runner = TrainingGraphedPlan(runner, art.manifest, written_inputs(capture.spec), capture.pool_outputs,
                                          on_disable=lambda why: setattr(event, "runs_as", f"step by step: {why}"))
         if not self.inference and capture is not None:
             runner = layout_guard(runner, capture.spec)  # its copies reach a graph as inputs that move
@@ -374,6 +376,17 @@ def saved_outputs(capture: Any) -> list[int]:
         log.debug("fxcc: no saved-tensor positions (%s)", _cause_text(e))
         return []
     return [i for i in saved if spec.outputs[i].kind == "node"]
+
+
+def pool_outputs(gm: fx.GraphModule, capture: Any) -> frozenset[int]:
+    """A training graph's outputs that only autograd holds, which its CUDA graph hands out from its
+    pool however small (client/training_graphs.py): a backward's (gradients) and a forward's tensors
+    saved for the backward. A forward's other outputs (the loss) may outlive the next step.
+
+    Note: AOTAutograd names a backward's incoming gradients tangents_N, a forward's inputs primals_N."""
+    if any(n.op == "placeholder" and n.name.startswith("tangents") for n in gm.graph.nodes):
+        return frozenset(range(len(capture.spec.outputs)))
+    return frozenset(saved_outputs(capture))
 
 
 def _report_strides(fn: Callable, art: Artifact, strides: list | None) -> Callable:

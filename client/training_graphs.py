@@ -7,7 +7,10 @@ Note: what differs from inference graphs (client/cuda_graphs.py), and how each i
   hundreds of MB) and a backward's are the parameters' gradients, which AccumulateGrad may keep
   as `.grad`: copying them out after each replay would cost a copy of every activation. So each
   replay hands out the graph's own outputs (aliases of its pool, `detach()`ed: same storage, no
-  copy); only small outputs that share storage with nothing else (a loss) are copied. The next
+  copy); only a forward's small outputs that share storage with nothing else and that autograd
+  does not hold alone (a loss, which the caller's `loss` variable keeps until the next step's
+  forward has run) are copied. A backward's gradients and a forward's saved tensors, however
+  small, are aliased (GPT-2's training step copied 98 of them, a launch each). The next
   replay overwrites that pool, so it replays only once every aliased output of the last one is
   dead: each output's storage use count is back to what this class holds alone (measured right
   after the capture). A caller that keeps one (logits appended to a list, a graph kept for a
@@ -138,9 +141,10 @@ class TrainingGraphedPlan:
     """A static plan of a training graph that replays one CUDA graph (see module Note)."""
 
     def __init__(self, runner: Callable[[list[Any]], tuple[Any, ...]], manifest: ArtifactManifest,
-                 written: frozenset[str] = frozenset(),
+                 written: frozenset[str] = frozenset(), pool_outputs: frozenset[int] = frozenset(),
                  on_disable: Callable[[str], None] | None = None) -> None:
         self.runner = runner
+        self.pool_outputs = pool_outputs  # positions handed out from the pool however small (see module Note)
         self.on_disable = on_disable
         self.key = manifest.key
         plan = manifest.plan
@@ -249,7 +253,7 @@ class TrainingGraphedPlan:
             return None
         clear_library_workspaces()  # freed into this graph's pool, which no other capture takes
         g.graph = graph
-        why = _describe_outputs(g, outputs, call)
+        why = _describe_outputs(g, outputs, call, self.pool_outputs)
         del outputs, call
         if why is not None:
             self._disable(why)
@@ -299,11 +303,13 @@ class TrainingGraphedPlan:
         stats.count("copied_in", len(g.buffers))
         g.graph.replay()
         out: list[Any] = []
+        copied = 0
         for o in g.outputs:
             if o.kind == "alias":
                 out.append(o.tensor.detach())
             elif o.kind == "copy":
                 out.append(_copy_out(o.tensor, o.layout))
+                copied += 1
             elif o.kind == "input":
                 out.append(_view_of(args[o.input], o))
             else:
@@ -313,6 +319,7 @@ class TrainingGraphedPlan:
         g.done.record(stream)
         g.last_stream = stream
         stats.count("replays")
+        stats.count("copied_out", copied)
         return tuple(out)
 
     def _disable(self, reason: str) -> None:
@@ -326,9 +333,10 @@ class TrainingGraphedPlan:
         log.warning("fxcc: training plan %s runs step by step, not as a CUDA graph: %s", self.key[:12], reason)
 
 
-def _describe_outputs(g: _TrainingGraph, outputs: Any, call: list[Any]) -> str | None:
+def _describe_outputs(g: _TrainingGraph, outputs: Any, call: list[Any],
+                      pool_outputs: frozenset[int] = frozenset()) -> str | None:
     """Fill g.outputs and g.storages from the capture's outputs; why they cannot be replayed
-    (None: they can)."""
+    (None: they can). Outputs at `pool_outputs` are aliases of the pool whatever their size."""
     inputs: dict[int, int] = {}
     for i, a in enumerate(call):
         if isinstance(a, torch.Tensor):
@@ -339,7 +347,7 @@ def _describe_outputs(g: _TrainingGraph, outputs: Any, call: list[Any]) -> str |
             ptr = o.untyped_storage().data_ptr()
             shared[ptr] = shared.get(ptr, 0) + 1
     held: dict[int, Any] = {}
-    for o in outputs:
+    for at, o in enumerate(outputs):
         if isinstance(o, (tuple, list)):
             return "an output is a list of tensors"
         if not isinstance(o, torch.Tensor):
@@ -356,7 +364,8 @@ def _describe_outputs(g: _TrainingGraph, outputs: Any, call: list[Any]) -> str |
             g.outputs.append(_Output("input", input=inputs[ptr], rel=o.storage_offset() - a.storage_offset(),
                                      layout=(tuple(o.shape), o.stride())))
             continue
-        if shared[ptr] == 1 and o.numel() * o.element_size() <= SMALL_OUTPUT and not _overlaps(o):
+        if at not in pool_outputs and shared[ptr] == 1 and o.numel() * o.element_size() <= SMALL_OUTPUT \
+                and not _overlaps(o):
             g.outputs.append(_Output("copy", tensor=o, layout=_layout(o)))
             continue
         g.outputs.append(_Output("alias", tensor=o))

@@ -49,3 +49,27 @@ def test_static_training_plans_may_replay_only_when_training_graphs_are_on(train
 def test_training_graphs_follow_their_setting():
     assert ClientSettings.from_env({}).cuda_graphs_training
     assert not ClientSettings.from_env({"FXCC_CUDA_GRAPHS_TRAINING": "0"}).cuda_graphs_training
+
+
+def test_gradients_and_saved_tensors_are_handed_out_from_the_pool_and_the_output_is_not(monkeypatch):
+    """What a training graph's replay hands out of its pool however small (client/graphs.py
+    pool_outputs): all of a backward's outputs and a forward's saved tensors, never the model's
+    own output (the caller may keep it past the next step)."""
+    from fxcc.client import graphs
+
+    seen = []
+
+    def recording(gm, capture):
+        got = real(gm, capture)
+        seen.append((len(capture.spec.outputs), got))
+        return got
+
+    real = graphs.pool_outputs
+    monkeypatch.setattr(graphs, "pool_outputs", recording)
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    out = torch.compile(model, backend="fxcc")(torch.randn(3, 8))
+    out.sum().backward()
+    (fw_outputs, fw), (bw_outputs, bw) = seen
+    assert 0 not in fw and fw == frozenset(range(1, fw_outputs))  # the output first, then what is saved
+    assert bw == frozenset(range(bw_outputs)) and bw_outputs >= 6  # each parameter's gradient (and None for x)

@@ -99,6 +99,22 @@ def _conv_net_loops(monkeypatch) -> None:
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # weights and running statistics
 
 
+def test_replays_hand_out_gradients_and_saved_tensors_without_copies():
+    """A backward's gradients and a forward's saved tensors, small ones too (biases' and a layer
+    norm's gradients, its saved mean and rstd), come out of the pool as they are: no copy a step."""
+    from fxcc.client.cuda_graphs import stats
+
+    x = torch.randn(128, 256, device="cuda")  # logits of 2 MiB: aliased as ever (1 MiB and less are copied)
+    y = torch.randint(0, 4096, (128,), device="cuda")
+    base = _mlp()
+    want, _ = _train(copy.deepcopy(base), lambda i: (x, y), 8, compiled=False)
+    replays, copied = stats.replays, stats.copied_out
+    got, _ = _train(copy.deepcopy(base), lambda i: (x, y), 8, compiled=True)
+    assert stats.replays - replays >= 8, stats
+    assert stats.copied_out == copied, stats  # the loss is computed outside the compiled model
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_an_output_kept_past_its_step_is_never_overwritten():
     """Each step's (large, pool-aliased) logits are kept: the next forward must not replay over
     them; each kept tensor still equals what eager computed at its step."""
