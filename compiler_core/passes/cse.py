@@ -7,7 +7,8 @@ boolean mask into a float one inside every call: transformers' BERT on CUDA had 
 attention template (passes/attention.py) each was a buffer of its own, and horizontal fusion
 (scheduler.hoist_kernels) wrote all twelve at the start: 96 MB alive for the whole call where one
 8-MB buffer does. Only nodes that cannot differ are merged:
-- ops (OpOverloads) that write none of their arguments and draw no random numbers;
+- aten and prims ops that write none of their arguments and draw no random numbers (never a
+  custom op: a user's or a collective may do more than its schema says);
 - in graphs where no op writes anything but a graph input (AOTAutograd's input mutations), so no
   merged value is written afterwards through one of its names;
 - never a graph output, nor the base of one (through views): two outputs would then be one
@@ -89,8 +90,9 @@ _HIDDEN_WRITES = frozenset({"native_batch_norm", "batch_norm", "cudnn_batch_norm
 def _pure(target: Any) -> bool:
     if target is operator.getitem:
         return True
-    if not isinstance(target, torch._ops.OpOverload) or target._schema.name.split("::")[-1] in _HIDDEN_WRITES:
-        return False
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace not in ("aten", "prims") \
+            or target._schema.name.split("::")[-1] in _HIDDEN_WRITES:
+        return False  # a custom op (a user's, a collective) may do more than its schema says
     schema = target._schema
     if schema.is_mutable or any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
         return False

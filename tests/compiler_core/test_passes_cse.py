@@ -123,3 +123,24 @@ def test_a_graph_that_writes_an_input_before_reading_it_again_is_left_alone():
     gm = rebuild(_spec(fn, torch.randn(3), torch.randn(3)))
     assert not merge_common(gm)
     assert _count(gm, aten.mul.Tensor) == 2
+
+
+def test_custom_ops_are_never_merged():
+    calls = []
+
+    @torch.library.custom_op("fxcc_test_cse::tick", mutates_args=())
+    def tick(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)  # a side effect its schema does not tell
+        return x + 1
+
+    @tick.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    def fn(x):
+        return (tick(x) * tick(x)).sum()
+
+    gm = make_fx(fn)(torch.randn(3))
+    assert _count(gm, torch.ops.fxcc_test_cse.tick.default) == 2
+    assert not merge_common(gm)
+    assert _count(gm, torch.ops.fxcc_test_cse.tick.default) == 2
