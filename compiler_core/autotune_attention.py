@@ -74,7 +74,8 @@ def retile_step(step: KernelStep, block_m: int) -> KernelStep:
 class AttentionBench:
     """One template launch over random q/k/v storage of its sizes and strides, on `device`."""
 
-    def __init__(self, fn: Any, step: KernelStep, plan: Plan, device: str, timer: Timer) -> None:
+    def __init__(self, fn: Any, step: KernelStep, plan: Plan, device: str, timer: Timer,
+                 facts: dict[str, str] | None = None) -> None:
         import torch
 
         self.fn, self.timer, self.device = fn, timer, device
@@ -85,7 +86,13 @@ class AttentionBench:
         dtype = getattr(torch, alloc.spec.dtype)
         n = self.sizes
         spans: dict[str, int] = {}
-        for ref, p in zip(pointers[:-1], ("q", "k", "v", "b")):
+        dtypes: dict[str, Any] = {}
+        # A bias computed per tile reads tensors of their own dtypes and spans (the source's facts).
+        tile_reads = [x.split(":") for x in facts["bias_buffers"].split(",")] if facts and facts.get("bias_buffers") else []
+        for ref, (kind, span) in zip(pointers[3:-1], tile_reads):
+            spans[ref.name] = max(spans.get(ref.name, 0), int(span))
+            dtypes[ref.name] = getattr(torch, kind)
+        for ref, p in zip(pointers[:3] if tile_reads else pointers[:-1], ("q", "k", "v", "b")):
             if p == "b":  # the bias: [Z, H, L, S] by its strides (0 where broadcast)
                 last = n["b_off"] + sum((size - 1) * n[f"b_{d}"] for size, d in
                                         ((n["batch"], "sz"), (n["heads"], "sh"), (n["q_len"], "sm"), (n["kv_len"], "sn")))
@@ -96,7 +103,7 @@ class AttentionBench:
                         + (rows - 1) * s_row + max(HEAD_DIMS))
             spans[ref.name] = max(spans.get(ref.name, 0), last + 1)
         gen = torch.Generator(device=device).manual_seed(0)
-        storage = {name: torch.randn(span, device=device, generator=gen).to(dtype) for name, span in spans.items()}
+        storage = {name: _random(span, dtypes.get(name, dtype), device, gen) for name, span in spans.items()}
         self.out = torch.empty_strided([int(x) for x in alloc.spec.sizes], [int(x) for x in alloc.spec.strides],
                                        dtype=dtype, device=device)
         self.args = [storage[a.name] for a in pointers[:-1]] + [self.out]
@@ -117,6 +124,14 @@ class AttentionBench:
 
     def time_ms(self, config: AttentionConfig) -> float:
         return self.timer(config, lambda: self.launch(config))
+
+
+def _random(n: int, dtype: Any, device: str, gen: Any) -> Any:
+    """`n` random values of `dtype` (a mask's half true)."""
+    import torch
+
+    values = torch.randn(n, device=device, generator=gen)
+    return values > 0 if dtype == torch.bool else values.to(dtype)
 
 
 def tf32_mismatch(got: Sequence[Any], expected: Sequence[Any]) -> str | None:
@@ -148,7 +163,7 @@ def tune_template(info: KernelInfo, launches: Sequence[KernelStep], plan: Plan, 
     itemsize = 4 if facts["dtype"] == "float32" else 2
     candidates = candidate_configs(heuristic, sizes["q_len"], sizes["kv_len"], head_dims, itemsize, mode)
     fn = load_jit(source, info.name, tmp, interpret=not device.startswith("cuda"))
-    bench = AttentionBench(fn, step, plan, device, timer)
+    bench = AttentionBench(fn, step, plan, device, timer, facts)
     check = tf32_mismatch if facts["precision"] == "tf32" else mismatch
     winner, timings, rejected = select_config(candidates, bench, check)
     log.info("kernel %s: %s won over %d candidates (heuristic %s: %.4f ms, winner %.4f ms)", info.name,

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from fxcc.compiler_core.codegen.flex_mods import ModText, render_tile
 from fxcc.compiler_core.codegen.triton import TL_DTYPES, RenderedKernel, next_pow2
 from fxcc.compiler_core.ir.templates import AttentionParams
 from fxcc.compiler_core.symbolic import hint, is_symbolic
@@ -183,20 +184,61 @@ _BIAS_BOUNDS = '''\
         live = tl.sum(tl.sum((bias != float("-inf")).to(tl.int32), 1), 0)
         lo = tl.where(live == 0, lo + 1, lo)'''
 
+_BOUND_LOAD = '''\
+        bias = tl.load(b_base + rows[:, None] * b_sm + {b_cols},
+                       mask=row_ok[:, None] & (cols < kv_len)[None, :], other=float("-inf"))'''
+
 _PLAIN_SOFTMAX = '''\
         s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_run, tl.max(s, 1))
         alpha = tl.exp2(m_run - m_new)
         p = tl.exp2(s - m_new[:, None])'''
 # Note: natural units; a row with no finite score yet exponentiates against 0 (all its terms 0).
-_BIAS_SOFTMAX = '''\
+_SOFTMAX_LOAD = '''\
         bias = tl.load(b_base + rows[:, None] * b_sm + {b_cols},
-                       mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+                       mask=row_ok[:, None] & col_ok[None, :], other=0.0)'''
+_BIAS_SOFTMAX = _SOFTMAX_LOAD + '''
         s = tl.where(keep, s + bias.to(tl.float32), float("-inf"))
         m_new = tl.maximum(m_run, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2((m_run - m_use) * 1.4426950408889634)
         p = tl.exp2((s - m_use[:, None]) * 1.4426950408889634)'''
+
+
+# A bias computed per tile (AttentionParams.bias_mod): the tile's coordinates, then the expression's
+# statements and value (codegen.flex_mods.render_tile), loads masked to the tile's range.
+_TILE = '''\
+{pad}bias_i = tl.broadcast_to(rows[:, None], (BLOCK_M, BLOCK_N))
+{pad}bias_j = tl.broadcast_to(cols[None, :], (BLOCK_M, BLOCK_N))
+{pad}bias_ok = row_ok[:, None] & {cols_ok}[None, :]
+{lines}'''
+
+
+def _tile_lines(mod: ModText, pad: str, cols_ok: str) -> tuple[str, str]:
+    """(statements, value) of a per-tile bias at indentation `pad`."""
+    lines = mod.indented(pad, {})
+    return _TILE.format(pad=pad, cols_ok=cols_ok, lines=lines).rstrip("\n"), mod.value_of({})
+
+
+def _mod_bias_fields(params: AttentionParams, key_end: str, target: str) -> dict[str, str]:
+    """The template's fields for a bias computed per tile: pointers B0.. (one per tensor it reads),
+    no bias strides, the loop bounds scanned and the scores biased as with a bias read whole."""
+    tb = params.bias_mod
+    assert tb is not None
+    buffers = {name: (f"B{i}", dtype) for i, (name, dtype) in enumerate(tb.buffers)}
+    mod = render_tile(lambda: tb.loader(list(tb.index)), buffers, "bx", target, torch.float32)
+    pointers = "".join(f"B{i}, " for i in range(len(tb.buffers)))
+    scan, scan_value = _tile_lines(mod, " " * 8, "(cols < kv_len)")
+    scan_tile = f"{scan}\n        bias = tl.where(bias_ok, {scan_value}, float(\"-inf\"))"
+    bounds = _BIAS_BOUNDS.replace(_BOUND_LOAD, scan_tile)
+    soft, soft_value = _tile_lines(mod, " " * 8, "col_ok")
+    softmax = _BIAS_SOFTMAX.replace(_SOFTMAX_LOAD, f"{soft}\n        bias = {soft_value}")
+    return {
+        "bias_ptr": pointers, "bias_ints": "", "bias_base": key_end + "\n" + bounds,
+        "units": "natural", "scale": repr(float(params.scale)), "softmax": softmax,
+        "finish": "    out = acc / tl.where(l_run == 0.0, 1.0, l_run)[:, None]",
+        "key_end": "", "loop_range": "lo * BLOCK_N, hi * BLOCK_N",
+    }
 
 
 @dataclass(frozen=True)
@@ -206,7 +248,7 @@ class RenderedTemplate:
     config: AttentionConfig
 
 
-def render_attention(params: AttentionParams, config: AttentionConfig) -> RenderedTemplate:
+def render_attention(params: AttentionParams, config: AttentionConfig, target: str = "cuda") -> RenderedTemplate:
     """The Triton source of one attention kernel; its name is a hash of the source and config.
 
     Note: the config is part of the name for the reason codegen.triton gives (a grid sized for
@@ -229,7 +271,9 @@ def render_attention(params: AttentionParams, config: AttentionConfig) -> Render
         "head_dim": params.head_dim, "value_dim": params.value_dim, "key_end": key_end, "keep": keep,
         "precision": precision, "dot_dtype": TL_DTYPES[params.dtype],
     }
-    if params.bias:
+    if params.bias_mod is not None:
+        fields |= _mod_bias_fields(params, key_end, target)
+    elif params.bias:
         b_cols = "cols[None, :]" if params.bias_dense else "cols[None, :] * b_sn"
         fields |= {
             "bias_ptr": "B, ", "bias_ints": "\n           b_off, b_sz, b_sh, b_sm, b_sn,",
@@ -249,6 +293,8 @@ def render_attention(params: AttentionParams, config: AttentionConfig) -> Render
     fields["facts"] = (f"head_dim={params.head_dim} value_dim={params.value_dim} "
                        f"dtype={str(params.dtype).removeprefix('torch.')} precision={params.precision if fp32 else 'none'} "
                        f"causal={int(params.causal)} bias={int(params.bias)} bias_dense={int(params.bias_dense)}")
+    if params.bias_mod is not None:
+        fields["facts"] += " bias_buffers=" + ",".join(f"{dtype}:{span}" for dtype, span in params.bias_buffers)
     body = _BODY.format(name="{name}", **fields)
     digest = hashlib.sha256(f"{body}\n{sorted(config.constexprs.items())}\n{config.num_warps}\n"
                             f"{config.num_stages}".encode()).hexdigest()[:16]
@@ -261,7 +307,7 @@ def render_template(item: Any, target: str) -> RenderedKernel:
     """The kernel of a lowering.TemplateKernel, with its heuristic launch config and grid."""
     sizes = item.sizes
     config = heuristic_config(item.params, sizes["q_len"], sizes["kv_len"], target, sizes["batch_heads"])
-    r = render_attention(item.params, config)
+    r = render_attention(item.params, config, target)
     grid = launch_grid(sizes["q_len"], sizes["batch_heads"], config.block_m)
     return RenderedKernel(r.name, r.source, [], None, None, grid, config.constexprs, config.num_warps,
                           num_stages=config.num_stages)
@@ -278,11 +324,12 @@ def source_facts(source: str) -> dict[str, str]:
 
 def int_args(step_args: list[Any]) -> dict[str, Any]:
     """A template launch's integer arguments by name (the values after its pointers: q, k, v, the
-    bias where it has one, and out)."""
+    bias where it has one, or the tensors a bias computed per tile reads, and out)."""
     pointers = next((i for i, a in enumerate(step_args) if getattr(a, "kind", None) != "node"), len(step_args))
     values = [getattr(a, "value", None) for a in step_args[pointers:]]
-    names = INT_ARGS[:12] + BIAS_INT_ARGS + INT_ARGS[12:] if pointers == 5 else INT_ARGS
-    if pointers not in (4, 5) or len(values) != len(names):
-        raise ValueError(f"an attention launch takes 4 or 5 pointers and {len(names)} integers, "
+    strided = len(values) == len(INT_ARGS) + len(BIAS_INT_ARGS)  # a bias read whole, by its strides
+    names = INT_ARGS[:12] + BIAS_INT_ARGS + INT_ARGS[12:] if strided else INT_ARGS
+    if pointers < 4 or (strided and pointers != 5) or len(values) != len(names):
+        raise ValueError(f"an attention launch takes 4 or more pointers and {len(names)} integers, "
                          f"got {pointers} and {len(values)}")
     return dict(zip(names, values))

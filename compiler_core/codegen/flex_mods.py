@@ -20,6 +20,7 @@ import torch
 from fxcc.compiler_core.codegen.triton import TL_DTYPES, TritonHandler, TVal
 from fxcc.compiler_core.errors import CodegenError
 from fxcc.compiler_core.ir.ops import compute_dtype, use_handler
+from fxcc.compiler_core.ir.templates import TILE_INDEX
 from fxcc.compiler_core.sizevars import Expr, render_index
 from fxcc.compiler_core.symbolic import size_symbols_of
 
@@ -93,4 +94,47 @@ def render_mod(body: Callable[[], Any], registers: dict[str, torch.dtype], buffe
             value = handler.emit(f"({value.text} != 0)", torch.bool)
         elif value.dtype != want:
             value = handler.to_dtype(value, want)
+    return ModText(tuple(handler.lines), value.text)
+
+
+TILE_MASK = "bias_ok"  # the tile's in-range scores: every load of a tile expression is masked by it
+
+
+@dataclass
+class TileHandler(ModHandler):
+    """ModHandler whose loads read a [BLOCK_M, BLOCK_N] tile at indices of the tile's coordinates
+    only (no data-dependent index), masked by the tile's range."""
+
+    def load(self, name: str, index: Expr) -> TVal:
+        pointer = self.pointers.get(name)
+        if pointer is None:
+            raise CodegenError(f"an attention tile expression reads {name}, which it was not given")
+        index = self.index(index)
+        names = {s.name for s in index.free_symbols}
+        if not names <= set(TILE_INDEX):
+            raise CodegenError(f"an attention tile expression reads {name} at {index}")
+        where = render_index(index)
+        if not names & {"bias_i", "bias_j"}:  # a batch's or head's value: loaded as a block all the same
+            where = f"{where} + 0 * bias_j"
+        text = f"tl.load({pointer} + ({where}), mask={TILE_MASK}, other=0)"
+        dtype = self.buffer_dtypes[name]
+        comp = compute_dtype(dtype)
+        if comp != dtype:
+            text += f".to({TL_DTYPES[comp]})"
+        return self.emit(text, comp)
+
+
+def render_tile(body: Callable[[], Any], buffers: dict[str, tuple[str, torch.dtype]], prefix: str, target: str,
+                want: torch.dtype) -> ModText:
+    """The Triton text of `body()` (one element of a tensor over TILE_INDEX's symbols, built from
+    ops.*) computed for a whole tile; `buffers` maps each buffer it reads to (pointer parameter,
+    dtype). Raises CodegenError for what a tile cannot compute."""
+    handler = TileHandler(target=target, kernel=None, args={}, prefix=prefix,
+                          buffer_dtypes={name: dtype for name, (_, dtype) in buffers.items()},
+                          pointers={name: ptr for name, (ptr, _) in buffers.items()})
+    with use_handler(handler):
+        value = body()
+        if not isinstance(value, TVal):
+            raise CodegenError("an attention tile expression gave no value")
+        value = handler.to_dtype(value, want)
     return ModText(tuple(handler.lines), value.text)

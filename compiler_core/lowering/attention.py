@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
+from torch import fx
 
 from fxcc.compiler_core.errors import UnsupportedOp
-from fxcc.compiler_core.ir.nodes import Buffer, Lazy, StridedView, TensorValue, make_loader
-from fxcc.compiler_core.ir.templates import AttentionParams
+from fxcc.compiler_core.ir.nodes import Buffer, Lazy, StridedView, TensorValue, count_ops, make_loader
+from fxcc.compiler_core.ir.ops import CountingHandler, use_handler
+from fxcc.compiler_core.ir.templates import AttentionParams, TileBias, tile_symbols
 from fxcc.compiler_core.lowering.core import (
+    KEEP_LAZY,
+    LOWERINGS,
     TemplateKernel,
     current_graph,
     current_node,
+    is_view,
+    lowering_context,
     node_val,
     realize_for_reading,
     register_lowering,
@@ -49,7 +56,10 @@ def flash_attention(q: TensorValue, k: TensorValue, v: TensorValue, scale: float
     for t in views:
         ints += [t.offset, *t.strides[:3]]
     bias_dense = False
-    if bias is not None:
+    tile = _tile_bias(g, (z, h, q_len, kv_len)) if bias is not None else None
+    if tile is not None:
+        views += tile[1]
+    elif bias is not None:
         b = _broadcast_view(g, bias, 7)
         views.append(b)
         b_strides = _broadcast_strides(b, (z, h, q_len, kv_len))
@@ -59,6 +69,9 @@ def flash_attention(q: TensorValue, k: TensorValue, v: TensorValue, scale: float
     precision = "tf32" if allow_tf32 else "ieee"
     params = AttentionParams(int(head_dim), int(value_dim), bool(is_causal), float(scale), q.dtype, precision,
                              bias is not None, bias_dense)
+    if tile is not None:
+        params = dataclasses.replace(params, bias_mod=tile[0], bias_buffers=tuple(
+            (str(r.dtype).removeprefix("torch."), _span(r)) for r in tile[1]))
     g.program.append(TemplateKernel(
         out.buffer.name, target_name(_flash_attention_op()), [NodeRef(name=t.buffer.name) for t in views],
         params=params, int_args=tuple(ints), sizes={"q_len": q_len, "kv_len": kv_len, "batch_heads": z * h}))
@@ -101,3 +114,114 @@ def _broadcast_strides(b: StridedView, full: tuple[Any, ...]) -> list[Any]:
         else:
             raise UnsupportedOp(f"attention bias of sizes {list(b.sizes)} does not broadcast to {list(full)}")
     return out
+
+
+# Note: a bias of [Z, H, L, S] built by one pointwise op from smaller tensors (T5's position bias
+# [1, H, L, S] where its padding mask [B, 1, 1, S] keeps a key, else finfo.min; a relative bias
+# plus a mask) is computed per tile by the template from those tensors, not written whole: T5's
+# encoder at batch 8 wrote a 64-MB mask once for its 6 layers, 8 MB of position bias and 4 KB of
+# mask being what it holds. One op only, so a tile costs a few loads and one op per score; the
+# tensors it reads are written first where they are computations (the position bias's bucket
+# arithmetic, its logarithm included, runs once per element of [1, H, L, S], not per score).
+TILE_OPS = frozenset({torch.ops.aten.add.Tensor, torch.ops.aten.sub.Tensor, torch.ops.aten.mul.Tensor,
+                      torch.ops.aten.where.self})
+TILE_SHARE = 2  # the tensors a tile reads hold at most 1 / TILE_SHARE of the bias's elements
+
+
+def bias_on_tiles(node: fx.Node) -> bool:
+    """Whether `node` is a bias that every reader computes per tile: one TILE_OPS op of static
+    sizes over floating or boolean tensors whose storages hold at most 1 / TILE_SHARE of its
+    elements, read only by fxcc's attention templates, as their bias alone."""
+    if node.op != "call_function" or node.target not in TILE_OPS or node.kwargs:
+        return False
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not val.dtype.is_floating_point or val.dim() > 4 \
+            or is_symbolic(*sizes_of(val)):
+        return False
+    stored = 0
+    for arg in node.args:
+        if isinstance(arg, fx.Node):
+            a = arg.meta.get("val")
+            if not isinstance(a, torch.Tensor) or not (a.dtype.is_floating_point or a.dtype == torch.bool):
+                return False
+            stored += _stored_elements(arg)
+    if stored * TILE_SHARE > val.numel():
+        return False
+    op = _flash_attention_op()
+    return bool(node.users) and all(
+        u.op == "call_function" and u.target is op and len(u.args) == 8 and u.args[7] is node
+        and not u.kwargs and node not in u.args[:7] for u in node.users)
+
+
+def _stored_elements(node: fx.Node) -> int:
+    """The elements of the storage `node` views (its base's, through view ops: an expanded mask's
+    own), as a static count (a symbolic one counts as too many)."""
+    while is_view(node):
+        node = node.args[0]
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or is_symbolic(*sizes_of(val)):
+        return 1 << 62
+    return val.numel()
+
+
+KEEP_LAZY.append(bias_on_tiles)
+
+
+def _tile_bias(g: Any, full: tuple[Any, ...]) -> tuple[TileBias, list[StridedView]] | None:
+    """The bias of the template being lowered as a per-tile expression and the buffers it reads, or
+    None where it is read whole (not bias_on_tiles, symbolic sizes, written already, or an
+    expression a tile cannot compute: a load at another index than the tile's, an indirect one)."""
+    node = current_node().args[7]
+    if not isinstance(node, fx.Node) or not bias_on_tiles(node) or is_symbolic(*full) \
+            or isinstance(g.env.get(node), StridedView):
+        return None
+    args: list[Any] = []
+    for arg in node.args:
+        if not isinstance(arg, fx.Node):
+            args.append(arg)
+            continue
+        value = g.env[arg]
+        if isinstance(value, Lazy) and (value.sizes or count_ops(value).loads):
+            value = _written(g, arg, value)
+        if isinstance(value, StridedView) and is_symbolic(value.offset, *value.sizes, *value.strides):
+            return None
+        args.append(value)
+    with lowering_context(g, node):
+        try:
+            value = LOWERINGS[node.target](*args)
+        except UnsupportedOp:
+            return None
+    if not isinstance(value, Lazy) or tuple(value.sizes) != sizes_of(node.meta["val"]):
+        return None
+    reads = [a for a in args if isinstance(a, StridedView)]
+    names = list(dict.fromkeys(r.buffer.name for r in reads))
+    views = [max((r for r in reads if r.buffer.name == n), key=_span) for n in names]
+    if any(_span(v) >= 1 << 31 for v in views):  # the tile's row and key indices are int32
+        return None
+    pad = 4 - len(value.sizes)
+    symbols = tile_symbols()
+    index = tuple(0 if int(size) == 1 else symbols[pad + d] for d, size in enumerate(value.sizes))
+    counter = CountingHandler()
+    with use_handler(counter):
+        value.loader(list(index))
+    if counter.indirect or any(name not in names or not index_at.free_symbols <= set(symbols)
+                               for name, index_at in counter.loads):
+        return None
+    return TileBias(value.loader, index, tuple((n, g.buffers[n].dtype) for n in names)), views
+
+
+def _written(g: Any, node: fx.Node, value: Lazy) -> StridedView:
+    """A tensor a tile bias reads, written once for every layer's template: row-major where the
+    bias alone reads it (the tile's loads then walk its keys in memory order; T5's position bias,
+    a permuted view of its bucket embedding, is [1, H, L, S]), else as realize_for_reading writes
+    it (an expanded mask's base, with stride 0 where it broadcasts)."""
+    val = node.meta["val"]
+    if len(node.users) == 1 and val.numel() == _stored_elements(node):
+        g.env[node] = g.realize(value, contiguous_strides(value.sizes))
+        return g.env[node]
+    return realize_for_reading(g, node)
+
+
+def _span(view: StridedView) -> int:
+    """Elements of the view's storage from its start to its last element, inclusive."""
+    return int(view.offset) + sum((int(s) - 1) * int(t) for s, t in zip(view.sizes, view.strides)) + 1

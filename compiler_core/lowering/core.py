@@ -81,6 +81,10 @@ def is_view(node: fx.Node) -> bool:
         return node.args[0].op == "call_function" and node.args[0].target in VIEW_TARGETS
     return node.target in VIEW_TARGETS
 REALIZE_OPS_ALWAYS = 96
+# Predicates of nodes whose Lazy value stays unwritten at their own lowering, whatever its cost or
+# readers: each reader writes or recomputes what it needs (an attention mask that fxcc's template
+# computes from the mask's own inputs, lowering/attention.py). A reader that cannot still realizes it.
+KEEP_LAZY: list[Callable[[fx.Node], bool]] = []
 
 
 
@@ -593,6 +597,8 @@ def _maybe_realize(g: GraphLowering, node: fx.Node, out: Any) -> Any:
     if not isinstance(out, Lazy):
         return out
     g.lazy_values.append(out)
+    if any(keep(node) for keep in KEEP_LAZY):
+        return out
     counted = count_ops(out)
     cost, reads = counted.ops, len({name for name, _ in counted.loads})
     shared = len(node.users) > 1 and (cost > REALIZE_OPS_SHARED or reads > REALIZE_READS_SHARED)

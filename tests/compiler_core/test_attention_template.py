@@ -345,3 +345,89 @@ def test_cuda_template_builds_a_cubin(mask: bool) -> None:
         (task,) = [t for t in build_tasks(compile_request(request), request, 90) if t.name == info.name]
         ptx = compile_task(task).asm["ptx"]
         assert "ld.global.v4.b32" in ptx and "ld.global.b32" not in ptx
+
+
+def _t5_layers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor, pb: torch.Tensor) -> torch.Tensor:
+    """T5's attention bias: its position bias where the padding mask keeps a key, else finfo.min,
+    [Z, H, L, S], read by every layer."""
+    bias = torch.where(pad[:, None, None, :], pb, torch.finfo(q.dtype).min)
+    x = q
+    for _ in range(2):
+        x = F.scaled_dot_product_attention(x, k, v, attn_mask=bias) + x
+    return x
+
+
+def _t5_inputs(z: int = 4, h: int = 3, rows: int = 37) -> tuple[torch.Tensor, ...]:
+    q, k, v = qkv(z, h, rows, 16)
+    pad = torch.ones(z, rows, dtype=torch.bool)
+    pad[1, 30:] = False
+    pb = torch.randn(1, h, rows, rows, generator=torch.Generator().manual_seed(3))
+    return q, k, v, pad, pb
+
+
+def _allocs(art: Artifact) -> list[int]:
+    return [math.prod(int(x) for x in st.spec.sizes) for st in art.manifest.plan.steps if st.kind == "alloc"]
+
+
+def test_a_bias_built_by_one_op_from_smaller_tensors_is_computed_per_tile() -> None:
+    """T5's [Z, H, L, S] bias (a [1, H, L, S] position bias where a [Z, S] mask keeps a key) is never
+    written: each layer's template reads the position bias and the mask and computes it per tile."""
+    inputs = _t5_inputs()
+    z, h, rows = inputs[0].shape[:3]
+    art = compiled(math_traced(_t5_layers, *inputs), tf32=True)
+    sources = {k.name: art.blobs[k.source.digest].decode() for k in art.manifest.kernels if is_template_kernel(k.name)}
+    assert len(sources) == 1
+    facts = source_facts(next(iter(sources.values())))
+    assert facts["bias"] == "1" and sorted(x.split(":")[0] for x in facts["bias_buffers"].split(",")) == ["bool", "float32"]
+    launches = [st for st in art.manifest.plan.steps if st.kind == "kernel" and st.kernel in sources]
+    assert len(launches) == 2 and not art.manifest.stats.extern_ops
+    assert all("b_sh" not in int_args(st.args) for st in launches)  # no bias strides: read per tile
+    assert max(_allocs(art)) < z * h * rows * rows  # neither the bias nor the scores written
+    (got,) = load_plan(art)(list(inputs))
+    torch.testing.assert_close(got, _t5_layers(*inputs), atol=1e-5, rtol=1e-5)
+
+
+def test_a_computed_position_bias_is_written_once_row_major_for_the_tiles() -> None:
+    """Where the position bias is itself computed (T5's bucket lookup: a permuted view of an
+    embedding), it is written once, [1, H, L, S] in row-major order, and read by every layer."""
+    q, k, v, pad, _ = _t5_inputs()
+    z, h, rows = q.shape[:3]
+    table = torch.randn(2 * rows, h, generator=torch.Generator().manual_seed(5))
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        rel = torch.arange(rows)[None, :] - torch.arange(rows)[:, None] + rows  # [L, S] buckets
+        pb = F.embedding(rel, table).permute(2, 0, 1).unsqueeze(0)  # [1, H, L, S]
+        return _t5_layers(q, k, v, pad, pb)
+
+    inputs = (q, k, v, pad, table)
+    art = compiled(math_traced(fn, *inputs), tf32=True)
+    (template,) = templates(art)
+    assert "bias_buffers" in source_facts(art.blobs[next(k for k in art.manifest.kernels if k.name == template).source.digest].decode())
+    written = [st for st in art.manifest.plan.steps if st.kind == "alloc" and list(st.spec.sizes) == [1, h, rows, rows]]
+    assert len(written) == 1 and [int(s) for s in written[0].spec.strides] == [h * rows * rows, rows * rows, rows, 1]
+    assert max(_allocs(art)) < z * h * rows * rows
+    (got,) = load_plan(art)(list(inputs))
+    torch.testing.assert_close(got, fn(*inputs), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["also_returned", "inputs_as_large"])
+def test_a_bias_is_read_whole_where_tiles_would_not_save_memory(case: str) -> None:
+    inputs = _t5_inputs()
+
+    def also_returned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor, pb: torch.Tensor) -> Any:
+        bias = torch.where(pad[:, None, None, :], pb, torch.finfo(q.dtype).min)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias), bias
+
+    def inputs_as_large(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor, pb: torch.Tensor) -> Any:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=(q @ k.transpose(-2, -1)).tanh() + pb)
+
+    fn = {"also_returned": also_returned, "inputs_as_large": inputs_as_large}[case]
+    art = compiled(math_traced(fn, *inputs), tf32=True)
+    (template,) = templates(art)
+    source = art.blobs[next(k for k in art.manifest.kernels if k.name == template).source.digest].decode()
+    assert "bias_buffers" not in source_facts(source) and source_facts(source)["bias"] == "1"
+    got = load_plan(art)(list(inputs))
+    want = fn(*inputs)
+    want = want if isinstance(want, tuple) else (want,)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)

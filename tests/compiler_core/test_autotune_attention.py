@@ -156,3 +156,30 @@ def test_a_masked_template_is_tuned_with_its_mask_and_matches_eager() -> None:
     assert int_args(step.args)["b_sh"] == 0
     (got,) = load_plan(out)(list(inputs))
     torch.testing.assert_close(got, fn(*inputs), atol=1e-5, rtol=1e-5)
+
+
+def test_a_template_computing_its_bias_per_tile_is_tuned_with_the_tensors_it_reads() -> None:
+    """The bench gives a bias computed per tile (T5's: a position bias where a mask keeps a key)
+    random tensors of the dtypes and spans the source names: a boolean mask, a float bias."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(4, 2, 40, 16, generator=g) for _ in range(3))
+    pad = torch.rand(4, 40, generator=g) > 0.2
+    pb = torch.randn(1, 2, 40, 40, generator=g)
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor, pb: torch.Tensor) -> torch.Tensor:
+        bias = torch.where(pad[:, None, None, :], pb, torch.finfo(q.dtype).min)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias).cos()
+
+    inputs = (q, k, v, pad, pb)
+    with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
+        gm = make_fx(fn, decomposition_table=decomposition_table())(*inputs)
+    request = CompileRequest(graph=capture_graph(gm, list(inputs)).spec, options=CompileOptions(allow_tf32=True))
+    art = compile_request(request)
+    out = autotune_artifact(art, request, "cpu", timer=lambda c, f: 0.0 if getattr(c, "block_n", 0) == 32 else 1.0)
+    (info,) = [k for k in out.manifest.kernels if is_template_kernel(k.name)]
+    assert "bias_buffers=bool:" in out.blobs[info.source.digest].decode()
+    assert info.tuning is not None and not info.tuning.rejected and info.constexprs["BLOCK_N"] == 32
+    (got,) = load_plan(out)(list(inputs))
+    torch.testing.assert_close(got, fn(*inputs), atol=1e-5, rtol=1e-5)
