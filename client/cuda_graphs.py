@@ -412,9 +412,10 @@ class GraphedPlan:
             env.update(captured.live)
             self.runner.run_steps(env, self.cut)  # type: ignore[attr-defined]
             pool = captured.pool_storages
-            out = tuple(_copy_out(o, _layout(o)) if isinstance(o, torch.Tensor)
-                        and o.untyped_storage().data_ptr() in pool else o
-                        for o in self.runner.finish(env))  # type: ignore[attr-defined]
+            finished = self.runner.finish(env)  # type: ignore[attr-defined]
+            in_pool = [isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in pool for o in finished]
+            out = tuple(_copy_out(o, _layout(o)) if copy else o for o, copy in zip(finished, in_pool))
+            stats.count("copied_out", sum(in_pool))
         if shared.done is None:
             shared.done = torch.cuda.Event()
         shared.done.record(stream)

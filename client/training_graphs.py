@@ -13,9 +13,14 @@ Note: what differs from inference graphs (client/cuda_graphs.py), and how each i
   small, are aliased (GPT-2's training step copied 98 of them, a launch each). The next
   replay overwrites that pool, so it replays only once every aliased output of the last one is
   dead: each output's storage use count is back to what this class holds alone (measured right
-  after the capture). A caller that keeps one (logits appended to a list, a graph kept for a
-  second backward) gets a step-by-step call instead, whose outputs are fresh memory; fxcc says so
-  once, and stops trying after MAX_BUSY such calls in a row.
+  after the capture). A caller that keeps one past the next call (logits appended to a list,
+  gradients that AccumulateGrad stole into `.grad` and that stay there over micro-batches or
+  with zero_grad(set_to_none=False), a forward's saved tensors when it runs twice before one
+  backward) makes the plan capture again at once with those outputs copied out (a copy each,
+  into fresh memory) from then on, up to MAX_COPY_CAPTURES times; where a copy cannot serve (an
+  output whose storage others share) that call runs step by step, whose outputs are fresh memory;
+  fxcc says so once, and stops trying after MAX_BUSY such calls in a row (before session 26, a
+  backward whose gradients a caller kept never replayed again).
 - One pool per plan. A graph's outputs outlive its call, so no other graph may capture into its
   pool: a later capture there could place its temporaries over outputs still held (the inference
   graphs share a pool only because nothing they leave outlives a call). Each plan captures once
@@ -78,7 +83,9 @@ MAX_MOVING = 2  # or are this few (a batch and its labels)
 MAX_OBSERVED = 16  # calls without such a pair of calls before the plan stops trying
 MAX_CAPTURES = 3  # captures of a plan whose inputs settled at other addresses after its last one
 MAX_BUSY = 8  # step-by-step calls in a row (outputs still held, inputs moved) before it stops trying
+MAX_COPY_CAPTURES = 2  # captures that copy out outputs the caller was found to keep (see module Note)
 MOVED = "an input is at another address than when the graph was captured"
+HELD = "an output of its last replay is still held (its memory would be overwritten)"
 SMALL_OUTPUT = 1 << 20  # bytes up to which an output of its own storage is copied out, not aliased
 
 
@@ -119,7 +126,7 @@ class _Output:
 
 
 class _TrainingGraph:
-    __slots__ = ("baseline", "buffers", "done", "graph", "last_stream", "outputs", "static", "storages")
+    __slots__ = ("baseline", "buffers", "done", "graph", "last_stream", "outputs", "owners", "static", "storages")
 
     def __init__(self) -> None:
         self.graph: Any = None
@@ -128,6 +135,7 @@ class _TrainingGraph:
         self.outputs: list[_Output] = []
         self.storages: list[Any] = []  # the pool storages handed out, and their use counts alone
         self.baseline: list[int] = []
+        self.owners: dict[int, int] = {}  # index into `storages` → the one output that views it whole
         self.done: Any = None  # event after the last replay, on `last_stream`
         self.last_stream: Any = None
 
@@ -135,6 +143,13 @@ class _TrainingGraph:
         """Whether every output the last replay handed out is dead (nobody but us holds its storage)."""
         count = torch._C._storage_Use_Count
         return all(count(s._cdata) == n for s, n in zip(self.storages, self.baseline))
+
+    def held_outputs(self) -> set[int]:
+        """The positions of outputs still held from the last replay that a copy could serve (each
+        the only output of its storage: a `.grad` kept across steps, a saved tensor of a forward
+        whose backward has not run yet, logits kept in a list)."""
+        count = torch._C._storage_Use_Count
+        return {at for i, at in self.owners.items() if count(self.storages[i]._cdata) != self.baseline[i]}
 
 
 class TrainingGraphedPlan:
@@ -145,6 +160,8 @@ class TrainingGraphedPlan:
                  on_disable: Callable[[str], None] | None = None) -> None:
         self.runner = runner
         self.pool_outputs = pool_outputs  # positions handed out from the pool however small (see module Note)
+        self.copy_out: set[int] = set()  # positions copied out whatever their size: the caller kept them
+        self.copy_captures = 0
         self.on_disable = on_disable
         self.key = manifest.key
         plan = manifest.plan
@@ -178,6 +195,16 @@ class TrainingGraphedPlan:
                 if why is None:
                     self.busy, self.moving = 0, None
                     return self._replay(captured, args)
+                held = captured.held_outputs() - self.copy_out if why is HELD else set()
+                if held and self.copy_captures < MAX_COPY_CAPTURES:
+                    # The caller keeps these past the next call (gradients accumulated over steps or
+                    # micro-batches, zero_grad(set_to_none=False)): from now on they are copied out.
+                    self.copy_out |= held
+                    self.copy_captures += 1
+                    log.info("fxcc: training plan %s copies %d of its outputs out from now on: the caller keeps "
+                             "them past the next call", self.key[:12], len(self.copy_out))
+                    fresh = self._capture(args, sorted(captured.buffers), addresses, settles=False)
+                    return self._after_failed_capture(args) if fresh is None else self._replay(fresh, args)
                 if why is MOVED and self.captures < MAX_CAPTURES:
                     grown = self._grown(captured, args, addresses)
                     if grown is not None:  # a few more inputs move: copy them in too
@@ -232,7 +259,10 @@ class TrainingGraphedPlan:
         return len(moving) <= MAX_MOVING or moved_bytes * DYNAMIC_SHARE <= total
 
 
-    def _capture(self, args: list[Any], moved: list[int], addresses: tuple[Any, ...]) -> _TrainingGraph | None:
+    def _capture(self, args: list[Any], moved: list[int], addresses: tuple[Any, ...],
+                 settles: bool = True) -> _TrainingGraph | None:
+        """A graph of the plan at these addresses, `moved` inputs copied in; `settles`: it counts
+        toward MAX_CAPTURES (a capture that only copies out kept outputs does not)."""
         prewarm.wait_all()  # no other thread of fxcc's allocates or launches while this one captures
         g = _TrainingGraph()
         call = list(args)
@@ -253,14 +283,14 @@ class TrainingGraphedPlan:
             return None
         clear_library_workspaces()  # freed into this graph's pool, which no other capture takes
         g.graph = graph
-        why = _describe_outputs(g, outputs, call, self.pool_outputs)
+        why = _describe_outputs(g, outputs, call, self.pool_outputs, frozenset(self.copy_out))
         del outputs, call
         if why is not None:
             self._disable(why)
             return None
         g.baseline = [torch._C._storage_Use_Count(s._cdata) for s in g.storages]
         self.captured = g  # one before it is dropped: its pool lives on while its outputs do
-        self.captures += 1
+        self.captures += settles
         self.busy = 0
         stats.count("captures")
         log.info("fxcc: training plan %s replays as a CUDA graph (%d inputs copied in, %d outputs handed out "
@@ -272,7 +302,7 @@ class TrainingGraphedPlan:
             if addresses[i] != want:
                 return MOVED
         if not g.free():
-            return "an output of its last replay is still held (its memory would be overwritten)"
+            return HELD
         return None
 
     def _after_failed_capture(self, args: list[Any]) -> tuple[Any, ...]:
@@ -309,7 +339,7 @@ class TrainingGraphedPlan:
                 out.append(o.tensor.detach())
             elif o.kind == "copy":
                 out.append(_copy_out(o.tensor, o.layout))
-                copied += 1
+                copied += o.tensor.is_cuda  # a host constant's copy is no launch
             elif o.kind == "input":
                 out.append(_view_of(args[o.input], o))
             else:
@@ -333,10 +363,11 @@ class TrainingGraphedPlan:
         log.warning("fxcc: training plan %s runs step by step, not as a CUDA graph: %s", self.key[:12], reason)
 
 
-def _describe_outputs(g: _TrainingGraph, outputs: Any, call: list[Any],
-                      pool_outputs: frozenset[int] = frozenset()) -> str | None:
+def _describe_outputs(g: _TrainingGraph, outputs: Any, call: list[Any], pool_outputs: frozenset[int] = frozenset(),
+                      copy_out: frozenset[int] = frozenset()) -> str | None:
     """Fill g.outputs and g.storages from the capture's outputs; why they cannot be replayed
-    (None: they can). Outputs at `pool_outputs` are aliases of the pool whatever their size."""
+    (None: they can). Outputs at `pool_outputs` are aliases of the pool whatever their size, those
+    at `copy_out` copies whatever their size, where each is its storage's only output."""
     inputs: dict[int, int] = {}
     for i, a in enumerate(call):
         if isinstance(a, torch.Tensor):
@@ -364,13 +395,16 @@ def _describe_outputs(g: _TrainingGraph, outputs: Any, call: list[Any],
             g.outputs.append(_Output("input", input=inputs[ptr], rel=o.storage_offset() - a.storage_offset(),
                                      layout=(tuple(o.shape), o.stride())))
             continue
-        if at not in pool_outputs and shared[ptr] == 1 and o.numel() * o.element_size() <= SMALL_OUTPUT \
-                and not _overlaps(o):
+        own = shared[ptr] == 1 and not _overlaps(o)
+        small = o.numel() * o.element_size() <= SMALL_OUTPUT
+        if own and (at in copy_out or (small and at not in pool_outputs)):
             g.outputs.append(_Output("copy", tensor=o, layout=_layout(o)))
             continue
         g.outputs.append(_Output("alias", tensor=o))
         if ptr not in held:
             held[ptr] = o.untyped_storage()
+            if own:
+                g.owners[len(held) - 1] = at
     g.storages = list(held.values())
     return None
 

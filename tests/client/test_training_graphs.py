@@ -73,3 +73,24 @@ def test_gradients_and_saved_tensors_are_handed_out_from_the_pool_and_the_output
     (fw_outputs, fw), (bw_outputs, bw) = seen
     assert 0 not in fw and fw == frozenset(range(1, fw_outputs))  # the output first, then what is saved
     assert bw == frozenset(range(bw_outputs)) and bw_outputs >= 6  # each parameter's gradient (and None for x)
+
+
+def test_outputs_a_caller_keeps_are_found_by_their_storage_counts():
+    """After a replay, the outputs still held past the next call (a `.grad` AccumulateGrad stole)
+    are found by their storages' use counts, by position; only outputs that own their storage
+    (a copy could serve them) are named."""
+    from fxcc.client.training_graphs import _TrainingGraph
+
+    g = _TrainingGraph()
+    grad, saved, shared = torch.zeros(4), torch.zeros(8), torch.zeros(6)
+    g.storages = [grad.untyped_storage(), saved.untyped_storage(), shared.untyped_storage()]
+    g.owners = {0: 3, 1: 5}  # the third storage is viewed by two outputs: no copy serves it
+    g.baseline = [torch._C._storage_Use_Count(s._cdata) for s in g.storages]
+    assert g.free() and g.held_outputs() == set()
+    kept_grad = grad.detach()  # the caller's `.grad`: an alias of the pool's storage
+    kept_view = shared[2:].detach()
+    assert not g.free() and g.held_outputs() == {3}
+    del kept_grad
+    assert not g.free() and g.held_outputs() == set()  # held, but no copy could serve it
+    del kept_view
+    assert g.free()

@@ -41,21 +41,25 @@ def _mlp() -> nn.Module:
                          nn.Linear(512, 4096)).cuda().train()
 
 
-def _train(model: nn.Module, batches, steps: int, compiled: bool, keep: bool = False):
-    """Losses (and, with keep, each step's model output as returned) of `steps` SGD steps."""
+def _train(model: nn.Module, batches, steps: int, compiled: bool, keep: bool = False,
+           set_to_none: bool = True, micro: int = 1):
+    """Losses (and, with keep, each step's model output as returned) of `steps` SGD steps, each over
+    `micro` micro-batches whose gradients accumulate in `.grad`."""
     fn = torch.compile(model, backend=fxcc_backend) if compiled else model
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, foreach=False)
     losses, kept = [], []
     for i in range(steps):
         x, y = batches(i)
-        opt.zero_grad(set_to_none=True)
-        out = fn(x)
-        loss = nn.functional.cross_entropy(out, y)
-        loss.backward()
+        opt.zero_grad(set_to_none=set_to_none)
+        for _ in range(micro):
+            out = fn(x)
+            loss = nn.functional.cross_entropy(out, y) / micro
+            loss.backward()
+            if keep:
+                kept.append(out.detach())
+            del out  # not held while the next forward runs
         opt.step()
         losses.append(loss.detach())
-        if keep:
-            kept.append(out.detach())
     return torch.stack(losses).cpu(), kept
 
 
@@ -110,9 +114,32 @@ def test_replays_hand_out_gradients_and_saved_tensors_without_copies():
     want, _ = _train(copy.deepcopy(base), lambda i: (x, y), 8, compiled=False)
     replays, copied = stats.replays, stats.copied_out
     got, _ = _train(copy.deepcopy(base), lambda i: (x, y), 8, compiled=True)
-    assert stats.replays - replays >= 8, stats
+    # 16 calls (a forward and a backward a step): the first of each runs step by step, the next
+    # ones are watched until two pairs show what moves, then each replays
+    assert stats.replays - replays >= 10, stats
     assert stats.copied_out == copied, stats  # the loss is computed outside the compiled model
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("how", ["set_to_none_false", "micro_batches"])
+def test_gradients_kept_across_calls_are_copied_out_and_the_plan_replays(how):
+    """A caller that keeps the backward's gradients past its next call (AccumulateGrad stole them
+    into `.grad`, where zero_grad(set_to_none=False) or micro-batches keep them) makes the plan
+    capture once more with those gradients copied out, and it replays from then on; `.grad` is
+    never overwritten by a later replay (the losses and weights equal eager's)."""
+    from fxcc.client.cuda_graphs import stats
+
+    x = torch.randn(128, 256, device="cuda")
+    y = torch.randint(0, 4096, (128,), device="cuda")
+    base = _mlp()
+    kwargs = {"set_to_none": False} if how == "set_to_none_false" else {"micro": 3}
+    want, _ = _train(copy.deepcopy(base), lambda i: (x, y), 8, compiled=False, **kwargs)
+    replays, disabled = _runs()[1], len(stats.disabled)
+    got, _ = _train(copy.deepcopy(base), lambda i: (x, y), 8, compiled=True, **kwargs)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    calls = 2 * 8 * kwargs.get("micro", 1)
+    assert _runs()[1] - replays >= calls - 8, (stats, calls)  # all but the first few calls replay
+    assert len(stats.disabled) == disabled, stats.disabled
 
 
 def test_an_output_kept_past_its_step_is_never_overwritten():
