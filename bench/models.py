@@ -55,10 +55,14 @@ NOTES = {
     "peak_mb": "torch.cuda.max_memory_allocated over compile + 3 calls (5 steps for training) after "
                "clearing cuBLAS's workspaces (session 24: each mode pays its own), empty_cache and "
                "reset_peak_memory_stats, minus memory_allocated before; weights and inputs excluded; training: "
-               "gradients and AdamW's state included in every mode. Inductor's cudagraph trees hand out a "
-               "replay's outputs as storages made from pool pointers (torch._C._construct_storage_from_data_pointer), "
-               "which the allocator does not count: reduce-overhead's peak_mb leaves out what its pool holds "
-               "during replays; reserved_mb (max_memory_reserved, same window) counts every mode's pools",
+               "gradients and AdamW's state included in every mode. Inference: the bench keeps no output of "
+               "its own in the window (until session 26 it kept a clone of the first call's and the third's: "
+               "two extra logits for a language model), and peak_mb adds uncounted_output_mb, the bytes of "
+               "the third call's output the allocator did not count (its storage less what dropping it "
+               "freed): Inductor's cudagraph trees hand out a replay's outputs as storages made from pool "
+               "pointers (torch._C._construct_storage_from_data_pointer), which max_memory_allocated never "
+               "sees (GPT-2: its logits, 393 MiB); allocated_peak_mb is the allocator's number alone; "
+               "reserved_mb (max_memory_reserved, same window) counts every mode's pools",
     "reserved_mb": "torch.cuda.max_memory_reserved over the same window, minus memory_reserved before: what "
                    "the allocator held from the device (its pools and cached free blocks); fxcc_vs_inductor_reserved "
                    "and the summary's reserved_* compare it",
@@ -161,6 +165,22 @@ class PeakWindow:
                 round((torch.cuda.max_memory_reserved() - self.base_reserved) / MB, 1))
 
 
+def _uncounted_bytes(box: list[Any]) -> int:
+    """Bytes of the output (the one tensor in `box`, which this empties) that the allocator does
+    not count: its storages' bytes less what dropping it frees. A fresh output (eager's, fxcc's) is
+    counted whole; a cudagraph tree's replay output is a storage made from a pool pointer, which
+    max_memory_allocated never saw, though the memory holds the output all the same (CPU: 0)."""
+    out = box.pop()
+    if not isinstance(out, torch.Tensor) or not out.is_cuda:
+        return 0
+    size = out.untyped_storage().nbytes()
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    del out
+    gc.collect()
+    return max(0, size - (held - torch.cuda.memory_allocated()))
+
+
 def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
     diff = (got.double() - ref.double()).norm()
     return float(diff / ref.double().norm().clamp_min(1e-30))
@@ -223,14 +243,21 @@ def run_inference(row: dict[str, Any], built: Built, device: str, modes: tuple[s
             t0 = time.perf_counter()
             fn = compiled(mode, module)
             call = _caller(mode, fn, built.inputs)
-            first = call().detach().clone()
+            out = call()
             _sync(device)
             row[f"{mode}_first_call_s"] = round(time.perf_counter() - t0, 2)
+            err = rel_error(out, ref)
+            del out  # the bench holds no output of its own in the window (a clone was a second logits)
             call()  # fxcc captures its CUDA graphs on the second call, Inductor's trees record on it
-            third = call().detach().clone()
-            row[f"{mode}_peak_mb"], row[f"{mode}_reserved_mb"] = window.peak_mb()
-            err = max(rel_error(first, ref), rel_error(third, ref))
-            del first, third
+            out = call()
+            err = max(err, rel_error(out, ref))
+            box = [out]
+            del out  # `box` holds the only reference: _uncounted_bytes drops it
+            uncounted = _uncounted_bytes(box)
+            peak, row[f"{mode}_reserved_mb"] = window.peak_mb()
+            row[f"{mode}_uncounted_output_mb"] = round(uncounted / MB, 1) if device == "cuda" else None
+            row[f"{mode}_allocated_peak_mb"] = peak
+            row[f"{mode}_peak_mb"] = None if peak is None else round(peak + uncounted / MB, 1)
             if mode != "eager":
                 row[f"{mode}_rel_err"] = float(f"{err:.3g}")
             if mode == "fxcc":
