@@ -68,7 +68,10 @@ class ModHandler(TritonHandler):
         masks = [self.indirect_masks[s] for s in sorted(index.free_symbols, key=str) if s in self.indirect_masks]
         masks += self.mask_stack
         where = f", mask={' & '.join(masks)}, other=0" if masks else ""
-        text = f"tl.load({pointer} + ({render_index(index)}){where})"
+        return self.loaded(name, f"tl.load({pointer} + ({render_index(index)}){where})")
+
+    def loaded(self, name: str, text: str) -> TVal:
+        """The load `text` of buffer `name`, at its compute dtype."""
         dtype = self.buffer_dtypes[name]
         comp = compute_dtype(dtype)
         if comp != dtype:
@@ -116,12 +119,7 @@ class TileHandler(ModHandler):
         where = render_index(index)
         if not names & {"bias_i", "bias_j"}:  # a batch's or head's value: loaded as a block all the same
             where = f"{where} + 0 * bias_j"
-        text = f"tl.load({pointer} + ({where}), mask={TILE_MASK}, other=0)"
-        dtype = self.buffer_dtypes[name]
-        comp = compute_dtype(dtype)
-        if comp != dtype:
-            text += f".to({TL_DTYPES[comp]})"
-        return self.emit(text, comp)
+        return self.loaded(name, f"tl.load({pointer} + ({where}), mask={TILE_MASK}, other=0)")
 
 
 def render_tile(body: Callable[[], Any], buffers: dict[str, tuple[str, torch.dtype]], prefix: str, target: str,
