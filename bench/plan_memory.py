@@ -3,6 +3,7 @@
     python -m bench.plan_memory                                  # transformer_block, gpt2_small, resnet50; sm_90
     python -m bench.plan_memory --workloads transformer_block --tiny --target interpret
     python -m bench.plan_memory --training gpt2_train bert_train    # backward plans, saved activations
+    python -m bench.plan_memory --workloads t5_encoder bert --tf32 --math-sdpa  # as transformers' models trace on CUDA
 
 Captures each workload's inference graphs through Dynamo and AOTAutograd (parameters are empty
 CPU tensors, the model never runs), compiles them for the target, and prints one JSON line per
@@ -283,6 +284,9 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true", help="bench.workloads' CPU-sized versions")
     p.add_argument("--tf32", action="store_true", help="compile as a client with TF32 on does (bench.measure "
                    "runs so): fp32 attention becomes fxcc's template kernel")
+    p.add_argument("--math-sdpa", action="store_true", help="capture with torch's math SDPA only, as transformers' "
+                   "BERT and T5 trace on CUDA (AOTAutograd decomposes their masked SDPA; on this CPU torch "
+                   "would pick its flash kernel)")
     p.add_argument("--training", nargs="+", metavar="MODEL",
                    help="bench/model_zoo.py training models (gpt2_train, bert_train): each backward plan's peak "
                    "with its saved activations held for the whole call or let go after their last read")
@@ -294,8 +298,19 @@ def main() -> None:
                               **measure_training(name, target, a.tiny, a.tf32)}), flush=True)
         return
     for name in a.workloads:
-        print(json.dumps({"target": a.target, "tiny": a.tiny, "tf32": a.tf32, **measure(name, target, a.tiny, a.tf32)}),
+        with _sdpa(a.math_sdpa):
+            row = measure(name, target, a.tiny, a.tf32)
+        print(json.dumps({"target": a.target, "tiny": a.tiny, "tf32": a.tf32, "math_sdpa": a.math_sdpa, **row}),
               flush=True)
+
+
+def _sdpa(math_only: bool) -> Any:
+    """A context where SDPA takes torch's math path only (math_only), else nothing."""
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.MATH]) if math_only else contextlib.nullcontext()
 
 
 if __name__ == "__main__":
