@@ -19,7 +19,10 @@ broadcast dims: GPT-2's [B, 1, S, S] mask is read once per head from the same me
 stay in natural units until the exponent (finfo.min · log2(e) would overflow to -inf, turning a
 row that eager's softmax spreads evenly over finfo.min scores into zeros), and a row whose every
 score is -inf gives zeros (its running maximum taken as 0, its sum as 1), as aten's memory-efficient
-and CPU flash kernels give.
+and CPU flash kernels give. A bias built by one pointwise op from smaller tensors (T5's position bias
+where its padding mask keeps a key) is instead computed per tile from those tensors
+(AttentionParams.bias_mod, rendered by codegen.flex_mods.render_tile over the tile's batch, head,
+rows and keys), one pointer per tensor and no bias strides: the [Z, H, L, S] bias is never written.
 """
 
 from __future__ import annotations
