@@ -229,3 +229,43 @@ def test_a_masked_sdpa_runs_the_template_with_its_mask_as_a_bias(fill: str, tune
         # it evenly (fxcc does too), aten's memory-efficient kernel does not (H200, session 24: 667 of
         # its 768 values differ from the even spread)
         torch.testing.assert_close(got[2, :, 7], want[2, :, 7], atol=1e-2, rtol=0)
+
+
+@pytest.mark.parametrize("tune", [False, True], ids=["untuned", "tuned"])
+def test_a_bias_computed_per_tile_runs_from_cubins_and_matches_float64(tune: bool) -> None:
+    """T5's bias (its [1, H, L, S] position bias where a [B, S] padding mask keeps a key, else
+    finfo.min) read by two layers: the template computes it per tile from the two tensors (a
+    boolean and a float pointer, no bias strides), from cubins, tuned or not; no [B, H, L, S]
+    buffer is written."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, h, s, d = 4, 8, 300, 64
+    g = torch.Generator(device="cuda").manual_seed(4)
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", generator=g) for _ in range(3))
+    pad = torch.ones(b, s, dtype=torch.bool, device="cuda")
+    pad[1, 250:] = False
+    pb = torch.randn(1, h, s, s, device="cuda", generator=g)
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor, pb: torch.Tensor) -> torch.Tensor:
+        bias = torch.where(pad[:, None, None, :], pb, torch.finfo(q.dtype).min)
+        x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias) + q
+        return F.scaled_dot_product_attention(x, k, v, attn_mask=bias)
+
+    inputs = [q, k, v, pad, pb]
+    with sdpa_kernel([SDPBackend.MATH]):  # as transformers' T5 traces on CUDA
+        art = _compiled(fn, inputs, allow_tf32=True, tune=tune)
+    launches = [st for st in art.manifest.plan.steps if st.kind == "kernel" and is_template_kernel(st.kernel)]
+    assert len(launches) == 2 and all("b_sh" not in int_args(st.args) for st in launches)
+    assert all(math.prod(int(x) for x in st.spec.sizes) < b * h * s * s
+               for st in art.manifest.plan.steps if st.kind == "alloc")
+    (got,) = load_plan(art)(inputs)
+    torch.cuda.synchronize()
+    _ran_from_cubins(art, q.device.index)
+
+    def ref(q: torch.Tensor) -> torch.Tensor:
+        bias = torch.where(pad[:, None, None, :], pb, torch.finfo(torch.float32).min).double()
+        scores = q.double() @ k.double().transpose(-2, -1) / math.sqrt(d) + bias
+        return torch.softmax(scores, -1) @ v.double()
+
+    want = ref(ref(q) + q.double())
+    assert (got.double() - want).abs().max().item() < 1e-2
