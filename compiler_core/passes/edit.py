@@ -44,8 +44,7 @@ class GraphEdit:
         """A node `target(*args, **kwargs)` before `before`, named `name` (made unique), with its FakeTensor."""
         args, kwargs = fx.node.map_arg((args, kwargs or {}), self.current)
         vals = fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
-        with self.mode:
-            val = target(*vals[0], **vals[1])
+        val = run_op(self.gm, target, vals[0], vals[1])
         with self.gm.graph.inserting_before(before):
             node = self.gm.graph.call_function(target, args, kwargs)
         node.name = fresh_name(self.taken, name)
@@ -138,17 +137,25 @@ def repropagate(gm: fx.GraphModule, stale: set[fx.Node]) -> None:
     """The `stale` nodes (their arguments changed), and each node reading one whose value then
     changed, run again on their arguments' FakeTensors, in graph order; a node whose value comes out
     the same keeps its FakeTensor and stops the wave there."""
-    mode = gm.meta["fxcc_fake_mode"]
     dirty: set[fx.Node] = set()
     for node in gm.graph.nodes:
         if node.op != "call_function" or (node not in stale and not dirty.intersection(node.all_input_nodes)):
             continue
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
-        with mode:
-            val = node.target(*args, **kwargs)
+        val = run_op(gm, node.target, args, kwargs)
         if not same_value(val, node.meta.get("val")):
             node.meta["val"] = val
             dirty.add(node)
+
+
+def run_op(gm: fx.GraphModule, target: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """`target` run on FakeTensors of `gm`'s mode, or the outputs of the earlier call it repeats
+    (graph.Repeats, where rebuild_graph made one)."""
+    repeats = gm.meta.get("fxcc_repeat_memo")
+    if repeats is not None:
+        return repeats.run(target, args, kwargs)
+    with gm.meta["fxcc_fake_mode"]:
+        return target(*args, **kwargs)
 
 
 def same_value(a: Any, b: Any) -> bool:
