@@ -16,15 +16,22 @@ Note: what differs from inference graphs (client/cuda_graphs.py), and how each i
   after the capture). A caller that keeps one past the next call (logits appended to a list,
   gradients that AccumulateGrad stole into `.grad` and that stay there over micro-batches or
   with zero_grad(set_to_none=False), a forward's saved tensors when it runs twice before one
-  backward) makes the plan capture again at once with those outputs copied out (a copy each,
-  into fresh memory) from then on, up to MAX_COPY_CAPTURES times; where a copy cannot serve (an
+  backward) makes the plan capture again with those outputs copied out (a copy each, into fresh
+  memory) from then on, up to MAX_COPY_CAPTURES times, once a position has been found held on
+  HELD_AGAIN calls without HELD_FORGET replays in a row between them: a caller that keeps them
+  once (a validation loss kept over one training step) costs that call run step by step, not a
+  copy of every saved activation on every step after it. Where a copy cannot serve (an
   output whose storage others share) that call runs step by step, whose outputs are fresh memory;
   fxcc says so once, and stops trying after MAX_BUSY such calls in a row (before session 26, a
   backward whose gradients a caller kept never replayed again).
-- One pool per plan. A graph's outputs outlive its call, so no other graph may capture into its
-  pool: a later capture there could place its temporaries over outputs still held (the inference
-  graphs share a pool only because nothing they leave outlives a call). Each plan captures once
-  (one set of input addresses), into a pool of its own.
+- One pool per plan. A graph's outputs outlive its call, so no other plan's graph may capture
+  into its pool: a later capture there could place its temporaries over the memory of a graph
+  that still replays (the inference graphs share a pool only because nothing they leave outlives
+  a call). A plan's graphs are captured into one pool: the first capture makes it, and each
+  recapture (inputs moved, outputs copied out) takes it over from the graph it replaces, which
+  never replays again; outputs of that graph a caller still holds are allocated blocks, which the
+  allocator does not hand out, and its temporaries' blocks are reused (each recapture into a new
+  pool left the old one's segments reserved while anything held a block of them).
 - Inputs that move. Parameters, optimizer-updated in place, keep their addresses; a data batch
   or a backward's incoming gradient may not, and a backward's saved tensors move until its
   forward replays. The plan is captured once two pairs of consecutive calls show inputs moving
@@ -84,6 +91,8 @@ MAX_OBSERVED = 16  # calls without such a pair of calls before the plan stops tr
 MAX_CAPTURES = 3  # captures of a plan whose inputs settled at other addresses after its last one
 MAX_BUSY = 8  # step-by-step calls in a row (outputs still held, inputs moved) before it stops trying
 MAX_COPY_CAPTURES = 2  # captures that copy out outputs the caller was found to keep (see module Note)
+HELD_AGAIN = 2  # calls that find an output position held before it is copied out (see module Note)
+HELD_FORGET = 8  # replays in a row after which the positions found held are forgotten
 MOVED = "an input is at another address than when the graph was captured"
 HELD = "an output of its last replay is still held (its memory would be overwritten)"
 SMALL_OUTPUT = 1 << 20  # bytes up to which an output of its own storage is copied out, not aliased
@@ -161,6 +170,8 @@ class TrainingGraphedPlan:
         self.runner = runner
         self.pool_outputs = pool_outputs  # positions handed out from the pool however small (see module Note)
         self.copy_out: set[int] = set()  # positions copied out whatever their size: the caller kept them
+        self.held_seen: dict[int, int] = {}  # position -> calls that found it held (HELD_AGAIN, HELD_FORGET)
+        self.replays_in_a_row = 0
         self.copy_captures = 0
         self.on_disable = on_disable
         self.key = manifest.key
@@ -194,9 +205,10 @@ class TrainingGraphedPlan:
                 why = self._why_not_replay(captured, args, addresses)
                 if why is None:
                     self.busy, self.moving = 0, None
+                    self._replayed()
                     return self._replay(captured, args)
                 held = captured.held_outputs() - self.copy_out if why is HELD else set()
-                if held and self.copy_captures < MAX_COPY_CAPTURES:
+                if self._keeps(held):
                     # The caller keeps these past the next call (gradients accumulated over steps or
                     # micro-batches, zero_grad(set_to_none=False)): from now on they are copied out.
                     self.copy_out |= held
@@ -232,6 +244,21 @@ class TrainingGraphedPlan:
         stats.count("step_by_step")
         stats.because("inputs watched before a capture")
         return self.runner(args)
+
+    def _replayed(self) -> None:
+        self.replays_in_a_row += 1
+        if self.replays_in_a_row >= HELD_FORGET:
+            self.held_seen.clear()
+
+    def _keeps(self, held: set[int]) -> bool:
+        """Whether to capture again with `held` (positions found held, not yet copied out) copied
+        out: one of them has been found held on HELD_AGAIN calls with fewer than HELD_FORGET
+        replays in a row between any two (else this call runs step by step)."""
+        self.replays_in_a_row = 0
+        for at in held:
+            self.held_seen[at] = self.held_seen.get(at, 0) + 1
+        return bool(held) and max(self.held_seen[at] for at in held) >= HELD_AGAIN and \
+            self.copy_captures < MAX_COPY_CAPTURES
 
     def _moved(self, args: list[Any], previous: tuple[Any, ...], addresses: tuple[Any, ...]) -> list[int] | None:
         """The inputs that moved since the last call, when a graph could copy them in (None: it could not)."""
@@ -271,17 +298,23 @@ class TrainingGraphedPlan:
             g.buffers[i] = call[i] = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
         g.static = {i: addresses[i] for i in range(len(args)) if i not in g.buffers}
         clear_library_workspaces()  # the capture makes its own workspace, in its pool (see module Note)
+        # A recapture takes the pool of the graph it replaces (which never replays again): its
+        # temporaries' blocks are reused, the blocks of outputs still held are not handed out.
+        old = self.captured
+        pool = old.graph.pool() if old is not None else None
+        if old is not None:  # its last replay may still run on another stream: the first replay waits
+            g.done, g.last_stream = old.done, old.last_stream
         try:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.device(self.device), \
-                    torch.cuda.graph(graph, pool=None, stream=capture_stream(self.device),
+                    torch.cuda.graph(graph, pool=pool, stream=capture_stream(self.device),
                                      capture_error_mode="thread_local"):
                 outputs = self.runner(call)
         except Exception as e:  # noqa: BLE001 - the plan still runs step by step
             clear_library_workspaces()
             self._disable(f"its capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
             return None
-        clear_library_workspaces()  # freed into this graph's pool, which no other capture takes
+        clear_library_workspaces()  # freed into this plan's pool, which no other plan's capture takes
         g.graph = graph
         why = _describe_outputs(g, outputs, call, self.pool_outputs, frozenset(self.copy_out))
         del outputs, call

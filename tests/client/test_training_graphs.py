@@ -94,3 +94,33 @@ def test_outputs_a_caller_keeps_are_found_by_their_storage_counts():
     assert not g.free() and g.held_outputs() == set()  # held, but no copy could serve it
     del kept_view
     assert g.free()
+
+
+def test_outputs_are_copied_out_only_once_a_caller_keeps_them_on_more_than_one_call():
+    """A position found held once (a validation loss kept over one training step) runs that call
+    step by step; found held again before HELD_FORGET replays in a row, it is copied out from then on."""
+    from fxcc.client.training_graphs import HELD_AGAIN, HELD_FORGET, MAX_COPY_CAPTURES, TrainingGraphedPlan
+
+    class Manifest:
+        key = "k" * 64
+
+        class plan:
+            inputs = ()
+
+    plan = TrainingGraphedPlan(lambda args: (), Manifest())
+    assert HELD_AGAIN == 2
+    assert not plan._keeps({3, 4})  # held once
+    for _ in range(HELD_FORGET - 1):
+        plan._replayed()
+    assert plan._keeps({4})  # again, fewer than HELD_FORGET replays since
+    plan.copy_out |= {3, 4}
+    plan.copy_captures += 1
+
+    assert not plan._keeps({7})
+    for _ in range(HELD_FORGET):
+        plan._replayed()
+    assert not plan._keeps({7})  # forgotten after HELD_FORGET replays in a row: once more is once
+    assert not plan._keeps(set())  # nothing held: nothing to copy
+    assert plan._keeps({7})  # held on two calls with no replay between (micro-batches accumulating)
+    plan.copy_captures = MAX_COPY_CAPTURES
+    assert not plan._keeps({7})  # no more copy captures
