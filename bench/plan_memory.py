@@ -92,7 +92,7 @@ def capture_training(fn: Any, inputs: tuple[torch.Tensor, ...], device: str) -> 
 
     def backend(gm: torch.fx.GraphModule, example: list[Any]) -> Any:
         return aot_module_simplified(gm, example, fw_compiler=compiler(forwards), bw_compiler=compiler(backwards),
-                                     partition_fn=partition_joint_graph, decompositions=decomposition_table(),
+                                     partition_fn=partition_joint_graph, decompositions=decomposition_table(training=True),
                                      keep_inference_input_mutations=True)
 
     torch._dynamo.reset()

@@ -161,7 +161,7 @@ def saved_activations(model: str, partition: Callable) -> Saved:
         return make_boxed_func(gm)
 
     split = aot_autograd(fw_compiler=forward, bw_compiler=backward, partition_fn=partition,
-                         decompositions=backend.decomposition_table())
+                         decompositions=backend.decomposition_table(training=True))
     module = make_model(model)
     module.train()
     torch._dynamo.reset()

@@ -47,6 +47,16 @@ __all__ = ["CompileEvent", "GraphCompiler", "aot_runs", "clear_events", "decompo
 KEEP_WHOLE = ("scaled_dot_product", "_flash_attention", "_efficient_attention")
 
 
+# Decomposed in training graphs only, before the partition, as Inductor's table does: kept whole,
+# log_softmax's output is what the min-cut partition must save for its backward (a cross-entropy
+# loss over GPT-2's vocabulary: a [tokens, 50257] fp32 tensor, 393 MB at batch 4 x 512, held from
+# the forward to the backward); decomposed (max, exp, sum, log, subtractions), it saves the two
+# per-row statistics and the backward recomputes from the logits, which it reads anyway. The
+# worker lowers the decomposition to the kernels of its own log_softmax lowering (the same max and
+# sum reductions). `_softmax` stays whole: the attention pass matches it (passes/attention.py),
+# and its output is what softmax's backward reads in any case.
+TRAINING_DECOMPOSITIONS = ("_log_softmax",)
+
 # Decomposed beyond core aten, as Inductor's table does (torch._decomp's own decompositions): the
 # batch-norm entry points that newer torch and CUDA tracing reach (F.batch_norm's
 # _batch_norm_with_update, its backward batch_norm_backward), which core aten keeps whole, so a
@@ -65,9 +75,10 @@ NORM_DECOMPOSITIONS = (
 _decomposition_cache: tuple[tuple[Any, ...], dict[Any, Callable]] | None = None
 
 
-def decomposition_table() -> dict[Any, Callable]:
+def decomposition_table(training: bool = False) -> dict[Any, Callable]:
     """Core-aten decompositions and the batch norms' (NORM_DECOMPOSITIONS), minus the ops fxcc
-    keeps whole. A fresh dict each call (the caller may change it), copied from a cached table.
+    keeps whole; for `training` graphs also TRAINING_DECOMPOSITIONS. A fresh dict each call (the
+    caller may change it), copied from a cached table.
 
     Note: building the table costs ~70 ms (torch walks every op namespace for
     CompositeImplicitAutograd ops, uncached because custom ops can be registered at any time),
@@ -82,7 +93,12 @@ def decomposition_table() -> dict[Any, Callable]:
     if cached is None or cached[0] != state:
         table = _build_decomposition_table()  # loads ops into their namespaces: the state after it
         cached = _decomposition_cache = (_decomposition_state(), table)
-    return dict(cached[1])
+    table = dict(cached[1])
+    if training:
+        from torch._decomp import get_decompositions
+
+        table.update(get_decompositions([getattr(torch.ops.aten, name) for name in TRAINING_DECOMPOSITIONS]))
+    return table
 
 
 def _decomposition_state() -> tuple[Any, ...]:
@@ -193,10 +209,13 @@ def _run_aot(gm: fx.GraphModule, example_inputs: list[Any], compiler: GraphCompi
     if recorder is not None:
         inference.on_ready = recorder.ready
         inference_compiler = recorder.inference_compiler(inference)
+    # AOTAutograd's own test for a joint (training) graph: grad mode on and an input needing grad.
+    training = torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in [*example_inputs, *gm.parameters()])
     backend = aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
                            inference_compiler=inference_compiler,
                            partition_fn=partition_joint_graph,
-                           decompositions=decomposition_table(),
+                           decompositions=decomposition_table(training),
                            keep_inference_input_mutations=True)
     with _log.lock:
         _log.aot_runs += 1

@@ -182,3 +182,39 @@ def test_parameters_never_travel_only_their_specs(monkeypatch):
     specs = [p["spec"]["sizes"] for p in posts[0]["graph"]["placeholders"]]
     for p in model.parameters():
         assert list(p.shape) in specs  # the parameters' specs did travel
+
+
+def test_cross_entropy_saves_its_logits_not_a_log_softmax_of_their_size(monkeypatch):
+    """log_softmax is decomposed in training graphs, as Inductor's table does: the backward
+    recomputes it from the logits (an input it saves, no new tensor) and two per-row statistics,
+    where the whole op's [rows, classes] output was saved before (GPT-2's loss: 393 MB)."""
+    monkeypatch.setenv("FXCC_FALLBACK", "error")
+    torch.manual_seed(0)
+    logits = torch.randn(64, 1000, requires_grad=True)
+    target = torch.randint(0, 1000, (64,))
+
+    def loss(z):
+        return torch.nn.functional.cross_entropy(z, target)
+
+    loss(logits).backward()
+    expected, logits.grad = logits.grad, None
+    saved = []
+
+    def pack(t):
+        saved.append((t.untyped_storage().data_ptr(), t.numel()))
+        return t
+
+    torch._dynamo.reset()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = torch.compile(loss, backend="fxcc")(logits)
+    out.backward()
+    torch.testing.assert_close(logits.grad, expected)
+    assert [e.source for e in backend.events()] == ["compiled-in-process"] * 2
+    big = [ptr for ptr, n in saved if n >= logits.numel()]
+    assert big == [logits.untyped_storage().data_ptr()], saved  # the logits themselves, nothing new
+    assert sum(n for _, n in saved if n < logits.numel()) <= 4 * logits.shape[0] + 8  # row statistics, target
+
+    # inference graphs keep the op whole (no joint graph to partition)
+    assert backend.decomposition_table().keys() < backend.decomposition_table(training=True).keys()
+    assert torch.ops.aten._log_softmax.default in backend.decomposition_table(training=True)
+    assert torch.ops.aten._log_softmax.default not in backend.decomposition_table()
