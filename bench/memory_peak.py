@@ -20,7 +20,8 @@ import json
 import os
 import sys
 from collections import defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 MB = 1024 * 1024
 OWN = ("/fxcc/", "/client/", "/compiler_core/", "/worker/", "/service/")
@@ -91,7 +92,7 @@ def live_at_peak(events: Iterable[dict[str, Any]], marks: list[int] | None = Non
         call = sum(1 for m in marks if m <= best_at) or None
     rows = sorted(groups.items(), key=lambda kv: -kv[1]["mb"])
     return {"peak_mb": round(best / MB, 1), "at_event": best_at, "events": len(evs), "call": call,
-            "groups": [{"where": k, **{**v, "mb": round(v["mb"], 1), "largest_mb": round(v["largest_mb"], 1)}}
+            "groups": [{"where": k, **v, "mb": round(v["mb"], 1), "largest_mb": round(v["largest_mb"], 1)}
                        for k, v in rows]}
 
 
@@ -144,7 +145,6 @@ def profile(name: str, compiler: str, calls: int) -> dict[str, Any]:
     res.update({"compiler": compiler, "allocator_peak_mb": peak, "reserved_peak_mb": reserved,
                 "allocated_after_each_call_mb": per_call,
                 "pools": sorted({(str(s.get("segment_pool_id")), round(s["total_size"] / MB, 1)) for s in snap["segments"]})})
-    del fn
     return res
 
 
