@@ -256,7 +256,8 @@ class GraphCompiler:
             from fxcc.client.training_graphs import TrainingGraphedPlan, written_inputs
 
             runner = TrainingGraphedPlan(runner, art.manifest, written_inputs(capture.spec), capture.pool_outputs,
-                                         on_disable=lambda why: setattr(event, "runs_as", f"step by step: {why}"))
+                                         on_disable=lambda why: setattr(event, "runs_as", f"step by step: {why}"),
+                                         tail=self.settings.cuda_graphs_training_tail)
         if not self.inference and capture is not None:
             runner = layout_guard(runner, capture.spec)  # its copies reach a graph as inputs that move
         _record(event)

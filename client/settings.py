@@ -34,6 +34,10 @@ class ClientSettings:
     cuda_graphs_training: with cuda_graphs, replay static training plans (forwards that save
         tensors for a backward, and those backwards) as CUDA graphs too, their outputs handed out
         from the graph's pool (FXCC_CUDA_GRAPHS_TRAINING=1, default; client/training_graphs.py).
+    cuda_graphs_training_tail: a training forward's own large outputs (a language model's
+        logits) are made after its graph's replay, step by step, as fresh memory rather than
+        held in the graph's pool between steps (FXCC_CUDA_GRAPHS_TRAINING_TAIL=1; 0, default,
+        until it has run on a GPU; client/training_graphs.py).
     pre_aot_cache: serve a plain inference graph that this machine compiled before without
         running AOTAutograd again (FXCC_PRE_AOT_CACHE=1, default; 0 always runs it;
         client/pre_aot.py). Entries live under cache_dir/pre_aot.
@@ -65,6 +69,7 @@ class ClientSettings:
     precompile: bool = False
     cuda_graphs: bool = True
     cuda_graphs_training: bool = True
+    cuda_graphs_training_tail: bool = False
     pre_aot_cache: bool = True
     dynamo_cache: bool = True
     prewarm: bool = True
@@ -95,8 +100,8 @@ class ClientSettings:
             values["mode"] = env["FXCC_MODE"]
         if env.get("FXCC_FALLBACK"):
             values["fallback"] = env["FXCC_FALLBACK"]
-        for name in ("blocking", "precompile", "cuda_graphs", "cuda_graphs_training", "pre_aot_cache", "dynamo_cache", "prewarm",
-                     "allow_unsigned"):
+        for name in ("blocking", "precompile", "cuda_graphs", "cuda_graphs_training", "cuda_graphs_training_tail",
+                     "pre_aot_cache", "dynamo_cache", "prewarm", "allow_unsigned"):
             raw = env.get(f"FXCC_{name.upper()}")
             if raw:
                 values[name] = _flag(f"FXCC_{name.upper()}", raw)

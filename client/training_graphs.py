@@ -24,6 +24,18 @@ Note: what differs from inference graphs (client/cuda_graphs.py), and how each i
   output whose storage others share) that call runs step by step, whose outputs are fresh memory;
   fxcc says so once, and stops trying after MAX_BUSY such calls in a row (before session 26, a
   backward whose gradients a caller kept never replayed again).
+- Large outputs of a forward's own. A forward's output that the backward does not save (a
+  language model's logits: GPT-2's are 393 MB at batch 4 x 512) would be pool memory that the
+  graph holds between steps, where eager and Inductor free it once the loss has read it (its
+  backward then reuses that memory). So a forward whose own outputs hold TAIL_OUTPUT bytes or more
+  is cut before the first step that makes their storage (client/cuda_graphs.py graph_cut, as
+  inference plans are): the graph replays the steps before, leaving the values the rest reads,
+  and those steps (the head's matmul) run after each replay, step by step, their outputs fresh
+  memory of the call (at most MAX_TAIL_LAUNCHES launches; a longer tail keeps the whole plan in
+  the graph). Outputs that view what the graph left are handed out as aliases, as below (small
+  ones of their storage's own copied); values it left that view an input are made again from each
+  call's input, so the graph keeps no caller's storage. Off by default
+  (ClientSettings.cuda_graphs_training_tail) until tests/gpu and bench.models have run it.
 - One pool per plan. A graph's outputs outlive its call, so no other plan's graph may capture
   into its pool: a later capture there could place its temporaries over the memory of a graph
   that still replays (the inference graphs share a pool only because nothing they leave outlives
@@ -72,12 +84,16 @@ import torch
 
 from fxcc.client import prewarm
 from fxcc.client.cuda_graphs import (
+    MIN_LAUNCHES,
     _copy_out,
     _layout,
     _overlaps,
     _pointer_key,
     capture_stream,
     clear_library_workspaces,
+    graph_cut,
+    launches,
+    live_across,
     shared_pool,
     stats,
 )
@@ -96,6 +112,8 @@ HELD_FORGET = 8  # replays in a row after which the positions found held are for
 MOVED = "an input is at another address than when the graph was captured"
 HELD = "an output of its last replay is still held (its memory would be overwritten)"
 SMALL_OUTPUT = 1 << 20  # bytes up to which an output of its own storage is copied out, not aliased
+TAIL_OUTPUT = 16 << 20  # bytes from which a forward's own output is made after the replay (see module Note)
+MAX_TAIL_LAUNCHES = 8  # launches the steps after such a cut may take, step by step
 
 
 def written_inputs(spec: Any) -> frozenset[str]:
@@ -135,7 +153,8 @@ class _Output:
 
 
 class _TrainingGraph:
-    __slots__ = ("baseline", "buffers", "done", "graph", "last_stream", "outputs", "owners", "static", "storages")
+    __slots__ = ("baseline", "buffers", "cut", "done", "graph", "last_stream", "live", "live_ids", "outputs", "owners",
+                 "pool_ptrs", "small", "static", "storages", "views")
 
     def __init__(self) -> None:
         self.graph: Any = None
@@ -147,6 +166,13 @@ class _TrainingGraph:
         self.owners: dict[int, int] = {}  # index into `storages` → the one output that views it whole
         self.done: Any = None  # event after the last replay, on `last_stream`
         self.last_stream: Any = None
+        self.live: dict[str, Any] | None = None  # (a cut plan) the values the graph leaves for the tail
+        self.cut: int | None = None  # (a cut plan) the first step of the tail
+        self.live_ids: frozenset[int] = frozenset()  # (a cut plan) ids of the values in `live`
+        self.pool_ptrs: frozenset[int] = frozenset()  # (a cut plan) their storages' data pointers
+        self.views: list[tuple[str, int, Any, int]] = []  # (a cut plan) values left that view an input:
+        # (name, input position, (shape, stride), offset from the input's), made from each call's input
+        self.small: frozenset[int] | None = None  # (a cut plan) small outputs alone on their pool storage
 
     def free(self) -> bool:
         """Whether every output the last replay handed out is dead (nobody but us holds its storage)."""
@@ -166,7 +192,7 @@ class TrainingGraphedPlan:
 
     def __init__(self, runner: Callable[[list[Any]], tuple[Any, ...]], manifest: ArtifactManifest,
                  written: frozenset[str] = frozenset(), pool_outputs: frozenset[int] = frozenset(),
-                 on_disable: Callable[[str], None] | None = None) -> None:
+                 on_disable: Callable[[str], None] | None = None, tail: bool = False) -> None:
         self.runner = runner
         self.pool_outputs = pool_outputs  # positions handed out from the pool however small (see module Note)
         self.copy_out: set[int] = set()  # positions copied out whatever their size: the caller kept them
@@ -186,6 +212,10 @@ class TrainingGraphedPlan:
         self.told_busy = False
         self.disabled: str | None = None
         self.device: torch.device | None = None
+        self.plan = plan
+        self.tail = tail  # large own outputs of a forward made after the replay (see module Note)
+        self.cut: int | None = None  # steps from here on run after each replay, step by step
+        self.live_names: list[str] = []  # the values the graph leaves for them
 
     def __call__(self, args: list[Any]) -> tuple[Any, ...]:
         if self.disabled is not None:
@@ -227,7 +257,15 @@ class TrainingGraphedPlan:
             elif previous is None:
                 stats.count("step_by_step")
                 stats.because("first call")
-                return self.runner(args)  # on the caller's stream, as eager (see module Note)
+                inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+                outputs = self.runner(args)  # on the caller's stream, as eager (see module Note)
+                if self.tail:
+                    try:
+                        self._choose_cut(outputs, inputs)
+                    except Exception as e:  # noqa: BLE001 - only an optimisation: the whole plan is graphed
+                        log.info("fxcc: training plan %s: no cut (%s: %s)", self.key[:12], type(e).__name__, e)
+                        self.cut, self.live_names = None, []
+                return outputs
             moved = None if previous is None else self._moved(args, previous, addresses)
             both = None if moved is None or self.moving is None else sorted({*moved, *self.moving})
             if both is not None and self._fits(args, both):
@@ -244,6 +282,33 @@ class TrainingGraphedPlan:
         stats.count("step_by_step")
         stats.because("inputs watched before a capture")
         return self.runner(args)
+
+    def _choose_cut(self, outputs: Any, inputs: frozenset[int] | set[int] = frozenset()) -> None:
+        """A forward whose own outputs (not saved for the backward: a language model's logits) are
+        large makes them after each replay, step by step, from what its graph leaves (see module
+        Note), where those steps are few. `inputs`: the call's inputs' data pointers (an output
+        that is one, or views one, is the caller's memory already)."""
+        if not hasattr(self.runner, "run_steps") or not isinstance(outputs, (tuple, list)) \
+                or len(outputs) != len(self.plan.outputs) or any(isinstance(o, (tuple, list)) for o in outputs):
+            return
+        large = []
+        for at, (o, ref) in enumerate(zip(outputs, self.plan.outputs)):
+            if at in self.pool_outputs or not isinstance(o, torch.Tensor) or not o.is_cuda:
+                continue
+            st = o.untyped_storage()
+            if st.nbytes() >= TAIL_OUTPUT and st.data_ptr() not in inputs and getattr(ref, "name", None):
+                large.append(ref.name)
+        if not large:
+            return
+        cut = graph_cut(self.plan, large)
+        if cut is None or launches(self.plan, cut) < MIN_LAUNCHES \
+                or launches(self.plan) - launches(self.plan, cut) > MAX_TAIL_LAUNCHES:
+            return
+        self.cut, self.live_names = cut, live_across(self.plan, cut)
+        stats.count("cut_plans")
+        log.info("fxcc: training plan %s: its graph runs steps 1-%d, the %d launches after them run step by step "
+                 "(outputs of %d bytes or more are made after each replay)", self.key[:12], cut,
+                 launches(self.plan) - launches(self.plan, cut), TAIL_OUTPUT)
 
     def _replayed(self) -> None:
         self.replays_in_a_row += 1
@@ -309,14 +374,29 @@ class TrainingGraphedPlan:
             with torch.cuda.device(self.device), \
                     torch.cuda.graph(graph, pool=pool, stream=capture_stream(self.device),
                                      capture_error_mode="thread_local"):
-                outputs = self.runner(call)
+                if self.cut is None:
+                    outputs = self.runner(call)
+                else:
+                    g.cut = self.cut
+                    env = self.runner.begin(call)  # type: ignore[attr-defined]
+                    self.runner.run_steps(env, 0, self.cut)  # type: ignore[attr-defined]
+                    g.live = {n: env[n] for n in self.live_names}
+                    outputs = None
+                    del env
         except Exception as e:  # noqa: BLE001 - the plan still runs step by step
             clear_library_workspaces()
             self._disable(f"its capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
             return None
         clear_library_workspaces()  # freed into this plan's pool, which no other plan's capture takes
         g.graph = graph
-        why = _describe_outputs(g, outputs, call, self.pool_outputs, frozenset(self.copy_out))
+        if g.live is None:
+            why = _describe_outputs(g, outputs, call, self.pool_outputs, frozenset(self.copy_out))
+        else:
+            why = _describe_live(g, call)
+            if why is not None:  # later captures take the whole plan (a graph replaying keeps its own cut)
+                log.info("fxcc: training plan %s: no cut (%s)", self.key[:12], why)
+                self.cut, self.live_names, why = None, [], None
+                return None
         del outputs, call
         if why is not None:
             self._disable(why)
@@ -365,6 +445,49 @@ class TrainingGraphedPlan:
             buffer.copy_(args[i])
         stats.count("copied_in", len(g.buffers))
         g.graph.replay()
+        if g.live is not None:
+            out, copied = self._tail(g, args)
+        else:
+            out, copied = self._handed_out(g, args)
+        if g.done is None:
+            g.done = torch.cuda.Event()
+        g.done.record(stream)
+        g.last_stream = stream
+        stats.count("replays")
+        stats.count("copied_out", copied)
+        return tuple(out)
+
+    def _tail(self, g: _TrainingGraph, args: list[Any]) -> tuple[list[Any], int]:
+        """The steps after the cut, on what the graph left: outputs in its pool are handed out as
+        aliases (copies where small and their storage's own, or kept by the caller), the others are
+        the tail's own fresh tensors or the call's inputs."""
+        assert g.live is not None
+        env = self.runner.begin(list(args))  # type: ignore[attr-defined]
+        env.update(g.live)
+        for name, i, (shape, stride), rel in g.views:
+            a = args[i]
+            env[name] = a.as_strided(shape, stride, a.storage_offset() + rel)
+        self.runner.run_steps(env, g.cut)  # type: ignore[attr-defined]
+        finished = self.runner.finish(env)  # type: ignore[attr-defined]
+        del env
+        if g.small is None:  # from the first replay: which outputs alone hold a pool storage
+            g.owners, g.small = _owners(g, finished, self.pool_outputs)
+        out: list[Any] = []
+        copied = 0
+        for at, o in enumerate(finished):
+            if not isinstance(o, torch.Tensor) or o.untyped_storage().nbytes() == 0 \
+                    or o.untyped_storage().data_ptr() not in g.pool_ptrs:
+                # the tail's own, or the call's input (or a view of it); an empty value the graph
+                # left is a new tensor each call
+                out.append(o.detach() if id(o) in g.live_ids else o)
+            elif not o.is_cuda or at in self.copy_out or at in g.small:
+                out.append(o.clone() if _overlaps(o) else _copy_out(o, _layout(o)))
+                copied += o.is_cuda
+            else:
+                out.append(o.detach())
+        return out, copied
+
+    def _handed_out(self, g: _TrainingGraph, args: list[Any]) -> tuple[list[Any], int]:
         out: list[Any] = []
         copied = 0
         for o in g.outputs:
@@ -377,13 +500,7 @@ class TrainingGraphedPlan:
                 out.append(_view_of(args[o.input], o))
             else:
                 out.append(o.value)
-        if g.done is None:
-            g.done = torch.cuda.Event()
-        g.done.record(stream)
-        g.last_stream = stream
-        stats.count("replays")
-        stats.count("copied_out", copied)
-        return tuple(out)
+        return out, copied
 
     def _disable(self, reason: str) -> None:
         self.disabled = reason
@@ -440,6 +557,56 @@ def _describe_outputs(g: _TrainingGraph, outputs: Any, call: list[Any], pool_out
                 g.owners[len(held) - 1] = at
     g.storages = list(held.values())
     return None
+
+
+def _describe_live(g: _TrainingGraph, call: list[Any]) -> str | None:
+    """A cut plan's graph: the storages of what it leaves for the tail, which its outputs alias and
+    whose use counts say when the last replay's outputs are dead (None: it may replay; else why it
+    cannot be cut). A value that views an input (a weight's transpose, a copied-in batch) is not
+    kept: each call makes it again from its own input (g.views), as the step-by-step plan would,
+    so the graph holds no caller's storage between calls."""
+    assert g.live is not None
+    inputs: dict[int, int] = {}
+    for i, a in enumerate(call):
+        if isinstance(a, torch.Tensor) and a.untyped_storage().nbytes():
+            inputs.setdefault(a.untyped_storage().data_ptr(), i)
+    held: dict[int, Any] = {}
+    for name, v in list(g.live.items()):
+        if isinstance(v, (tuple, list)):
+            return f"a value left for the steps after the cut is a list ({name})"
+        if not isinstance(v, torch.Tensor) or not v.untyped_storage().nbytes():
+            continue
+        ptr = v.untyped_storage().data_ptr()
+        if ptr in inputs:
+            a = call[inputs[ptr]]
+            if a.dtype != v.dtype:
+                return f"a value left for the steps after the cut views an input as another dtype ({name})"
+            g.views.append((name, inputs[ptr], (tuple(v.shape), v.stride()), v.storage_offset() - a.storage_offset()))
+            del g.live[name]
+        elif v.is_cuda:
+            held.setdefault(ptr, v.untyped_storage())
+        else:  # made at capture time by a host op: a constant, copied out when handed out
+            held.setdefault(ptr, None)
+    g.storages = [st for st in held.values() if st is not None]
+    g.pool_ptrs = frozenset(held)
+    g.live_ids = frozenset(id(v) for v in g.live.values())
+    return None
+
+
+def _owners(g: _TrainingGraph, outputs: Any, pool_outputs: frozenset[int]) -> tuple[dict[int, int], frozenset[int]]:
+    """Index into g.storages -> the one output that holds that storage alone (held_outputs), and
+    the outputs among those that are copied out at each replay, as _describe_outputs copies them:
+    small and not handed out from the pool whatever their size."""
+    index = {st.data_ptr(): i for i, st in enumerate(g.storages)}
+    seen: dict[int, list[int]] = {}
+    for at, o in enumerate(outputs):
+        if isinstance(o, torch.Tensor) and o.untyped_storage().nbytes():
+            seen.setdefault(o.untyped_storage().data_ptr(), []).append(at)
+    owners = {index[ptr]: ats[0] for ptr, ats in seen.items()
+              if ptr in index and len(ats) == 1 and not _overlaps(outputs[ats[0]])}
+    small = frozenset(at for at in owners.values() if at not in pool_outputs
+                      and outputs[at].numel() * outputs[at].element_size() <= SMALL_OUTPUT)
+    return {i: at for i, at in owners.items() if at not in small}, small
 
 
 def _view_of(a: torch.Tensor, o: _Output) -> torch.Tensor:

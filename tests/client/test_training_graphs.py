@@ -49,6 +49,33 @@ def test_static_training_plans_may_replay_only_when_training_graphs_are_on(train
 def test_training_graphs_follow_their_setting():
     assert ClientSettings.from_env({}).cuda_graphs_training
     assert not ClientSettings.from_env({"FXCC_CUDA_GRAPHS_TRAINING": "0"}).cuda_graphs_training
+    assert not ClientSettings.from_env({}).cuda_graphs_training_tail  # until it has run on a GPU
+    assert ClientSettings.from_env({"FXCC_CUDA_GRAPHS_TRAINING_TAIL": "1"}).cuda_graphs_training_tail
+
+
+def test_what_a_cut_graph_leaves_is_pool_memory_or_made_again_from_the_call(monkeypatch):
+    """A cut plan's graph keeps the values the steps after it read: those that view an input (a
+    weight's transpose) are made again from each call's input, never kept; the rest are its pool
+    memory, whose outputs are aliases (small ones alone on their storage copied out)."""
+    from fxcc.client import training_graphs as tg
+
+    weight, batch = torch.randn(8, 4), torch.randn(3, 4)
+    hidden, logits_base = torch.randn(3, 8), torch.randn(64, 1024)
+    loss = torch.zeros(())
+    g = tg._TrainingGraph()
+    g.live = {"t": weight.t(), "h": hidden, "lb": logits_base, "loss": loss}
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))  # what a GPU's values say
+    assert tg._describe_live(g, [weight, batch]) is None
+    assert set(g.live) == {"h", "lb", "loss"}  # the transpose is not kept
+    assert g.views == [("t", 0, ((4, 8), (1, 4)), 0)]
+    assert g.pool_ptrs == {t.untyped_storage().data_ptr() for t in (hidden, logits_base, loss)}
+    outputs = (loss, hidden, logits_base[:2], logits_base[2:])
+    owners, small = tg._owners(g, outputs, pool_outputs=frozenset({1}))
+    assert small == {0}  # the loss: copied; the saved hidden state is handed out however small
+    assert sorted(owners.values()) == [1]  # two outputs share the logits' storage: no one owner
+    g2 = tg._TrainingGraph()
+    g2.live = {"pair": [hidden, hidden]}
+    assert "list" in tg._describe_live(g2, [weight])
 
 
 def test_gradients_and_saved_tensors_are_handed_out_from_the_pool_and_the_output_is_not(monkeypatch):
@@ -124,3 +151,59 @@ def test_outputs_are_copied_out_only_once_a_caller_keeps_them_on_more_than_one_c
     assert plan._keeps({7})  # held on two calls with no replay between (micro-batches accumulating)
     plan.copy_captures = MAX_COPY_CAPTURES
     assert not plan._keeps({7})  # no more copy captures
+
+
+def test_a_forward_with_a_large_output_of_its_own_makes_it_after_the_replay(monkeypatch):
+    """A forward whose own output (a language model's logits, not saved for the backward) is large
+    is cut before the steps that make it: the graph replays the rest, leaves the values those steps
+    read, and the output is fresh memory of each call (never the pool's, held between steps). A
+    small output, or one the backward saves, keeps the whole plan in the graph."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from bench.reduction_shapes import training_specs
+    from fxcc.client import training_graphs
+    from fxcc.client.cuda_graphs import launches
+    from fxcc.compiler_core.artifact import ExternStep, KernelStep
+    from fxcc.compiler_core.graph import rebuild_graph
+
+    torch.manual_seed(0)
+    blocks = [m for _ in range(4) for m in (torch.nn.Linear(32, 32), torch.nn.LayerNorm(32), torch.nn.GELU())]
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), *blocks, torch.nn.Linear(32, 4096, bias=False))
+    fw, _ = training_specs(model.train(), torch.randn(64, 16))
+    options = CompileOptions(target=Target(kind="cuda", arch=90))
+    manifest = compile_request(CompileRequest(graph=fw, options=options)).manifest
+    plan = manifest.plan
+
+    class Runner:  # what TrainingGraphedPlan needs of client/runtime.py's PlanRunner to cut
+        def run_steps(self, env, start, stop=None):
+            raise AssertionError("nothing runs here")
+
+    gm = rebuild_graph(fw)
+    vals = [n.meta["val"] for n in gm.graph.output_node().args[0]]
+
+    def outputs():  # the forward's outputs as a call on the GPU returns them (fake CUDA tensors)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            return tuple(torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="cuda") for v in vals)
+
+    saved = frozenset(range(1, len(fw.outputs)))  # the forward's output first, then what it saves
+    logits = outputs()[0]
+    assert tuple(logits.shape) == (64, 4096) and logits.untyped_storage().nbytes() == 1 << 20
+
+    monkeypatch.setattr(training_graphs, "TAIL_OUTPUT", 1 << 20)
+    runner = training_graphs.TrainingGraphedPlan(Runner(), manifest, pool_outputs=saved)
+    runner._choose_cut(outputs())
+    assert runner.cut is not None and 0 < runner.cut < len(plan.steps)
+    tail = plan.steps[runner.cut:]
+    assert launches(plan) - launches(plan, runner.cut) == 1  # the last matmul alone, step by step
+    assert [s.op for s in tail if isinstance(s, ExternStep)] == ["aten.mm.default"]
+    assert not any(isinstance(s, KernelStep) for s in tail)
+    mm = next(s for s in tail if isinstance(s, ExternStep))
+    read = {a.name for a in mm.args if hasattr(a, "name")}
+    assert read & set(runner.live_names)  # the GELU's output, which the graph leaves for the tail
+    assert plan.outputs[0].name not in runner.live_names  # the logits are no pool memory
+
+    for pool_outputs, tail_bytes in ((saved, 2 << 20), (frozenset(range(len(fw.outputs))), 1 << 20)):
+        monkeypatch.setattr(training_graphs, "TAIL_OUTPUT", tail_bytes)
+        whole = training_graphs.TrainingGraphedPlan(Runner(), manifest, pool_outputs=pool_outputs)
+        whole._choose_cut(outputs())
+        assert whole.cut is None and whole.live_names == []

@@ -250,3 +250,31 @@ def test_training_graphs_and_eval_graphs_of_one_process_keep_each_others_results
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     for a, b in zip(kept, want_evals):  # held across later training replays
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_large_output_of_the_forward_is_made_after_the_replay_and_kept_outputs_stay_intact(monkeypatch):
+    """A forward whose own output is large (logits over a wide vocabulary: 32 MB here) replays its
+    graph up to the last matmul, which runs after it, step by step: the logits are fresh memory of
+    each call, not the pool's, so a caller that keeps each step's logits neither waits for them nor
+    finds them overwritten, and every call but the first few replays."""
+    from fxcc.client.cuda_graphs import stats
+
+    monkeypatch.setenv("FXCC_CUDA_GRAPHS_TRAINING_TAIL", "1")  # off by default until this has run
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 512), nn.LayerNorm(512), nn.GELU(),
+                         nn.Linear(512, 512), nn.LayerNorm(512), nn.GELU(), nn.Linear(512, 16384)).cuda().train()
+    x = torch.randn(512, 256, device="cuda")
+    y = torch.randint(0, 16384, (512,), device="cuda")
+    want, want_kept = _train(copy.deepcopy(base), lambda i: (x, y), 6, compiled=False, keep=True)
+    captures, replays, _ = _runs()
+    cut, held = stats.cut_plans, stats.step_by_step_why.get("an output of its last replay is still held "
+                                                            "(its memory would be overwritten)", 0)
+    got, got_kept = _train(copy.deepcopy(base), lambda i: (x, y), 6, compiled=True, keep=True)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for a, b in zip(got_kept, want_kept):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert len({t.data_ptr() for t in got_kept}) == 6  # each step's logits its own memory
+    assert stats.cut_plans == cut + 1  # the forward (the backward's outputs all stay in its pool)
+    assert _runs()[0] > captures and _runs()[1] - replays >= 5, stats  # forward: calls 3-6; backward: some
+    assert stats.step_by_step_why.get("an output of its last replay is still held "
+                                      "(its memory would be overwritten)", 0) == held
