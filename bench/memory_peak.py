@@ -100,7 +100,7 @@ def profile(name: str, compiler: str, calls: int) -> dict[str, Any]:
     import torch
 
     from bench.model_zoo import ZOO
-    from bench.models import PeakWindow, compiled
+    from bench.models import PeakWindow, compiled, training_step
 
     spec = ZOO[name]
     built = spec.build("cuda", False)
@@ -115,14 +115,7 @@ def profile(name: str, compiler: str, calls: int) -> dict[str, Any]:
         params = [p for p in module.parameters() if p.requires_grad]
         for p in params:
             p.grad = None
-        opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
-
-        def call() -> Any:
-            opt.zero_grad(set_to_none=True)
-            loss = fn(*built.inputs)
-            loss.backward()
-            opt.step()
-            return loss.detach()
+        call = training_step(fn, torch.optim.AdamW(params, lr=1e-4, fused=True), built.inputs)
     else:
         def call() -> Any:
             if mode == "inductor_reduce_overhead":

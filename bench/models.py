@@ -199,6 +199,18 @@ def compiled(mode: str, module: torch.nn.Module) -> Callable[..., Any]:
     return torch.compile(module, backend=fxcc_backend)
 
 
+def training_step(fn: Callable[..., Any], opt: torch.optim.Optimizer, inputs: tuple[Any, ...]) -> Callable[[], Any]:
+    """One training step of a zoo model's loss function: gradients dropped, forward, backward, the
+    optimizer's step; returns the loss (bench.profile_kernels and bench.memory_peak time this)."""
+    def step() -> Any:
+        opt.zero_grad(set_to_none=True)
+        loss = fn(*inputs)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return step
+
+
 def _caller(mode: str, fn: Callable[..., Any], inputs: tuple[Any, ...]) -> Callable[[], Any]:
     if mode == "inductor_reduce_overhead":
         def call() -> Any:

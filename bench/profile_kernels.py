@@ -125,7 +125,7 @@ def memory_trace(call: Any, base: int, calls: int = 5, grad: bool = False) -> li
 def profile_model(name: str, compilers: list[str], memory: bool) -> dict[str, Any]:
     """Top kernels, device time by kind and (with `memory`) the allocator's pools of a zoo model."""
     from bench.model_zoo import ZOO
-    from bench.models import compiled
+    from bench.models import compiled, training_step
 
     spec = ZOO[name]
     built = spec.build("cuda", False)
@@ -142,13 +142,7 @@ def profile_model(name: str, compilers: list[str], memory: bool) -> dict[str, An
         if spec.kind == "training":
             params = [p for p in module.parameters() if p.requires_grad]
             opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
-
-            def call(fn: Any = fn, opt: Any = opt) -> Any:
-                opt.zero_grad(set_to_none=True)
-                loss = fn(*built.inputs)
-                loss.backward()
-                opt.step()
-                return loss.detach()
+            call = training_step(fn, opt, built.inputs)
         else:
             def call(fn: Any = fn, mark: bool = mode == "inductor_reduce_overhead") -> Any:
                 if mark:
