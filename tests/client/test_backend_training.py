@@ -218,3 +218,34 @@ def test_cross_entropy_saves_its_logits_not_a_log_softmax_of_their_size(monkeypa
     assert backend.decomposition_table().keys() < backend.decomposition_table(training=True).keys()
     assert torch.ops.aten._log_softmax.default in backend.decomposition_table(training=True)
     assert torch.ops.aten._log_softmax.default not in backend.decomposition_table()
+
+
+def test_a_max_pool_backward_saves_no_copy_of_its_input(monkeypatch):
+    """A max pool's backward reads its input for the gradient's shape alone: the partition gets an
+    uninitialized tensor of that layout in its place, so the stem's ReLU output (a ResNet's largest
+    activation) is not saved for it; the gradients are eager's."""
+    monkeypatch.setenv("FXCC_FALLBACK", "error")
+    torch.manual_seed(0)
+    stem = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                               torch.nn.MaxPool2d(2))
+    x = torch.randn(4, 3, 16, 16)
+
+    def fn(x):
+        return stem(x)
+
+    fn(x).sum().backward()
+    expected = [p.grad.clone() for p in stem.parameters()]
+
+    def saved_float_bytes():
+        for p in stem.parameters():
+            p.grad = None
+        inputs = backward_inputs(monkeypatch, fn, x)
+        for got, want in zip([p.grad for p in stem.parameters()], expected):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        return sum(t.nbytes for t in inputs if isinstance(t, torch.Tensor) and t.dtype == torch.float32)
+
+    ours = saved_float_bytes()
+    monkeypatch.setattr(backend, "SHAPE_ONLY_ARG", {})
+    before = saved_float_bytes()
+    relu_out = 4 * 8 * 16 * 16 * 4
+    assert before - ours >= relu_out, (before, ours)  # the ReLU's output, no longer saved
