@@ -125,7 +125,7 @@ def memory_trace(call: Any, base: int, calls: int = 5, grad: bool = False) -> li
 def profile_model(name: str, compilers: list[str], memory: bool) -> dict[str, Any]:
     """Top kernels, device time by kind and (with `memory`) the allocator's pools of a zoo model."""
     from bench.model_zoo import ZOO
-    from bench.models import compiled, training_step
+    from bench.models import PeakWindow, compiled, training_step
 
     spec = ZOO[name]
     built = spec.build("cuda", False)
@@ -133,16 +133,15 @@ def profile_model(name: str, compilers: list[str], memory: bool) -> dict[str, An
     out: dict[str, Any] = {"model": name, "source": spec.source, "kind": spec.kind, "compilers": {}}
     for compiler in compilers:
         mode = {"inductor": "inductor_default", "inductor_ro": "inductor_reduce_overhead"}.get(compiler, compiler)
-        torch._dynamo.reset()
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
+        for p in module.parameters():
+            p.grad = None  # the last compiler's gradients, optimizer state and caches gone first
+        window = PeakWindow("cuda")
+        window.start()
+        base = window.base
         fn = compiled(mode, module)
         if spec.kind == "training":
             params = [p for p in module.parameters() if p.requires_grad]
-            opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
-            call = training_step(fn, opt, built.inputs)
+            call = training_step(fn, torch.optim.AdamW(params, lr=1e-4, fused=True), built.inputs)
         else:
             def call(fn: Any = fn, mark: bool = mode == "inductor_reduce_overhead") -> Any:
                 if mark:
@@ -179,7 +178,7 @@ def profile_model(name: str, compilers: list[str], memory: bool) -> dict[str, An
             print(f"   pool {p['pool']}: {p['segments']} segments, {p['reserved_mb']} MB reserved, "
                   f"{p['allocated_mb']} allocated; largest {p['largest_blocks_mb'][:6]}", flush=True)
         out["compilers"][compiler] = entry
-        del fn
+        del fn, call  # (and the optimizer the training step holds) before the next compiler's window
     return out
 
 
