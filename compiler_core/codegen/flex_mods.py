@@ -136,3 +136,19 @@ def render_tile(body: Callable[[], Any], buffers: dict[str, tuple[str, torch.dty
             raise CodegenError("an attention tile expression gave no value")
         value = handler.to_dtype(value, want)
     return ModText(tuple(handler.lines), value.text)
+
+
+def _render_tile_bias(tile: Any, target: str) -> ModText:
+    """A lowering.attention TileBias as codegen.attention renders it (CodegenError where it cannot)."""
+    buffers = {name: (f"B{i}", dtype) for i, (name, dtype) in enumerate(tile.buffers)}
+    return render_tile(lambda: tile.loader(list(tile.index)), buffers, "bx", target, torch.float32)
+
+
+def _register() -> None:
+    from fxcc.compiler_core.lowering import attention as lowering_attention
+
+    if _render_tile_bias not in lowering_attention.TILE_RENDERERS:
+        lowering_attention.TILE_RENDERERS.append(_render_tile_bias)
+
+
+_register()

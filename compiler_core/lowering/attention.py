@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import fx
 
-from fxcc.compiler_core.errors import UnsupportedOp
+from fxcc.compiler_core.errors import CodegenError, UnsupportedOp
 from fxcc.compiler_core.ir.nodes import Buffer, Lazy, StridedView, TensorValue, count_ops, make_loader
 from fxcc.compiler_core.ir.ops import CountingHandler, use_handler
 from fxcc.compiler_core.ir.templates import AttentionParams, TileBias, tile_symbols
@@ -207,7 +208,28 @@ def _tile_bias(g: Any, full: tuple[Any, ...]) -> tuple[TileBias, list[StridedVie
     if counter.indirect or any(name not in names or not index_at.free_symbols <= set(symbols)
                                for name, index_at in counter.loads):
         return None
-    return TileBias(value.loader, index, tuple((n, g.buffers[n].dtype) for n in names)), views
+    tile = TileBias(value.loader, index, tuple((n, g.buffers[n].dtype) for n in names))
+    if not _renders(tile, g.target):
+        return None
+    return tile, views
+
+
+# Checks that the template's codegen can write a tile bias for a target (it raises CodegenError for an
+# op it has no spelling of for a tile): codegen.flex_mods registers its renderer here on import, as
+# lowering never imports codegen (tests/test_import_graph.py).
+TILE_RENDERERS: list[Callable[[TileBias, str], object]] = []
+
+
+def _renders(tile: TileBias, target: str) -> bool:
+    """Whether the template's codegen can write `tile` for `target`, rendered here as it will be
+    there (codegen.attention): where it cannot, the template reads the bias whole rather than the
+    compile failing at codegen."""
+    try:
+        for render in TILE_RENDERERS:
+            render(tile, target)
+    except CodegenError:
+        return False
+    return True
 
 
 def _written(g: Any, node: fx.Node, value: Lazy) -> StridedView:

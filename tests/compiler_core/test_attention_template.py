@@ -431,3 +431,28 @@ def test_a_bias_is_read_whole_where_tiles_would_not_save_memory(case: str) -> No
     want = want if isinstance(want, tuple) else (want,)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_a_bias_whose_tile_expression_cannot_be_written_is_read_whole(monkeypatch) -> None:
+    """Where the template's codegen has no spelling of a tile bias for the target, the lowering
+    finds it out by rendering it first and reads the bias whole: the compile does not fail."""
+    from fxcc.compiler_core.codegen import flex_mods
+    from fxcc.compiler_core.errors import CodegenError
+
+    real = flex_mods.render_tile
+    refused = []
+
+    def no_spelling(*args: Any, **kwargs: Any) -> Any:
+        refused.append(1)
+        raise CodegenError("no spelling of this tile expression (test)")
+
+    monkeypatch.setattr(flex_mods, "render_tile", no_spelling)
+    inputs = _t5_inputs()
+    art = compiled(math_traced(_t5_layers, *inputs), tf32=True)
+    monkeypatch.setattr(flex_mods, "render_tile", real)
+    assert refused  # the lowering asked
+    for template in templates(art):
+        source = art.blobs[next(k for k in art.manifest.kernels if k.name == template).source.digest].decode()
+        assert "bias_buffers" not in source_facts(source) and source_facts(source)["bias"] == "1"
+    (got,) = load_plan(art)(list(inputs))
+    torch.testing.assert_close(got, _t5_layers(*inputs), atol=1e-5, rtol=1e-5)
